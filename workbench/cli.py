@@ -91,10 +91,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
     """The Voila server command for the gallery: loopback only, idle kernels culled."""
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-           "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300",
-           "--Voila.tornado_settings={'allow_origin': 'http://127.0.0.1'}"]
+           "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
     if preheat:
-        cmd += ["--preheat_kernel=True", "--pool_size=1"]
+        cmd += ["--preheat_kernel=True", "--pool_size=1", "--VoilaKernelManager.preheat_denylist=['index.ipynb']"]
     return cmd
 
 

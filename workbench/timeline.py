@@ -91,10 +91,10 @@ class Timeline:
                 events.append({"ph": "M", "name": "thread_name", "pid": pid[s.device], "tid": tid[key],
                                "args": {"name": s.lane}})
             events.append({"ph": "X", "name": s.label or s.kind, "cat": s.kind, "pid": pid[s.device],
-                           "tid": tid[key], "ts": s.start * 1e6, "dur": s.duration * 1e6,
+                           "tid": tid[key], "ts": _us(s.start), "dur": _us(s.duration),
                            "args": {"kind": s.kind, **{k: _jsonable(v) for k, v in s.meta.items()}}})
         for c in self.counters:
-            events.append({"ph": "C", "name": c.name, "pid": pid[c.device], "tid": 0, "ts": c.time * 1e6,
+            events.append({"ph": "C", "name": c.name, "pid": pid[c.device], "tid": 0, "ts": _us(c.time),
                            "args": {"value": c.value}})
         return {"traceEvents": events, "displayTimeUnit": "ms",
                 "otherData": {"source": self.source, "name": self.name}}
@@ -103,6 +103,11 @@ class Timeline:
         path = Path(path)
         path.write_text(json.dumps(self.to_chrome_trace()))
         return path
+
+
+def _us(seconds: float) -> float:
+    """Trace timestamps are microseconds; keep nanosecond resolution and drop float noise."""
+    return round(seconds * 1e6, 3)
 
 
 def _jsonable(value):

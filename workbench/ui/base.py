@@ -3,7 +3,11 @@
 A :class:`Panel` is a VBox whose controls all call one ``refresh()``: it reads the
 controls, calls the engine, hands the result to pure figure builders and copies
 the new figures into ``FigureWidget``s in place (one ``batch_update`` each), so
-the browser redraws once per settled value. Errors the user can act on appear as
+the browser redraws once per settled value.
+
+A FigureWidget shows in the browser only the state it was constructed with plus
+the changes made while a view of it exists, so each one is created from its first
+figure (``show_figure``) inside a placeholder slot, and updated in place after. Errors the user can act on appear as
 a readable message in the panel, never as a traceback in the page.
 """
 from __future__ import annotations
@@ -39,6 +43,21 @@ class Panel(widgets.VBox):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.message = widgets.HTML(value="", layout=widgets.Layout(min_height="0px"))
+        self.figures: dict[str, go.FigureWidget] = {}
+        self._slots: dict[str, widgets.VBox] = {}
+
+    def figure_slot(self, name: str) -> widgets.VBox:
+        """A placeholder in the layout where figure ``name`` appears once first drawn."""
+        return self._slots.setdefault(name, widgets.VBox(layout=widgets.Layout(width="100%")))
+
+    def show_figure(self, name: str, figure: go.Figure) -> go.FigureWidget:
+        widget = self.figures.get(name)
+        if widget is None:
+            widget = self.figures[name] = go.FigureWidget(figure)
+            self.figure_slot(name).children = (widget,)
+        else:
+            update_figure(widget, figure)
+        return widget
 
     def observe_controls(self, *controls: widgets.Widget) -> None:
         for control in controls:

@@ -4,13 +4,12 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from workbench.data import TASKS
 from workbench.devices import DISTILBERT, MINILM, get_profile, profile_names
 from workbench.elastic.finetune import elastic_summary
 from workbench.prepare import default_profile
-from workbench.ui.base import Panel, update_figure
+from workbench.ui.base import Panel
 from workbench.viz.overview import accuracy_grid_figure, layer_times_figure
 
 SHAPES = {"MiniLM layer (d=384)": MINILM, "DistilBERT layer (d=768)": DISTILBERT}
@@ -39,31 +38,35 @@ class OverviewPanel(Panel):
                                             continuous_update=False)
         self.task_info = widgets.HTML()
         self.device_info = widgets.HTML()
-        self.grid_fig = go.FigureWidget()
-        self.times_fig = go.FigureWidget()
         self.observe_controls(self.task, self.device, self.shape, self.bits)
         self.children = [
             widgets.HTML(INTRO),
             widgets.HBox([self.task, self.task_info]),
-            self.grid_fig,
+            self.figure_slot("grid"),
             widgets.HBox([self.device, self.shape, self.bits]),
             self.device_info,
             self.message,
-            self.times_fig,
+            self.figure_slot("times"),
         ]
         self.refresh()
 
     def _refresh(self) -> None:
+        self._refresh_device()
+        self._refresh_task()
+
+    def _refresh_task(self) -> None:
         summary = elastic_summary(self.task.value, self.prepare_profile)
         grid = summary["accuracy_grid"]
         spec = TASKS[self.task.value]
-        update_figure(self.grid_fig, accuracy_grid_figure(grid, f"{spec.title}: dev accuracy of n x m submodels"))
+        self.show_figure("grid", accuracy_grid_figure(grid, f"{spec.title}: dev accuracy of n x m submodels"))
         self.task_info.value = (f"<span class='wb-task-info'>full model {grid[-1, -1] * 100:.1f}% &middot; "
                                 f"{summary['dev_examples']} dev examples &middot; trained in "
                                 f"{summary['train_seconds']:.0f} s</span>")
+
+    def _refresh_device(self) -> None:
         profile = get_profile(self.device.value)
         shape = SHAPES[self.shape.value]
-        update_figure(self.times_fig, layer_times_figure(profile, shape, int(self.bits.value)))
+        self.show_figure("times", layer_times_figure(profile, shape, int(self.bits.value)))
         full_ms = profile.layer_compute_s(shape.heads, shape) * 1e3
         io_ms = shape.heads * profile.shard_read_s(int(self.bits.value), shape) * 1e3
         self.device_info.value = (

