@@ -106,8 +106,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
-    """The Voila server command for the gallery: loopback only, idle kernels culled."""
+def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = False) -> list[str]:
+    """The Voila server command for the gallery: loopback only, idle kernels culled.
+
+    ``preheat`` keeps one started kernel per dashboard (first page in about 6 s instead of
+    about 14 s), but with Voila 0.5.13 a preheated page's widgets stop reacting (the server
+    refuses the page's POST for want of an XSRF token), so it is off by default.
+    """
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
            "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
     if preheat:
@@ -117,7 +122,7 @@ def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = T
 
 def _cmd_dashboards(args) -> int:
     port = args.port or free_port()
-    cmd = voila_command(port, preheat=not args.no_preheat)
+    cmd = voila_command(port, preheat=args.preheat)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
     try:
@@ -157,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))
-    p.add_argument("--no-preheat", action="store_true", help="start kernels on demand (slower first page)")
+    p.add_argument("--preheat", action="store_true",
+                   help="keep a started kernel per page (faster first load; widgets may not react, see docs)")
     p.set_defaults(func=_cmd_dashboards)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures")

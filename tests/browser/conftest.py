@@ -39,7 +39,7 @@ def voila_server(prepared):
     port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / "voila.log", "w")
-    proc = subprocess.Popen(voila_command(port, preheat=False), cwd=DASHBOARDS_DIR, stdout=log,
+    proc = subprocess.Popen(voila_command(port), cwd=DASHBOARDS_DIR, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "WORKBENCH_PROFILE": os.environ.get("WORKBENCH_PROFILE", "quick")})
     base = f"http://127.0.0.1:{port}"

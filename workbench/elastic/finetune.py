@@ -29,13 +29,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.cache import CorruptArtifactError, atomic_path, cache_dir, fingerprint, record, verify
+from workbench.cache import atomic_path, cache_dir, fingerprint, record, verify
 from workbench.data import Split, load_task, task_spec
-from workbench.errors import WorkbenchError
+from workbench.errors import CorruptArtifactError, WorkbenchError
 from workbench.models.encoder import Encoder, EncoderConfig, load_pretrained_encoder
 from workbench.models.tokenizer import encoder_tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,25 @@ class ElasticModel:
 # ----------------------------------------------------------------------------- batching
 
 
-def _batches(split: Split, batch_size: int, rng: np.random.Generator, max_length: int):
-    """Endless shuffled batches (ids, mask, labels)."""
+def _batches(split: Split, batch_size: int, rng: np.random.Generator, max_length: int, bucket_batches: int = 50):
+    """Endless shuffled batches (ids, mask, labels) of similar lengths, so little compute goes to padding.
+
+    Each epoch is shuffled, cut into pools of ``bucket_batches`` batches, each pool sorted by
+    token length and cut into batches; the batches of an epoch are then shuffled again.
+    """
     tok = encoder_tokenizer(max_length)
+    lengths = np.array(tok.lengths(split.texts))
     while True:
         order = rng.permutation(len(split))
-        for s in range(0, len(order) - batch_size + 1, batch_size):
-            idx = order[s:s + batch_size]
-            ids, mask = tok([split.texts[i] for i in idx])
+        pool = bucket_batches * batch_size
+        batches = []
+        for s in range(0, len(order), pool):
+            chunk = order[s:s + pool]
+            chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+            batches += [chunk[b:b + batch_size] for b in range(0, len(chunk) - batch_size + 1, batch_size)]
+        for i in rng.permutation(len(batches)):
+            idx = batches[i]
+            ids, mask = tok([split.texts[j] for j in idx])
             yield ids, mask, torch.from_numpy(split.labels[idx])
 
 

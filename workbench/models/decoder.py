@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.cache import CorruptArtifactError, atomic_path, cache_dir, record, verify
+from workbench.cache import atomic_path, cache_dir, record, verify
+from workbench.errors import CorruptArtifactError
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def read_gguf(path: Path) -> tuple[DecoderConfig, dict[str, np.ndarray], dict]:
 def _tokenizer_json_from_gguf(path: Path) -> str:
     """A `tokenizers` JSON for the GGUF's byte-level BPE vocabulary (SmolLM2 splits digits singly)."""
     import gguf
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     reader = gguf.GGUFReader(str(path))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
@@ -251,7 +252,6 @@ def _tokenizer_json_from_gguf(path: Path) -> str:
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     special = [t for t, ty in zip(tokens, types) if ty == 3]   # CONTROL tokens: <|im_start|> ...
-    from tokenizers import AddedToken
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     return tok.to_str()
 
