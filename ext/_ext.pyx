@@ -30,6 +30,15 @@ cdef inline uint64_t _load_word(const uint8_t[::1] packed, Py_ssize_t start, int
     return word
 
 
+cdef inline int _index_at(const uint8_t[::1] packed, int bits, Py_ssize_t j) noexcept nogil:
+    """Index j of the stream, read bit by bit (for the final partial block)."""
+    cdef Py_ssize_t bit = j * bits
+    cdef int i, v = 0
+    for i in range(bits):
+        v |= ((packed[(bit + i) >> 3] >> ((bit + i) & 7)) & 1) << i
+    return v
+
+
 def pack_bits(const uint8_t[::1] indexes, int bits, uint8_t[::1] out, int num_threads=1):
     """Pack ``indexes`` (each < 2**bits) into ``out`` (ceil(n*bits/8) bytes, zeroed tail)."""
     cdef Py_ssize_t n = indexes.shape[0]
@@ -58,20 +67,16 @@ def unpack_bits(const uint8_t[::1] packed, int bits, uint8_t[::1] out, int num_t
     """Unpack ``out.shape[0]`` indexes of ``bits`` bits each from ``packed``."""
     cdef Py_ssize_t n = out.shape[0]
     cdef Py_ssize_t num_blocks = n // 8
-    cdef Py_ssize_t b, j, bit
+    cdef Py_ssize_t b, j
     cdef uint64_t word, mask = (1 << bits) - 1
-    cdef int i, v
+    cdef int i
     with nogil:
         for b in prange(num_blocks, num_threads=num_threads, schedule="static"):
             word = _load_word(packed, b * bits, bits)
             for i in range(8):
                 out[b * 8 + i] = <uint8_t>((word >> (i * bits)) & mask)
         for j in range(num_blocks * 8, n):
-            bit = j * bits
-            v = 0
-            for i in range(bits):
-                v |= ((packed[(bit + i) >> 3] >> ((bit + i) & 7)) & 1) << i
-            out[j] = <uint8_t>v
+            out[j] = <uint8_t>_index_at(packed, bits, j)
 
 
 def decompress(const uint8_t[::1] packed, int bits, const float[::1] centroids,
@@ -81,19 +86,15 @@ def decompress(const uint8_t[::1] packed, int bits, const float[::1] centroids,
     cdef Py_ssize_t n = out.shape[0]
     cdef Py_ssize_t num_blocks = n // 8
     cdef Py_ssize_t num_outliers = outlier_pos.shape[0]
-    cdef Py_ssize_t b, j, bit, o
+    cdef Py_ssize_t b, j, o
     cdef uint64_t word, mask = (1 << bits) - 1
-    cdef int i, v
+    cdef int i
     with nogil:
         for b in prange(num_blocks, num_threads=num_threads, schedule="static"):
             word = _load_word(packed, b * bits, bits)
             for i in range(8):
                 out[b * 8 + i] = centroids[(word >> (i * bits)) & mask]
         for j in range(num_blocks * 8, n):
-            bit = j * bits
-            v = 0
-            for i in range(bits):
-                v |= ((packed[(bit + i) >> 3] >> ((bit + i) & 7)) & 1) << i
-            out[j] = centroids[v]
+            out[j] = centroids[_index_at(packed, bits, j)]
         for o in prange(num_outliers, num_threads=num_threads, schedule="static"):
             out[outlier_pos[o]] = outlier_val[o]
