@@ -108,12 +108,25 @@ def pack_bits_reference(indexes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def unpack_bits_reference(packed: np.ndarray, count: int, bits: int) -> np.ndarray:
-    stream = np.unpackbits(np.asarray(packed, dtype=np.uint8), bitorder="little")[: count * bits]
-    weights = (1 << np.arange(bits)).astype(np.uint16)
-    return (stream.reshape(count, bits).astype(np.uint16) @ weights).astype(np.uint8)
+    """Vectorised NumPy unpacking: every 8 indexes fill ``bits`` bytes, read as one 64-bit word."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    blocks = count // 8
+    out = np.empty(count, dtype=np.uint8)
+    if blocks:
+        raw = packed[: blocks * bits].reshape(blocks, bits).astype(np.uint64)
+        words = (raw << (np.arange(bits, dtype=np.uint64) * np.uint64(8))).sum(axis=1, dtype=np.uint64)
+        shifts = np.arange(8, dtype=np.uint64) * np.uint64(bits)
+        out[: blocks * 8] = ((words[:, None] >> shifts) & np.uint64((1 << bits) - 1)).reshape(-1)
+    tail = count - blocks * 8
+    if tail:
+        stream = np.unpackbits(packed[blocks * bits: packed_nbytes(count, bits)], bitorder="little")
+        weights = (1 << np.arange(bits)).astype(np.uint16)
+        out[blocks * 8:] = (stream[: tail * bits].reshape(tail, bits).astype(np.uint16) @ weights).astype(np.uint8)
+    return out
 
 
 def decompress_reference(packed, bits, centroids, outlier_pos, outlier_val, count: int) -> np.ndarray:
+    """NumPy twin of :func:`decompress`: centroid lookup, then the outlier scatter."""
     out = np.asarray(centroids, dtype=np.float32)[unpack_bits_reference(packed, count, bits)]
     out[np.asarray(outlier_pos, dtype=np.int64)] = np.asarray(outlier_val, dtype=np.float32)
     return out

@@ -1,0 +1,131 @@
+"""Shard importance by ablation (WRX section 5.2).
+
+Every shard of the full N x M model is set to the lowest bitwidth; then, one shard
+at a time, that shard is raised to 32 bits and the model is evaluated on a dev
+subset. A shard's importance is the accuracy it buys back (ties broken by the mean
+loss). Layers below the raised shard compute exactly as in the all-low model, so
+their outputs are computed once and reused: each ablation runs only from its own
+layer upwards.
+
+Results are cached by (store version, task, dev subset, bitwidths); progress is
+saved after every layer, so an interrupted profile resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from workbench.cache import cache_dir, fingerprint, write_json
+from workbench.data import Split
+from workbench.elastic.store import ShardStore
+from workbench.models.encoder import sharded_layer, stack_shards
+
+
+@dataclass(frozen=True)
+class ImportanceProfile:
+    accuracy: np.ndarray          # (N, M): dev accuracy with shard (n, i) at high_bits, all others at low_bits
+    loss: np.ndarray              # (N, M): mean cross-entropy of the same runs
+    baseline_accuracy: float      # every shard at low_bits
+    low_bits: int
+    high_bits: int
+    dev_examples: int
+
+    def order(self) -> list[tuple[int, int]]:
+        """Shards from most to least important: accuracy descending, then loss ascending."""
+        n, m = self.accuracy.shape
+        keys = sorted(((-self.accuracy[a, b], self.loss[a, b], a, b) for a in range(n) for b in range(m)))
+        return [(a, b) for *_, a, b in keys]
+
+
+class _Runner:
+    """Runs the store's model with per-shard bitwidths, reusing lower layers' outputs."""
+
+    def __init__(self, store: ShardStore, low_bits: int, high_bits: int):
+        cfg = store.cfg
+        self.store, self.cfg = store, cfg
+        resident = store.resident_state()
+        self.embed_model = store.model_with_bits(np.full((cfg.num_layers, cfg.num_heads), low_bits))
+        self.resident = [self.embed_model.layers[n].resident() for n in range(cfg.num_layers)]
+        self.biases = [[self.embed_model.layers[n].shard_biases(i) for i in range(cfg.num_heads)]
+                       for n in range(cfg.num_layers)]
+        self.low = [[store.shard_weights(n, i, low_bits) for i in range(cfg.num_heads)] for n in range(cfg.num_layers)]
+        self.high_bits = high_bits
+        del resident
+
+    def parts(self, n: int, raised: int | None = None) -> dict:
+        shards = list(self.low[n])
+        if raised is not None:
+            shards[raised] = self.store.shard_weights(n, raised, self.high_bits)
+        return stack_shards(shards, self.biases[n])
+
+    def layer(self, x, bias, n, parts):
+        return sharded_layer(x, bias, self.resident[n], parts, self.cfg.head_dim, self.cfg.layer_norm_eps)
+
+
+@torch.no_grad()
+def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits: int | None = None,
+                       high_bits: int = 32, batch_size: int = 64, cache_key: dict | None = None,
+                       progress: bool = True) -> ImportanceProfile:
+    """Run (or resume) the ablation over every shard of ``store`` on ``dev``."""
+    from tqdm.auto import tqdm
+
+    from workbench.models.tokenizer import encoder_tokenizer
+
+    low_bits = min(b for b in store.bitwidths) if low_bits is None else low_bits
+    cfg = store.cfg
+    N, M = cfg.num_layers, cfg.num_heads
+    key = fingerprint({"store": store.version, "dev": list(dev.ids), "low": low_bits, "high": high_bits,
+                       **(cache_key or {})})
+    path = cache_dir() / "importance" / f"{key}.json"
+    done = json.loads(path.read_text()) if path.exists() else {}
+    runner = _Runner(store, low_bits, high_bits)
+    model = runner.embed_model
+    tok = encoder_tokenizer(max_length)
+    batches = []
+    for s in range(0, len(dev), batch_size):
+        ids, mask = tok(dev.texts[s:s + batch_size])
+        batches.append((model.embed(ids), model.attn_bias(mask), mask, torch.from_numpy(dev.labels[s:s + batch_size])))
+    low_parts = [runner.parts(n) for n in range(N)]
+    inputs = [[x for x, *_ in batches]]                 # inputs[n][b]: layer n's input in the all-low model
+    for n in range(N):
+        inputs.append([runner.layer(x, bias, n, low_parts[n]) for x, (_, bias, *_r) in zip(inputs[n], batches)])
+
+    def evaluate(start: int, first_out: list) -> tuple[float, float]:
+        correct, loss = 0, 0.0
+        for b, (_, bias, mask, y) in enumerate(batches):
+            x = first_out[b]
+            for n in range(start + 1, N):
+                x = runner.layer(x, bias, n, low_parts[n])
+            logits = model.classify(x, mask)
+            correct += int((logits.argmax(-1) == y).sum())
+            loss += float(F.cross_entropy(logits, y, reduction="sum"))
+        return correct / len(dev), loss / len(dev)
+
+    baseline = evaluate(N - 1, inputs[N])[0]
+    bar = tqdm(total=N * M, desc="shard importance", disable=not progress)
+    for n in range(N):
+        if str(n) in done:
+            bar.update(M)
+            continue
+        row = []
+        for i in range(M):
+            parts = runner.parts(n, raised=i)
+            out = [runner.layer(x, bias, n, parts) for x, (_, bias, *_r) in zip(inputs[n], batches)]
+            row.append(evaluate(n, out))
+            bar.update(1)
+        done[str(n)] = row
+        write_json(path, done)                          # resume point
+    bar.close()
+    acc = np.array([[a for a, _ in done[str(n)]] for n in range(N)])
+    loss = np.array([[l for _, l in done[str(n)]] for n in range(N)])
+    return ImportanceProfile(acc, loss, baseline, low_bits, high_bits, len(dev))
+
+
+def profile_importance(store: ShardStore, dev: Split, max_length: int, **kwargs) -> np.ndarray:
+    """The (N, M) importance matrix: dev accuracy with that one shard raised to 32 bits (higher = more important)."""
+    return importance_profile(store, dev, max_length, **kwargs).accuracy
