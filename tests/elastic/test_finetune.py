@@ -44,13 +44,18 @@ def test_reordering_by_importance_keeps_the_full_model_function():
     assert order[0].tolist() == np.argsort(-heads[0]).tolist()
 
 
-def test_importance_ranks_a_damaged_head_first():
+def test_importance_ranks_a_silenced_head_last_and_is_deterministic():
+    torch.manual_seed(0)
     model = load_pretrained_encoder(2)
     with torch.no_grad():
-        model.layers[0].attn_out.weight[:, 5 * 32:6 * 32] *= 40.0   # head 5 of layer 0 now dominates the output
+        model.layers[0].attn_out.weight[:, 5 * 32:6 * 32] = 0.0   # head 5 of layer 0 no longer reaches the output
     batch = encoder_tokenizer(64)(["a fine film", "dull and long", "great", "awful"])
-    heads, _ = finetune.head_neuron_importance(model, [(*batch, torch.tensor([1, 0, 1, 0]))])
-    assert int(np.argmax(heads[0])) == 5
+    labelled = [(*batch, torch.tensor([1, 0, 1, 0]))]
+    heads, neurons = finetune.head_neuron_importance(model, labelled)
+    assert heads.shape == (6, 12) and neurons.shape == (6, 1536)
+    assert heads[0, 5] == 0.0 and int(np.argmin(heads[0])) == 5 and (np.delete(heads[0], 5) > 0).all()
+    again, _ = finetune.head_neuron_importance(model, labelled)
+    np.testing.assert_array_equal(heads, again)
 
 
 def test_training_is_deterministic():
