@@ -48,14 +48,12 @@ class _Runner:
     def __init__(self, store: ShardStore, low_bits: int, high_bits: int):
         cfg = store.cfg
         self.store, self.cfg = store, cfg
-        resident = store.resident_state()
         self.embed_model = store.model_with_bits(np.full((cfg.num_layers, cfg.num_heads), low_bits))
         self.resident = [self.embed_model.layers[n].resident() for n in range(cfg.num_layers)]
         self.biases = [[self.embed_model.layers[n].shard_biases(i) for i in range(cfg.num_heads)]
                        for n in range(cfg.num_layers)]
         self.low = [[store.shard_weights(n, i, low_bits) for i in range(cfg.num_heads)] for n in range(cfg.num_layers)]
         self.high_bits = high_bits
-        del resident
 
     def parts(self, n: int, raised: int | None = None) -> dict:
         shards = list(self.low[n])
