@@ -4,21 +4,26 @@ from workbench.devices import DISTILBERT, MINILM, get_profile
 from workbench.ui import OverviewPanel
 
 
-def test_controls_redraw_figures_in_place(prepared):
+def test_controls_redraw_their_figures(prepared):
     panel = OverviewPanel("quick")
-    grid_fig, times_fig = panel.figures["grid"], panel.figures["times"]
+    grid_fig = lambda: panel.figures["grid"]
+    times_fig = lambda: panel.figures["times"]
+    first_grid = grid_fig()
     assert panel.message.value == ""
-    assert grid_fig.data[0].z[5][11] == pytest.approx(prepared["sentiment"].accuracy_grid[5, 11] * 100)
+    assert grid_fig().data[0].z[5][11] == pytest.approx(prepared["sentiment"].accuracy_grid[5, 11] * 100)
     panel.task.value = "bbc"
-    assert grid_fig.data[0].z[5][11] == pytest.approx(prepared["bbc"].accuracy_grid[5, 11] * 100)
-    assert "BBC News" in grid_fig.layout.title.text
+    assert grid_fig().data[0].z[5][11] == pytest.approx(prepared["bbc"].accuracy_grid[5, 11] * 100)
+    assert "BBC News" in grid_fig().layout.title.text
     panel.device.value = "jetson-nano"
-    assert times_fig.data[0].y[11] == pytest.approx(get_profile("jetson-nano").layer_compute_s(12, DISTILBERT) * 1e3)
+    assert times_fig().data[0].y[11] == pytest.approx(get_profile("jetson-nano").layer_compute_s(12, DISTILBERT) * 1e3)
     panel.shape.value = "MiniLM layer (d=384)"
     panel.bits.value = 2
-    assert times_fig.data[1].y[0] == pytest.approx(get_profile("jetson-nano").shard_read_s(2, MINILM) * 1e3)
-    assert panel.figures == {"grid": grid_fig, "times": times_fig}
-    assert panel.children[2].children == (grid_fig,)
+    assert times_fig().data[1].y[0] == pytest.approx(get_profile("jetson-nano").shard_read_s(2, MINILM) * 1e3)
+    assert panel.children[2].children == (grid_fig(),) and panel.children[6].children == (times_fig(),)
+    assert first_grid is not grid_fig() and first_grid.comm is None      # replaced and closed
+    shown = grid_fig()
+    panel.device.value = "odroid-n2"
+    assert grid_fig() is shown                                              # a device change leaves the grid alone
 
 
 def test_unprepared_task_shows_an_inline_message(tmp_cache):
@@ -26,3 +31,10 @@ def test_unprepared_task_shows_an_inline_message(tmp_cache):
     assert "wb-error" in panel.message.value and "workbench prepare --profile quick" in panel.message.value
     assert "Traceback" not in panel.message.value
     assert "grid" not in panel.figures
+
+
+def test_a_device_change_keeps_the_task_error_and_redraws_only_the_device_figure(tmp_cache):
+    panel = OverviewPanel("quick")
+    panel.device.value = "jetson-nano"
+    assert "workbench prepare --profile quick" in panel.message.value
+    assert "Jetson Nano" in panel.figures["times"].layout.title.text and "grid" not in panel.figures

@@ -48,9 +48,9 @@ class _Runner:
     def __init__(self, store: ShardStore, low_bits: int, high_bits: int):
         cfg = store.cfg
         self.store, self.cfg = store, cfg
-        self.embed_model = store.model_with_bits(np.full((cfg.num_layers, cfg.num_heads), low_bits))
-        self.resident = [self.embed_model.layers[n].resident() for n in range(cfg.num_layers)]
-        self.biases = [[self.embed_model.layers[n].shard_biases(i) for i in range(cfg.num_heads)]
+        self.low_model = store.model_with_bits(np.full((cfg.num_layers, cfg.num_heads), low_bits))
+        self.resident = [self.low_model.layers[n].resident() for n in range(cfg.num_layers)]
+        self.biases = [[self.low_model.layers[n].shard_biases(i) for i in range(cfg.num_heads)]
                        for n in range(cfg.num_layers)]
         self.low = [[store.shard_weights(n, i, low_bits) for i in range(cfg.num_heads)] for n in range(cfg.num_layers)]
         self.high_bits = high_bits
@@ -82,7 +82,7 @@ def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits:
     path = cache_dir() / "importance" / f"{key}.json"
     done = json.loads(path.read_text()) if path.exists() else {}
     runner = _Runner(store, low_bits, high_bits)
-    model = runner.embed_model
+    model = runner.low_model
     tok = encoder_tokenizer(max_length)
     batches = []
     for s in range(0, len(dev), batch_size):

@@ -38,7 +38,8 @@ class OverviewPanel(Panel):
                                             continuous_update=False)
         self.task_info = widgets.HTML()
         self.device_info = widgets.HTML()
-        self.observe_controls(self.task, self.device, self.shape, self.bits)
+        self.observe_controls(self.task, update=self._refresh_task)
+        self.observe_controls(self.device, self.shape, self.bits, update=self._refresh_device)
         self.children = [
             widgets.HTML(INTRO),
             widgets.HBox([self.task, self.task_info]),
@@ -51,8 +52,9 @@ class OverviewPanel(Panel):
         self.refresh()
 
     def _refresh(self) -> None:
-        self._refresh_device()
-        self._refresh_task()
+        """Both halves; each keeps its own error message (a control change redraws only its half)."""
+        self.refresh(self._refresh_device)
+        self.refresh(self._refresh_task)
 
     def _refresh_task(self) -> None:
         summary = elastic_summary(self.task.value, self.prepare_profile)
