@@ -49,3 +49,21 @@ def test_cython_decompress_equals_reference_bit_for_bit(bits, count, threads, se
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decompress_over_many_chunks_equals_reference(bits, threads):
+    """Large enough for several 2048-block chunks, with a partial last chunk and a tail."""
+    count = 3 * 2048 * 8 + 1005
+    rng = np.random.default_rng(bits)
+    packed = bitpack.pack_bits(rng.integers(0, 1 << bits, count), bits)
+    padded = np.concatenate([packed, rng.integers(0, 256, 11).astype(np.uint8)])   # trailing bytes must not leak in
+    centroids = rng.standard_normal(1 << bits).astype(np.float32)
+    pos = np.sort(rng.choice(count, 50, replace=False))
+    val = rng.standard_normal(50).astype(np.float32)
+    ref = bitpack.decompress_reference(packed, bits, centroids, pos, val, count)
+    for stream in (packed, padded):
+        out = np.empty(count, np.float32)
+        bitpack.decompress(stream, bits, centroids, pos, val, out, num_threads=threads)
+        assert out.tobytes() == ref.tobytes()

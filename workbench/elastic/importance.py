@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from workbench.cache import cache_dir, fingerprint, write_json
 from workbench.data import Split
 from workbench.elastic.store import ShardStore
+from workbench.errors import WorkbenchError
 from workbench.models.encoder import sharded_layer, stack_shards
 
 
@@ -84,10 +85,12 @@ def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits:
     runner = _Runner(store, low_bits, high_bits)
     model = runner.low_model
     tok = encoder_tokenizer(max_length)
+    by_length = sorted(range(len(dev)), key=lambda j: (len(dev.texts[j]), j))     # less padding per batch
     batches = []
     for s in range(0, len(dev), batch_size):
-        ids, mask = tok(dev.texts[s:s + batch_size])
-        batches.append((model.embed(ids), model.attn_bias(mask), mask, torch.from_numpy(dev.labels[s:s + batch_size])))
+        rows = by_length[s:s + batch_size]
+        ids, mask = tok([dev.texts[j] for j in rows])
+        batches.append((model.embed(ids), model.attn_bias(mask), mask, torch.from_numpy(dev.labels[rows])))
     low_parts = [runner.parts(n) for n in range(N)]
     inputs = [[x for x, *_ in batches]]                 # inputs[n][b]: layer n's input in the all-low model
     for n in range(N):
@@ -127,3 +130,41 @@ def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits:
 def profile_importance(store: ShardStore, dev: Split, max_length: int, **kwargs) -> np.ndarray:
     """The (N, M) importance matrix: dev accuracy with that one shard raised to 32 bits (higher = more important)."""
     return importance_profile(store, dev, max_length, **kwargs).accuracy
+
+
+DEV_SIZES = {"full": 512, "quick": 24}
+"""Dev examples per importance profile: the full profile takes minutes on 2 cores."""
+
+
+def prepare_importance(task: str, profile: str = "full", dev_size: int | None = None, seed: int = 0,
+                       progress: bool = True) -> ImportanceProfile:
+    """The importance profile of ``task``'s prepared shard store on a seeded dev subset (cached, resumable)."""
+    from workbench.data import load_task, task_spec
+    from workbench.elastic.store import prepare_store
+
+    store = prepare_store(task, profile, progress=progress)
+    dev_full = load_task(task).dev
+    size = DEV_SIZES.get(profile, DEV_SIZES["quick"]) if dev_size is None else int(dev_size)
+    if size < 1:
+        raise WorkbenchError(f"the importance dev subset needs at least 1 example, got dev_size={size}")
+    dev = dev_full.sample(min(size, len(dev_full)), seed)
+    return importance_profile(store, dev, task_spec(task).max_length, progress=progress,
+                              cache_key={"task": task, "seed": seed})
+
+
+def load_importance(task: str, profile: str = "full", dev_size: int | None = None, seed: int = 0) -> ImportanceProfile:
+    """The cached importance profile (computing any missing part first)."""
+    return prepare_importance(task, profile, dev_size, seed, progress=False)
+
+
+def ranking_agreement(a: ImportanceProfile, b: ImportanceProfile, top: float = 0.25) -> dict[str, float]:
+    """How far two profiles (e.g. two dev-subset seeds) agree: rank correlations and top-shard overlap."""
+    from scipy.stats import spearmanr
+
+    if a.accuracy.shape != b.accuracy.shape:
+        raise ValueError(f"profiles of different shapes: {a.accuracy.shape} vs {b.accuracy.shape}")
+    k = max(1, int(round(top * a.accuracy.size)))
+    top_a, top_b = set(a.order()[:k]), set(b.order()[:k])
+    return {"spearman_accuracy": float(spearmanr(a.accuracy.ravel(), b.accuracy.ravel()).statistic),
+            "spearman_loss": float(spearmanr(a.loss.ravel(), b.loss.ravel()).statistic),
+            "top_overlap": len(top_a & top_b) / k, "top_k": k}

@@ -65,12 +65,20 @@ def outlier_mask(weights: np.ndarray, threshold: float = -4.0) -> np.ndarray:
     return gmm.score_samples(flat) < threshold
 
 
+def inlier_order(weights: np.ndarray, outliers: np.ndarray) -> np.ndarray:
+    """Flat positions of the non-outlier weights in ascending order of value (stable)."""
+    flat = np.asarray(weights, dtype=np.float32).reshape(-1)
+    inliers = np.flatnonzero(~np.asarray(outliers, dtype=bool).reshape(-1))
+    return inliers[np.argsort(flat[inliers], kind="stable")]
+
+
 def gobo_quantize(weights: np.ndarray, bits: int, threshold: float = -4.0,
-                  outliers: np.ndarray | None = None) -> QuantizedTensor:
+                  outliers: np.ndarray | None = None, order: np.ndarray | None = None) -> QuantizedTensor:
     """Quantize ``weights`` (any shape) to ``bits``-bit indexes with GOBO's outlier rule.
 
-    ``outliers`` may pass a precomputed :func:`outlier_mask` (it does not depend on
-    ``bits``, so a caller quantizing one layer at k = 2..6 fits the Gaussian once).
+    ``outliers`` may pass a precomputed :func:`outlier_mask` and ``order`` the matching
+    :func:`inlier_order`; neither depends on ``bits``, so a caller quantizing one layer
+    at k = 2..6 fits the Gaussian and sorts once.
     """
     if not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
         raise ValueError(f"bits must be an integer in 1..8, got {bits!r}")
@@ -81,11 +89,10 @@ def gobo_quantize(weights: np.ndarray, bits: int, threshold: float = -4.0,
     mask = outlier_mask(flat, threshold) if outliers is None else np.asarray(outliers, dtype=bool).reshape(-1)
     if mask.shape != flat.shape:
         raise ValueError(f"outlier mask has {mask.size} entries for {flat.size} weights")
-    inliers = np.flatnonzero(~mask)
+    order = inlier_order(flat, mask) if order is None else np.asarray(order)
     clusters = 1 << bits
-    if inliers.size < clusters:
-        raise ValueError(f"{inliers.size} non-outlier weights cannot fill {clusters} clusters")
-    order = inliers[np.argsort(flat[inliers], kind="stable")]
+    if order.size < clusters:
+        raise ValueError(f"{order.size} non-outlier weights cannot fill {clusters} clusters")
     # equal population: cluster j takes sorted positions [bounds[j], bounds[j+1])
     bounds = (np.arange(clusters + 1) * order.size) // clusters
     indexes = np.zeros(flat.size, dtype=np.uint8)

@@ -33,7 +33,7 @@ import torch
 
 from workbench.bitpack import decompress, packed_nbytes
 from workbench.cache import atomic_path, write_json
-from workbench.elastic.quantize import BITWIDTHS, gobo_quantize, outlier_mask
+from workbench.elastic.quantize import BITWIDTHS, gobo_quantize, inlier_order, outlier_mask
 from workbench.errors import CorruptArtifactError
 from workbench.models.encoder import SHARD_KEYS, Encoder, EncoderConfig
 
@@ -101,11 +101,12 @@ def build_store(model: Encoder, root: Path, bitwidths=BITWIDTHS, threshold: floa
         per_shard = flats[0].size
         layer_flat = np.concatenate(flats)
         mask = outlier_mask(layer_flat, threshold)
+        order = inlier_order(layer_flat, mask)
         entries: list[list[dict]] = [[] for _ in range(cfg.num_heads)]
         offset = 0
         with open(work / f"layer-{n:02d}.bin", "wb") as handle:
             for bits in (*bitwidths, FP32):
-                q = None if bits == FP32 else gobo_quantize(layer_flat, bits, threshold, outliers=mask)
+                q = None if bits == FP32 else gobo_quantize(layer_flat, bits, threshold, outliers=mask, order=order)
                 for i in range(cfg.num_heads):
                     if q is None:
                         blob, outliers = flats[i].tobytes(), 0
@@ -281,3 +282,42 @@ def set_shard(layer, i: int, weights: dict[str, torch.Tensor]) -> None:
     layer.attn_out.weight[:, rows] = weights["o"]
     layer.ffn1.weight[cols] = weights["ffn1"]
     layer.ffn2.weight[:, cols] = weights["ffn2"]
+
+
+# ----------------------------------------------------------------------------- prepared stores
+
+def store_root(task: str, profile: str = "full", threshold: float = -4.0, bitwidths=BITWIDTHS) -> Path:
+    """Where the shard store of ``task``'s prepared elastic model lives (keyed by model and settings)."""
+    from workbench.cache import cache_dir, fingerprint
+    from workbench.elastic.finetune import artifact_dir, train_config
+
+    model_dir = artifact_dir(train_config(task, profile))
+    key = fingerprint({"model": model_dir.name, "format": FORMAT, "threshold": threshold,
+                       "bitwidths": sorted(int(b) for b in bitwidths)})
+    return cache_dir() / "stores" / f"{task}-{key}"
+
+
+def prepare_store(task: str, profile: str = "full", progress: bool = True, force: bool = False) -> ShardStore:
+    """Open (or build) the shard store of ``task``'s prepared model; a damaged store is rebuilt."""
+    from workbench.elastic.finetune import prepare_task
+
+    root = store_root(task, profile)
+    if not force and (root / "CURRENT").exists():
+        try:
+            return ShardStore.open(root)
+        except ShardStoreError as exc:
+            print(f"workbench: shard store for {task!r} is damaged ({exc}); building it again")
+    em = prepare_task(task, profile, progress=progress)
+    return build_store(em.encoder, root, progress=progress,
+                       meta={"task": task, "profile": profile, "model": em.path.name if em.path else None})
+
+
+def load_store(task: str, profile: str = "full", verify: bool = True) -> ShardStore:
+    """The prepared shard store of ``task``; tells the user to run `workbench prepare` if it is absent."""
+    from workbench.errors import WorkbenchError
+
+    root = store_root(task, profile)
+    if not (root / "CURRENT").exists():
+        flag = "" if profile == "full" else f" --profile {profile}"
+        raise WorkbenchError(f"task {task!r} has no shard store (profile {profile!r}); run `workbench prepare{flag}`")
+    return ShardStore.open(root, verify=verify)

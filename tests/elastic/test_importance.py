@@ -1,0 +1,96 @@
+import json
+import shutil
+import zlib
+
+import numpy as np
+import pytest
+
+from workbench.data import load_task
+from workbench.elastic import importance as imp
+from workbench.elastic.store import ShardStore, prepare_store
+from workbench.errors import WorkbenchError
+from tests.conftest import PROFILE
+
+DAMAGED = (2, 7)
+MAX_LEN = 32          # short inputs keep each profile to a few seconds
+
+
+@pytest.fixture(scope="module")
+def bbc_store():
+    return prepare_store("bbc", PROFILE, progress=False)
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return load_task("bbc").dev.sample(16, seed=3)
+
+
+def _damaged_copy(store: ShardStore, root, layer: int, shard: int) -> ShardStore:
+    """A copy of ``store`` whose lowest-bitwidth version of one shard has wildly wrong centroids."""
+    shutil.copytree(store.root, root)
+    manifest_path = root / store.version / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    low = min(store.bitwidths)
+    entry = next(e for e in manifest["layers"][layer]["shards"][shard] if e["bits"] == low)
+    path = root / store.version / manifest["layers"][layer]["file"]
+    data = bytearray(path.read_bytes())
+    start = entry["offset"] + (store.shard_params * low + 7) // 8
+    centroids = np.frombuffer(bytes(data[start:start + 4 * (1 << low)]), np.float32) * -40.0
+    data[start:start + centroids.nbytes] = centroids.astype(np.float32).tobytes()
+    entry["crc32"] = zlib.crc32(bytes(data[entry["offset"]:entry["offset"] + entry["nbytes"]]))
+    path.write_bytes(bytes(data))
+    manifest_path.write_text(json.dumps(manifest))
+    return ShardStore.open(root)
+
+
+def test_damaged_shard_ranks_first_and_profile_is_deterministic(bbc_store, dev, tmp_path, monkeypatch):
+    store = _damaged_copy(bbc_store, tmp_path / "store", *DAMAGED)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache-a"))
+    a = imp.importance_profile(store, dev, MAX_LEN, progress=False)
+    n, m = store.cfg.num_layers, store.cfg.num_heads
+    assert a.accuracy.shape == a.loss.shape == (n, m) and a.dev_examples == 16
+    assert a.order()[0] == DAMAGED
+    assert a.accuracy[DAMAGED] > a.baseline_accuracy
+    assert sorted(a.order()) == [(i, j) for i in range(n) for j in range(m)]
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache-b"))       # recomputed, not read back
+    b = imp.importance_profile(store, dev, MAX_LEN, progress=False)
+    assert np.array_equal(a.accuracy, b.accuracy) and np.array_equal(a.loss, b.loss)
+    assert imp.profile_importance(store, dev, MAX_LEN, progress=False).shape == (n, m)
+
+
+def test_interrupted_profile_resumes_to_the_same_result(bbc_store, dev, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "fresh"))
+    reference = imp.importance_profile(bbc_store, dev, MAX_LEN, progress=False)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "resumed"))
+    original = imp._Runner.parts
+
+    def interrupt_in_layer_2(self, n, raised=None):
+        if n == 2 and raised is not None:
+            raise KeyboardInterrupt
+        return original(self, n, raised)
+
+    monkeypatch.setattr(imp._Runner, "parts", interrupt_in_layer_2)
+    with pytest.raises(KeyboardInterrupt):
+        imp.importance_profile(bbc_store, dev, MAX_LEN, progress=False)
+    [saved] = (tmp_path / "resumed" / "importance").glob("*.json")
+    assert sorted(json.loads(saved.read_text())) == ["0", "1"]
+    monkeypatch.setattr(imp._Runner, "parts", original)
+    resumed = imp.importance_profile(bbc_store, dev, MAX_LEN, progress=False)
+    assert np.array_equal(resumed.accuracy, reference.accuracy) and np.array_equal(resumed.loss, reference.loss)
+
+
+def test_ranking_agreement_of_identical_and_reversed_profiles():
+    acc = np.arange(12, dtype=float).reshape(3, 4) / 12
+    p = imp.ImportanceProfile(acc, -acc, 0.1, 2, 32, 10)
+    q = imp.ImportanceProfile(acc[::-1, ::-1].copy(), -acc[::-1, ::-1], 0.1, 2, 32, 10)
+    same = imp.ranking_agreement(p, p)
+    assert same["spearman_accuracy"] == pytest.approx(1.0) and same["top_overlap"] == 1.0
+    assert imp.ranking_agreement(p, q)["spearman_accuracy"] == pytest.approx(-1.0)
+    assert imp.ranking_agreement(p, q)["top_overlap"] == 0.0
+
+
+def test_prepared_profile_and_bad_dev_size(prepared):
+    prof = imp.load_importance("sentiment", PROFILE)
+    assert prof.accuracy.shape == (6, 12) and prof.dev_examples == imp.DEV_SIZES["quick"]
+    with pytest.raises(WorkbenchError, match="at least 1 example, got dev_size=0"):
+        imp.prepare_importance("sentiment", PROFILE, dev_size=0, progress=False)
