@@ -69,3 +69,29 @@ def test_profile_importance_bad_input_is_named(prepared):
     assert out.returncode == 2 and "unknown task 'imdb'" in out.stderr
     out = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--dev-size", "0")
     assert out.returncode == 2 and "needs at least 1 example, got dev_size=0" in out.stderr
+
+
+def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
+    out = run_cli("plan", "--profile", "quick", "--device", "odroid-n2", "--target-ms", "150", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["valid"] and plan["predicted_ms"] <= 150 and min(plan["aib_ms"]) >= 0
+    assert len(plan["bits"]) == plan["n"] and len(plan["bits"][0]) == plan["m"]
+    trace = tmp_path / "run.json"
+    out = run_cli("run", "--profile", "quick", "--device", "jetson-nano", "--target-ms", "200", "--repeat", "1",
+                  "--trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    assert "run 1: '" in out.stdout and "measured" in out.stdout
+    assert json.loads(trace.read_text())["otherData"]["source"] == "measured"
+    out = run_cli("plan", "--profile", "quick", "--target-ms", "5")
+    assert out.returncode == 1 and "no submodel fits 5.0 ms" in out.stdout
+    out = run_cli("plan", "--profile", "quick", "--target-ms", "0")
+    assert out.returncode == 2 and "target latency must be positive" in out.stderr
+
+
+def test_profile_device_saves_json(prepared, tmp_path):
+    out = run_cli("profile", "device", "--task", "sentiment", "--device", "jetson-nano", "--profile", "quick",
+                  "--out", str(tmp_path / "p.json"))
+    assert out.returncode == 0, out.stderr
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["device"] == "jetson-nano" and sorted(map(int, saved["io_s"])) == [2, 3, 4, 5, 6, 32]

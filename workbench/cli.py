@@ -1,4 +1,4 @@
-"""The `workbench` command: prepare, info, profile, dashboards, bench."""
+"""The `workbench` command: prepare, info, profile, plan, run, dashboards, bench."""
 from __future__ import annotations
 
 import argparse
@@ -174,6 +174,98 @@ def _cmd_profile_importance(args) -> int:
     return 0
 
 
+def _elastic_setup(args):
+    from workbench.data import task_spec
+    from workbench.elastic.importance import load_importance
+    from workbench.elastic.profile import device_profile
+    from workbench.elastic.store import load_store
+
+    spec = task_spec(args.task)
+    store = load_store(args.task, args.profile)
+    return (spec, store, device_profile(args.device, store, spec.max_length),
+            load_importance(args.task, args.profile).accuracy)
+
+
+def _cmd_profile_device(args) -> int:
+    from workbench.data import task_spec
+    from workbench.elastic.profile import device_profile, host_elastic_profile
+    from workbench.elastic.store import load_store
+
+    spec = task_spec(args.task)
+    store = load_store(args.task, args.profile)
+    prof = (host_elastic_profile(store, spec.max_length, remeasure=args.remeasure) if args.device == "host"
+            else device_profile(args.device, store, spec.max_length))
+    if args.out:
+        prof.save(args.out)
+    if args.json:
+        print(json.dumps(prof.to_dict()))
+        return 0
+    print(f"{prof.device} ({prof.source}; {prof.notes}) for {args.task!r} at {prof.seq_len} tokens")
+    print("t_io(k) per shard: " + ", ".join(f"{k}b {1e3 * v:.3f} ms" for k, v in sorted(prof.io_s.items())))
+    print("t_comp(m) per layer: " + ", ".join(f"{m}:{1e3 * v:.2f}" for m, v in enumerate(prof.comp_s, 1)) + " ms")
+    if args.out:
+        print(f"saved to {args.out}")
+    return 0
+
+
+def _plan_for(args, prof, importance):
+    from workbench.elastic.baselines import plan_method
+
+    return plan_method(args.method, prof, args.target_ms / 1e3, importance, args.preload_mb * 1e6)
+
+
+def _print_plan(plan) -> None:
+    print(plan.describe())
+    if not plan.found:
+        return
+    if plan.io is not None:
+        print(f"slack {1e3 * plan.io.slack_s:.1f} ms, uniform first pass {plan.io.uniform_bits} bits, "
+              f"{sum(s.kind == 'upgrade' for s in plan.io.steps)} upgrades; final AIB (ms): "
+              + " ".join(f"{1e3 * a:.1f}" for a in plan.io.aib))
+    print("bits per shard (rows: layers; * = preloaded):")
+    for k in range(plan.n):
+        print(f"  layer {k}: " + " ".join(f"{int(b):>2d}{'*' if p else ' '}" for b, p in
+                                         zip(plan.bits[k], plan.preloaded[k])))
+
+
+def _cmd_plan(args) -> int:
+    _, _, prof, importance = _elastic_setup(args)
+    plan = _plan_for(args, prof, importance)
+    if args.json:
+        print(json.dumps({"method": plan.method, "n": plan.n, "m": plan.m, "bits": plan.bits.tolist(),
+                          "preloaded": plan.preloaded.tolist(), "predicted_ms": 1e3 * plan.predicted_s,
+                          "memory_bytes": plan.memory_bytes, "valid": plan.valid, "reason": plan.reason,
+                          "aib_ms": [1e3 * a for a in plan.io.aib] if plan.io is not None else None}))
+    else:
+        _print_plan(plan)
+    if args.trace and plan.found:
+        print(f"predicted timeline written to {plan.timeline.save_chrome_trace(args.trace)}")
+    return 0 if plan.found else 1
+
+
+def _cmd_run(args) -> int:
+    from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer
+    from workbench.models.tokenizer import encoder_tokenizer
+
+    spec, store, prof, importance = _elastic_setup(args)
+    plan = _plan_for(args, prof, importance)
+    _print_plan(plan)
+    if not plan.found:
+        return 1
+    engine = ElasticEngine(store, PreloadBuffer(plan.memory_bytes))
+    ids, mask = encoder_tokenizer(spec.max_length)([args.text], pad_to=spec.max_length)
+    emulate = None if args.device == "host" else prof
+    for r in range(args.repeat):
+        result = engine.run(plan, ids, mask, emulate=emulate, keep_loaded=False)
+        probs = result.logits.softmax(-1)[0]
+        label = spec.labels[int(probs.argmax())]
+        print(f"run {r + 1}: {label!r} (p={float(probs.max()):.2f}); measured {1e3 * result.latency_s:.1f} ms, "
+              f"predicted {1e3 * plan.predicted_s:.1f} ms, stalls {1e3 * result.timeline.busy('stall'):.1f} ms")
+    if args.trace:
+        print(f"measured timeline written to {result.timeline.save_chrome_trace(args.trace)}")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from workbench.bench import run_benchmark
 
@@ -214,6 +306,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_profile_importance)
+
+    p = prof.add_parser("device", help="t_io(k) and t_comp(m) of a device for a task's model (host: measured)")
+    p.add_argument("--task", required=True)
+    p.add_argument("--device", default="host")
+    p.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    p.add_argument("--remeasure", action="store_true", help="measure the host again instead of the cached figures")
+    p.add_argument("--out", help="also save the profile as JSON here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_profile_device)
+
+    from workbench.elastic.baselines import METHODS
+
+    for name, func, helptext in (("plan", _cmd_plan, "plan one elastic-pipelining configuration"),
+                                 ("run", _cmd_run, "plan and run the pipeline for real on a text")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--task", default="sentiment")
+        p.add_argument("--device", default="odroid-n2", help="host (real speed) or a preset (emulated)")
+        p.add_argument("--target-ms", type=float, default=200.0)
+        p.add_argument("--preload-mb", type=float, default=1.0)
+        p.add_argument("--method", default="Ours", choices=METHODS)
+        p.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+        p.add_argument("--trace", help="write the timeline as Chrome/Perfetto trace JSON to this file")
+        if name == "plan":
+            p.add_argument("--json", action="store_true")
+        else:
+            p.add_argument("--text", default="A gripping, beautifully acted film.")
+            p.add_argument("--repeat", type=int, default=3)
+        p.set_defaults(func=func)
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))

@@ -1,0 +1,105 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.data import load_task
+from workbench.elastic.baselines import plan_method
+from workbench.elastic.evaluate import AccuracyCache
+from workbench.elastic.importance import load_importance
+from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer, run_pipeline
+from workbench.elastic.planner import empty_plan, plan_elastic
+from workbench.elastic.profile import device_profile
+from workbench.elastic.store import prepare_store
+from workbench.errors import WorkbenchError
+from workbench.models.tokenizer import encoder_tokenizer
+from tests.conftest import PROFILE
+
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def store():
+    return prepare_store("sentiment", PROFILE, progress=False)
+
+
+@pytest.fixture(scope="module")
+def importance(prepared):
+    return load_importance("sentiment", PROFILE).accuracy
+
+
+@pytest.fixture(scope="module")
+def odroid(store):
+    return device_profile("odroid-n2", store, SEQ)
+
+
+def batch(texts):
+    return encoder_tokenizer(SEQ)(list(texts), pad_to=SEQ)
+
+
+def test_pipeline_logits_equal_the_batch_evaluation_of_the_same_weights(store, importance, odroid):
+    plan = plan_elastic(odroid, 0.15, importance, 1e6)
+    assert len(np.unique(plan.bits)) > 1                       # a mixed-bitwidth submodel
+    dev = load_task("sentiment").dev.subset(12)
+    result = run_pipeline(store, plan, *batch(dev.texts))
+    full = np.full((6, 12), 2)
+    full[:plan.n, :plan.m] = plan.bits
+    ids, mask = batch(dev.texts)
+    with torch.no_grad():
+        expected = store.model_with_bits(full)(ids, mask, depth=plan.n, width=plan.m)
+    assert torch.allclose(result.logits, expected, atol=1e-5)
+    acc = AccuracyCache(store, dev, SEQ)(plan.n, plan.m, plan.bits)
+    assert acc == float((result.logits.argmax(-1).numpy() == dev.labels).mean())
+
+
+def test_measured_timeline_has_every_lane_and_exports(store, importance, odroid, tmp_path):
+    plan = plan_elastic(odroid, 0.2, importance, 0)
+    result = run_pipeline(store, plan, *batch(["a quietly moving film"]))
+    tl = result.timeline
+    assert tl.source == "measured" and result.latency_s >= tl.end * 0.999
+    for kind in ("io", "decompress", "compute"):
+        assert len(tl.of_kind(kind)) == plan.n, kind
+    assert len(result.loaded) == plan.n * plan.m
+    trace = json.loads(tl.save_chrome_trace(tmp_path / "run.json").read_text())
+    assert {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"io", "decompress", "compute"}
+
+
+def test_buffer_evicts_top_layers_first_and_feeds_the_next_plan(store, importance, odroid):
+    first = plan_elastic(odroid, 0.2, importance, 0)
+    engine = ElasticEngine(store, PreloadBuffer(1.5e6))
+    ids, mask = batch(["the plot is thin"])
+    result = engine.run(first, ids, mask)
+    assert engine.buffer.nbytes <= 1.5e6 and result.evicted
+    kept_layers = {k for k, _, _ in engine.buffer.entries()}
+    assert max(kept_layers) <= min(k for k, _, _ in result.evicted)
+    second = plan_elastic(odroid, 0.2, importance, 0, cached=engine.buffer.entries())
+    assert second.preloaded.sum() == len([e for e in engine.buffer.entries() if e[0] < second.n and e[1] < second.m])
+    free = ~second.preloaded
+    assert second.bits[free].mean() >= first.bits[free[:first.n, :first.m]].mean()
+    again = engine.run(second, ids, mask)
+    assert len(again.loaded) == int(free.sum())
+
+
+def test_whole_model_in_memory_reads_nothing(store, importance, odroid):
+    plan = plan_method("PreloadModel-6", odroid, 0.2, importance, 0)
+    result = run_pipeline(store, plan, *batch(["fine"]))
+    assert result.loaded == [] and not result.timeline.of_kind("io")
+
+
+def test_missing_layer_file_is_named_and_empty_plans_refused(store, importance, odroid, tmp_path):
+    import shutil
+
+    from workbench.elastic.store import ShardStore
+
+    shutil.copytree(store.root, tmp_path / "copy")
+    copy = ShardStore.open(tmp_path / "copy")
+    plan = plan_elastic(odroid, 0.2, importance, 0)
+    engine = ElasticEngine(copy)
+    copy.layer_path(1).unlink()
+    with pytest.raises(FileNotFoundError, match="layer-01.bin"):
+        engine.run(plan, *batch(["x"]))
+    with pytest.raises(WorkbenchError, match="cannot run an empty plan: nothing fits"):
+        engine.run(empty_plan("Ours", 0.1, "nothing fits"), *batch(["x"]))
+    with pytest.raises(WorkbenchError, match="capacity must be >= 0 bytes"):
+        PreloadBuffer(-1)
