@@ -28,7 +28,7 @@ def test_unknown_task_gives_a_clear_error_and_exit_code():
 
 def test_unknown_benchmark_is_named():
     out = run_cli("bench", "warp-speed")
-    assert out.returncode == 2 and "unknown benchmark 'warp-speed'; known benchmarks: elastic, host, sharding" in out.stderr
+    assert out.returncode == 2 and "unknown benchmark 'warp-speed'; known benchmarks: elastic, host, sharding, ui" in out.stderr
 
 
 def test_unwritable_cache_is_named(tmp_path):

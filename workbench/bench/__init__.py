@@ -16,6 +16,7 @@ BENCHMARKS = {
     "host": "workbench.bench.host",
     "sharding": "workbench.bench.sharding",
     "elastic": "workbench.bench.elastic",
+    "ui": "workbench.bench.ui",
 }
 
 

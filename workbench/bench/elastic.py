@@ -61,4 +61,6 @@ def run(args: list[str]) -> dict[str, list[dict]]:
               f"{r['total_memory']:.2f}x with resident parameters")
     wins = np.mean([r["importance"] - r["random_mean"] for r in table7])
     print(f"Table 7 analogue: importance order beats random order by {100 * wins:.1f} pp on average")
-    return {"cells": [c.as_row() for c in cells], "table7": table7, "planning": [timing]}
+    tag = {"task": opts.task, "profile": opts.profile, "dev_examples": len(dev), "gold": gold}
+    return {"cells": [{**tag, **c.as_row()} for c in cells], "table7": [{**tag, **r} for r in table7],
+            "planning": [timing]}

@@ -97,22 +97,24 @@ def evaluate_cells(store, importance, dev, max_length: int, devices=("host", "od
     inputs = [tok([text], pad_to=max_length) for text in dev.texts[:max(1, runs)]]
     engine = ElasticEngine(store)
     resident = engine.resident_bytes()
-    cells = []
+    runs_done = []
     bar = tqdm(total=len(devices) * len(targets_ms) * len(methods), desc="elastic evaluation", disable=not progress)
-    for device in devices:
+    for device in devices:                       # every timed run first: accuracy work would disturb them
         profile = device_profile(device, store, max_length)
         emulate = None if device == "host" else profile
         for target in targets_ms:
             for method in methods:
                 plan = plan_method(method, profile, target / 1e3, importance, preload_mb.get(device, 1.0) * 1e6)
                 engine.buffer = PreloadBuffer(plan.memory_bytes)
-                lat = measure_latency(engine, plan, inputs, emulate, runs)
-                acc = accuracy(plan.n, plan.m, plan.bits)
-                cells.append(CellResult(device, float(target), method, plan.n, plan.m, float(plan.bits.mean()), acc,
-                                        plan.memory_bytes / 1e6, resident / 1e6, (plan.memory_bytes + resident) / 1e6,
-                                        1e3 * plan.predicted_s, 1e3 * float(np.median(lat)), 1e3 * max(lat), len(lat),
-                                        plan.valid, 1e3 * plan.plan_s))
+                runs_done.append((device, target, method, plan, measure_latency(engine, plan, inputs, emulate, runs)))
                 bar.update(1)
+    cells = []
+    for device, target, method, plan, lat in runs_done:
+        acc = accuracy(plan.n, plan.m, plan.bits)
+        cells.append(CellResult(device, float(target), method, plan.n, plan.m, float(plan.bits.mean()), acc,
+                                plan.memory_bytes / 1e6, resident / 1e6, (plan.memory_bytes + resident) / 1e6,
+                                1e3 * plan.predicted_s, 1e3 * float(np.median(lat)), 1e3 * max(lat), len(lat),
+                                plan.valid, 1e3 * plan.plan_s))
     bar.close()
     return cells
 

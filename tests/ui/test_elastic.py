@@ -1,0 +1,67 @@
+import base64
+import json
+
+import pytest
+
+from workbench.elastic.importance import load_importance
+from workbench.elastic.planner import plan_elastic
+from workbench.elastic.profile import device_profile
+from workbench.elastic.store import load_store
+from workbench.ui import ElasticPanel
+from tests.conftest import PROFILE
+
+
+def expected_plan(task, device, target_ms, preload_mb):
+    store = load_store(task, PROFILE)
+    return plan_elastic(device_profile(device, store, 64 if task == "sentiment" else 128), target_ms / 1e3,
+                        load_importance(task, PROFILE).accuracy, preload_mb * 1e6)
+
+
+def test_controls_replan_and_redraw(prepared):
+    panel = ElasticPanel(PROFILE)
+    assert panel.message.value == ""
+    assert set(panel.figures) >= {"importance", "candidates", "aib", "gantt", "memory"}
+    for target in (150, 400):
+        panel.target.value = target
+        plan = expected_plan("sentiment", "odroid-n2", target, 1.0)
+        assert f"Submodel {plan.n} x {plan.m}</b>" in panel.submodel.value
+        assert f"predicted {1e3 * plan.predicted_s:.1f} ms" in panel.submodel.value
+        gantt = panel.figures["gantt"]
+        computes = [t for t in gantt.data if t.name == "compute (predicted)"][0]
+        assert len(computes.x) == plan.n
+        assert panel.step.max == len(plan.io.steps) - 1
+    heat = panel.figures["importance"].data[0]
+    assert heat.text[0][0] == str(int(panel.plan.bits[0, 0]))
+    panel.step.value = 0
+    assert "step 0/" in panel.figures["aib"].layout.title.text
+    panel.device.value = "jetson-nano"
+    panel.preload.value = 5.0
+    plan = expected_plan("sentiment", "jetson-nano", 400, 5.0)
+    assert f"Submodel {plan.n} x {plan.m}</b>" in panel.submodel.value
+
+
+def test_run_for_real_overlays_the_measurement_and_exports(prepared):
+    panel = ElasticPanel(PROFILE, device="jetson-nano", target_ms=150)
+    panel.runs.value = 2
+    panel.run_button.click()
+    assert panel.message.value == "" and panel.measured is not None
+    assert "2 real run(s)" in panel.run_info.value
+    names = {t.name for t in panel.figures["gantt"].data}
+    assert {"compute (predicted)", "compute (measured)", "io (measured)"} <= names
+    panel.export_button.click()
+    href = panel.download.value.split("href='")[1].split("'")[0]
+    trace = json.loads(base64.b64decode(href.split(",", 1)[1]))
+    assert trace["otherData"]["source"] == "measured"
+
+
+def test_impossible_target_and_missing_store_show_inline(prepared, tmp_cache):
+    panel = ElasticPanel(PROFILE)
+    assert "wb-error" in panel.message.value and "workbench prepare --profile quick" in panel.message.value
+    assert "Traceback" not in panel.message.value
+
+
+def test_target_below_one_layer_explains_the_empty_plan(prepared):
+    panel = ElasticPanel(PROFILE, target_ms=50, device="jetson-nano")
+    assert "No plan: no submodel fits 50.0 ms" in panel.submodel.value
+    panel.run_button.click()
+    assert "nothing to run" in panel.message.value

@@ -1,0 +1,38 @@
+"""`workbench bench ui`: server-side cost of one control change on the elastic dashboard.
+
+A sweep of target-latency values (and of preload sizes) is applied to an
+``ElasticPanel`` the way a slider does; each change re-plans and rebuilds every
+figure widget. Printed: median and 95th percentile per control (target: median
+<= 100 ms). The browser round trip is printed by the browser test.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def run(args: list[str]) -> list[dict]:
+    from workbench.prepare import default_profile
+    from workbench.ui.elastic import ElasticPanel
+
+    parser = argparse.ArgumentParser(prog="workbench bench ui")
+    parser.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    parser.add_argument("--device", default="odroid-n2")
+    opts = parser.parse_args(args)
+    panel = ElasticPanel(opts.profile, device=opts.device)
+    rows = []
+    sweeps = {"target": (panel.target, [float(v) for v in range(60, 1001, 20)]),
+              "preload": (panel.preload, [float(v) for v in np.arange(0, 32.01, 0.75)])}
+    for name, (control, values) in sweeps.items():
+        samples = []
+        for v in values:
+            start = time.perf_counter()
+            control.value = v
+            samples.append(time.perf_counter() - start)
+        if panel.message.value:
+            print(f"note: the panel reported {panel.message.value}")
+        rows.append({"control": name, "changes": len(samples), "median_ms": 1e3 * float(np.median(samples)),
+                     "p95_ms": 1e3 * float(np.percentile(samples, 95)), "max_ms": 1e3 * max(samples)})
+    return rows

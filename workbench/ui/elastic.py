@@ -1,0 +1,245 @@
+"""The elastic-pipelining dashboard: move the target latency, preload buffer, device or task and the
+two-stage planner re-plans at once; "Run for real" executes the plan on the engine and overlays the
+measured timeline on the predicted one."""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+import numpy as np
+
+from workbench.data import TASKS
+from workbench.prepare import default_profile
+from workbench.ui.base import Panel
+from workbench.viz.elastic import (accuracy_memory_figure, aib_figure, candidates_figure, gantt_figure,
+                                   importance_plan_figure)
+
+DEVICES = ("odroid-n2", "jetson-nano", "host")
+
+INTRO = """
+<h2 style="margin:4px 0">Elastic pipelining (WRX)</h2>
+<p style="margin:2px 0 8px 0">The model is cut into <i>layers x shards x bitwidths</i>. For a target latency the planner
+picks the largest submodel whose compute fits (<b>compute planning</b>), then spends each layer's
+<b>accumulated IO budget</b> (AIB) on bitwidths, most important shards first (<b>IO planning</b>); a small
+<b>preload buffer</b> keeps the first shards in memory. Presets are emulated: a real run is slowed to the device.</p>
+"""
+
+
+@dataclass
+class _Context:
+    """What one (task, device) pair needs, loaded once."""
+    store: object
+    importance: np.ndarray
+    profile: object
+    max_length: int
+    dev_texts: tuple
+
+
+class ElasticPanel(Panel):
+    """Controls -> ``plan_elastic`` -> five figures; a button runs the plan for real."""
+
+    def __init__(self, prepare_profile: str | None = None, task: str = "sentiment", device: str = "odroid-n2",
+                 target_ms: float = 200.0, preload_mb: float = 1.0):
+        super().__init__()
+        self.prepare_profile = prepare_profile or default_profile()
+        self._contexts: dict[tuple[str, str], _Context] = {}
+        self._results_cache: dict | None = None
+        self.plan = None
+        self.measured = None
+        wide = widgets.Layout(width="460px")
+        self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value=task,
+                                     description="Task", layout=wide)
+        self.device = widgets.Dropdown(options=list(DEVICES), value=device, description="Device")
+        self.target = widgets.FloatSlider(value=target_ms, min=50, max=1000, step=10, description="Target (ms)",
+                                          continuous_update=False, layout=wide, readout_format=".0f",
+                                          style={"description_width": "90px"})
+        self.preload = widgets.FloatSlider(value=preload_mb, min=0, max=32, step=0.25, description="Preload (MB)",
+                                           continuous_update=False, layout=wide, readout_format=".2f",
+                                           style={"description_width": "90px"})
+        self.step = widgets.IntSlider(value=0, min=0, max=0, description="AIB step", continuous_update=False,
+                                      layout=wide, style={"description_width": "90px"})
+        self.run_button = widgets.Button(description="Run for real", button_style="primary", icon="play")
+        self.runs = widgets.BoundedIntText(value=3, min=1, max=50, description="runs",
+                                           layout=widgets.Layout(width="130px"), style={"description_width": "40px"})
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="160px",
+                                                                                         visibility="hidden"))
+        self.cancel_button = widgets.Button(description="Cancel", icon="stop",
+                                            layout=widgets.Layout(visibility="hidden"))
+        self.export_button = widgets.Button(description="Export trace", icon="download")
+        self.download = widgets.HTML()
+        self.submodel = widgets.HTML()
+        self.run_info = widgets.HTML()
+        self._cancelled = False
+        self.observe_controls(self.task, self.device, update=self._refresh)
+        self.observe_controls(self.target, self.preload, update=self._replan)
+        self.observe_controls(self.step, update=self._redraw_aib)
+        self.run_button.on_click(lambda _b: self.refresh(self._run_for_real))
+        self.cancel_button.on_click(lambda _b: setattr(self, "_cancelled", True))
+        self.export_button.on_click(lambda _b: self.refresh(self._export))
+        self.children = [
+            widgets.HTML(INTRO),
+            widgets.HBox([self.task, self.device]),
+            widgets.HBox([self.target, self.preload]),
+            self.message,
+            self.submodel,
+            widgets.HBox([self.figure_slot("importance"), self.figure_slot("candidates")]),
+            self.step,
+            self.figure_slot("aib"),
+            widgets.HBox([self.run_button, self.runs, self.progress, self.cancel_button, self.export_button,
+                          self.download]),
+            self.run_info,
+            self.figure_slot("gantt"),
+            self.figure_slot("memory"),
+        ]
+        self.refresh()
+
+    # -- engine calls
+
+    def context(self) -> _Context:
+        key = (self.task.value, self.device.value)
+        if key not in self._contexts:
+            from workbench.data import load_task
+            from workbench.elastic.importance import load_importance
+            from workbench.elastic.profile import device_profile
+            from workbench.elastic.store import load_store
+
+            spec = TASKS[self.task.value]
+            store = load_store(self.task.value, self.prepare_profile)
+            importance = load_importance(self.task.value, self.prepare_profile).accuracy
+            self._contexts[key] = _Context(store, importance, device_profile(self.device.value, store,
+                                                                             spec.max_length),
+                                           spec.max_length, load_task(self.task.value).dev.texts[:50])
+        return self._contexts[key]
+
+    def evaluation_cells(self) -> list[dict]:
+        """Rows of the last `workbench bench elastic` run for this task and prepare profile (or none)."""
+        import csv
+
+        from workbench.cache import cache_dir
+
+        path = cache_dir() / "results" / "elastic-cells.csv"
+        if not path.exists():
+            return []
+        with open(path) as handle:
+            rows = [r for r in csv.DictReader(handle)
+                    if r.get("task") == self.task.value and r.get("profile") == self.prepare_profile]
+        for r in rows:
+            for k in ("target_ms", "accuracy", "preload_mb", "resident_mb", "memory_mb", "predicted_ms",
+                      "measured_ms", "measured_max_ms", "gold"):
+                r[k] = float(r[k])
+            r["n"], r["m"] = int(r["n"]), int(r["m"])
+        return rows
+
+    # -- updates
+
+    def _refresh(self) -> None:
+        self.refresh(self._replan)
+
+    def _replan(self) -> None:
+        from workbench.elastic.planner import plan_elastic
+
+        ctx = self.context()
+        self.plan = plan_elastic(ctx.profile, self.target.value / 1e3, ctx.importance, self.preload.value * 1e6)
+        self.measured = None
+        self.download.value = ""
+        self.run_info.value = ""
+        plan = self.plan
+        if not plan.found:
+            self.submodel.value = (f"<span class='wb-submodel'>No plan: {html.escape(plan.reason)}</span>")
+        else:
+            upgrades = sum(s.kind == "upgrade" for s in plan.io.steps)
+            self.submodel.value = (
+                f"<span class='wb-submodel'><b>Submodel {plan.n} x {plan.m}</b> &middot; predicted "
+                f"{1e3 * plan.predicted_s:.1f} ms of {self.target.value:.0f} ms &middot; preload "
+                f"{plan.memory_bytes / 1e6:.2f} MB ({len(plan.preload)} shards at "
+                f"{plan.extra.get('preload_bits')} bits) &middot; first pass {plan.io.uniform_bits} bits, "
+                f"{upgrades} upgrades &middot; planned in {1e3 * plan.plan_s:.2f} ms</span><br>"
+                f"<small>Why {plan.n} x {plan.m}: {html.escape(plan.compute.rule)}."
+                + (f" Rejected as unloadable in time: {', '.join(f'{n}x{m}' for n, m, _ in plan.extra['rejected'])}."
+                   if plan.extra.get("rejected") else "") + "</small>")
+        n_steps = len(plan.io.steps) if plan.io is not None else 1
+        with self.step.hold_trait_notifications():
+            self.step.max = max(0, n_steps - 1)
+            self.step.value = self.step.max
+        self.show_figure("importance", importance_plan_figure(ctx.importance, plan if plan.found else None))
+        if plan.compute is not None:
+            self.show_figure("candidates", candidates_figure(plan.compute))
+        self._redraw_aib()
+        self._redraw_gantt()
+        self._redraw_memory()
+
+    def _redraw_aib(self) -> None:
+        if self.plan is None or self.plan.io is None:
+            return
+        self.show_figure("aib", aib_figure(self.plan.io, self.step.value))
+
+    def _redraw_gantt(self) -> None:
+        plan = self.plan
+        title = f"Pipeline of {plan.n} x {plan.m} on {self.device.value}" if plan.found else "No pipeline"
+        self.show_figure("gantt", gantt_figure(plan.timeline if plan.found else None, self.measured, title=title))
+
+    def _redraw_memory(self) -> None:
+        rows = self.evaluation_cells()
+        device = self.device.value
+        targets = sorted({r["target_ms"] for r in rows if r["device"] == device})
+        if not targets:
+            self.show_figure("memory", accuracy_memory_figure(
+                [], self.target.value, device,
+                title="Accuracy vs memory: run `workbench bench elastic` to fill this view"))
+            return
+        nearest = min(targets, key=lambda t: abs(t - self.target.value))
+        self.show_figure("memory", accuracy_memory_figure(
+            rows, nearest, device, gold=rows[0]["gold"],
+            title=f"Accuracy vs memory on {device} at {nearest:.0f} ms (evaluated target nearest to yours)"))
+
+    def _run_for_real(self) -> None:
+        from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer
+        from workbench.errors import WorkbenchError
+        from workbench.models.tokenizer import encoder_tokenizer
+
+        plan = self.plan
+        if plan is None or not plan.found:
+            raise WorkbenchError("nothing to run: the current settings give no plan")
+        ctx = self.context()
+        engine = ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes))
+        tok = encoder_tokenizer(ctx.max_length)
+        emulate = None if self.device.value == "host" else ctx.profile
+        total = int(self.runs.value)
+        self._cancelled = False
+        self.progress.max, self.progress.value = total, 0
+        self.progress.layout.visibility = self.cancel_button.layout.visibility = "visible"
+        latencies, labels = [], []
+        try:
+            for r in range(total):
+                if self._cancelled:
+                    break
+                ids, mask = tok([ctx.dev_texts[r % len(ctx.dev_texts)]], pad_to=ctx.max_length)
+                result = engine.run(plan, ids, mask, emulate=emulate, keep_loaded=False)
+                latencies.append(result.latency_s)
+                labels.append(TASKS[self.task.value].labels[int(result.logits.argmax())])
+                self.measured = result.timeline
+                self.progress.value = r + 1
+        finally:
+            self.progress.layout.visibility = self.cancel_button.layout.visibility = "hidden"
+        note = " (cancelled)" if self._cancelled else ""
+        self.run_info.value = (
+            f"<span class='wb-run-info'>{len(latencies)} real run(s){note}: median "
+            f"{1e3 * float(np.median(latencies)):.1f} ms, last {1e3 * latencies[-1]:.1f} ms "
+            f"(predicted {1e3 * plan.predicted_s:.1f} ms); stalls in the last run "
+            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {', '.join(labels[:5])}</span>"
+            if latencies else "<span class='wb-run-info'>cancelled before the first run</span>")
+        self._redraw_gantt()
+
+    def _export(self) -> None:
+        from workbench.errors import WorkbenchError
+
+        timeline = self.measured or (self.plan.timeline if self.plan is not None and self.plan.found else None)
+        if timeline is None:
+            raise WorkbenchError("nothing to export: the current settings give no plan")
+        payload = base64.b64encode(json.dumps(timeline.to_chrome_trace()).encode()).decode()
+        name = f"wrx-{self.device.value}-{self.target.value:.0f}ms-{timeline.source}.json"
+        self.download.value = (f"<a class='wb-trace-link' download='{name}' href='data:application/json;base64,"
+                               f"{payload}'>Download {html.escape(name)}</a> (open it in ui.perfetto.dev)")
