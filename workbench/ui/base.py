@@ -5,17 +5,21 @@ controls, calls the engine and hands the result to pure figure builders; Python
 work happens once per settled value. Errors the user can act on appear as a
 readable message in the panel, never as a traceback in the page.
 
-Figures are shown by ``show_figure``, which puts a new ``FigureWidget`` built from
-the figure into the figure's slot and closes the old one. Plotly 7's in-place
-updates are not reliable under anywidget: each update is sent by setting a
-``_py2js_*`` trait to the message and at once back to ``None``, and the browser
-reads the trait when its change event fires, so when both settings land together
-the update is silently lost (the browser test saw it in about 1 run in 3). A new
-widget carries its whole state when it opens, so nothing can be lost.
+Figures are shown by ``show_figure``, which displays the figure's JSON in an
+``Output`` widget under Plotly's own MIME type (``application/vnd.plotly.v1+json``,
+rendered by the jupyterlab-plotly extension in JupyterLab and Voila). Two
+alternatives were measured and rejected: Plotly 7's ``FigureWidget`` updated in
+place loses updates under anywidget (each update sets a ``_py2js_*`` trait to the
+message and at once back to ``None``; when both land together the browser never
+sees it: about 1 run in 3 in the browser test), and a new ``FigureWidget`` per
+update ships its 4.6 MB JavaScript bundle each time (8 s from a slider release to
+the redrawn page here). The MIME payload is a few kilobytes and is drawn at once.
+``self.figures[name]`` keeps the last ``go.Figure`` shown, for tests and notebooks.
 """
 from __future__ import annotations
 
 import html
+import json
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -31,22 +35,32 @@ class Panel(widgets.VBox):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.message = widgets.HTML(value="", layout=widgets.Layout(min_height="0px"))
-        self.figures: dict[str, go.FigureWidget] = {}
-        self._slots: dict[str, widgets.VBox] = {}
+        self.figures: dict[str, go.Figure] = {}
+        self._slots: dict[str, widgets.Output] = {}
         self._errors: dict[str, str] = {}      # update name -> its last error message
+        self._keys: dict[str, object] = {}      # figure name -> key of what it shows
 
-    def figure_slot(self, name: str) -> widgets.VBox:
+    def figure_slot(self, name: str) -> widgets.Output:
         """A placeholder in the layout where figure ``name`` appears once first drawn."""
-        return self._slots.setdefault(name, widgets.VBox(layout=widgets.Layout(width="100%")))
+        return self._slots.setdefault(name, widgets.Output(layout=widgets.Layout(width="100%")))
 
-    def show_figure(self, name: str, figure: go.Figure) -> go.FigureWidget:
-        """Show ``figure`` in slot ``name``, replacing (and closing) the widget shown there before."""
-        old = self.figures.get(name)
-        widget = self.figures[name] = go.FigureWidget(figure)
-        self.figure_slot(name).children = (widget,)
-        if old is not None:
-            old.close()
-        return widget
+    def show_figure(self, name: str, figure: go.Figure) -> go.Figure:
+        """Draw ``figure`` in slot ``name``, replacing what was drawn there."""
+        self.figures[name] = figure
+        payload = json.loads(figure.to_json())
+        payload["config"] = {"displaylogo": False, "responsive": True}
+        title = figure.layout.title.text or name
+        # Setting ``outputs`` directly (not ``with slot: display(...)``) also works from a worker thread.
+        self.figure_slot(name).outputs = ({"output_type": "display_data", "metadata": {}, "data": {
+            "application/vnd.plotly.v1+json": payload, "text/plain": f"<figure: {title}>"}},)
+        return figure
+
+    def show_if_changed(self, name: str, key, build) -> None:
+        """Show ``build()`` in slot ``name`` unless the figure there already shows ``key``."""
+        if name in self.figures and self._keys.get(name) == key:
+            return
+        self.show_figure(name, build())
+        self._keys[name] = key
 
     def observe_controls(self, *controls: widgets.Widget, update=None) -> None:
         """Call ``update`` (default: the whole ``_refresh``) whenever one of ``controls`` changes."""

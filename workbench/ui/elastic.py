@@ -73,10 +73,11 @@ class ElasticPanel(Panel):
         self.submodel = widgets.HTML()
         self.run_info = widgets.HTML()
         self._cancelled = False
+        self.worker = None
         self.observe_controls(self.task, self.device, update=self._refresh)
         self.observe_controls(self.target, self.preload, update=self._replan)
         self.observe_controls(self.step, update=self._redraw_aib)
-        self.run_button.on_click(lambda _b: self.refresh(self._run_for_real))
+        self.run_button.on_click(lambda _b: self.refresh(self._start_run))
         self.cancel_button.on_click(lambda _b: setattr(self, "_cancelled", True))
         self.export_button.on_click(lambda _b: self.refresh(self._export))
         self.children = [
@@ -123,6 +124,9 @@ class ElasticPanel(Panel):
         path = cache_dir() / "results" / "elastic-cells.csv"
         if not path.exists():
             return []
+        stamp = (path.stat().st_mtime_ns, self.task.value)
+        if self._results_cache is not None and self._results_cache[0] == stamp:
+            return self._results_cache[1]
         with open(path) as handle:
             rows = [r for r in csv.DictReader(handle)
                     if r.get("task") == self.task.value and r.get("profile") == self.prepare_profile]
@@ -131,6 +135,7 @@ class ElasticPanel(Panel):
                       "measured_ms", "measured_max_ms", "gold"):
                 r[k] = float(r[k])
             r["n"], r["m"] = int(r["n"]), int(r["m"])
+        self._results_cache = (stamp, rows)
         return rows
 
     # -- updates
@@ -161,10 +166,15 @@ class ElasticPanel(Panel):
                 + (f" Rejected as unloadable in time: {', '.join(f'{n}x{m}' for n, m, _ in plan.extra['rejected'])}."
                    if plan.extra.get("rejected") else "") + "</small>")
         n_steps = len(plan.io.steps) if plan.io is not None else 1
-        with self.step.hold_trait_notifications():
+        self._replanning = True
+        try:
             self.step.max = max(0, n_steps - 1)
             self.step.value = self.step.max
-        self.show_figure("importance", importance_plan_figure(ctx.importance, plan if plan.found else None))
+        finally:
+            self._replanning = False
+        key = (self.task.value, plan.n, plan.m, plan.bits.tobytes(), plan.preloaded.tobytes())
+        self.show_if_changed("importance", key,
+                             lambda: importance_plan_figure(ctx.importance, plan if plan.found else None))
         if plan.compute is not None:
             self.show_figure("candidates", candidates_figure(plan.compute))
         self._redraw_aib()
@@ -172,7 +182,7 @@ class ElasticPanel(Panel):
         self._redraw_memory()
 
     def _redraw_aib(self) -> None:
-        if self.plan is None or self.plan.io is None:
+        if self.plan is None or self.plan.io is None or getattr(self, "_replanning", False):
             return
         self.show_figure("aib", aib_figure(self.plan.io, self.step.value))
 
@@ -186,51 +196,69 @@ class ElasticPanel(Panel):
         device = self.device.value
         targets = sorted({r["target_ms"] for r in rows if r["device"] == device})
         if not targets:
-            self.show_figure("memory", accuracy_memory_figure(
+            self.show_if_changed("memory", (self.task.value, device, None), lambda: accuracy_memory_figure(
                 [], self.target.value, device,
                 title="Accuracy vs memory: run `workbench bench elastic` to fill this view"))
             return
         nearest = min(targets, key=lambda t: abs(t - self.target.value))
-        self.show_figure("memory", accuracy_memory_figure(
+        self.show_if_changed("memory", (self.task.value, device, nearest, len(rows)), lambda: accuracy_memory_figure(
             rows, nearest, device, gold=rows[0]["gold"],
             title=f"Accuracy vs memory on {device} at {nearest:.0f} ms (evaluated target nearest to yours)"))
 
+    def _start_run(self) -> None:
+        """Start real runs in a worker thread, so the page stays live and Cancel is heard."""
+        import threading
+
+        from workbench.errors import WorkbenchError
+
+        if self.plan is None or not self.plan.found:
+            raise WorkbenchError("nothing to run: the current settings give no plan")
+        if self.worker is not None and self.worker.is_alive():
+            raise WorkbenchError("a run is already in progress; cancel it or wait for it")
+        self._cancelled = False
+        self.run_button.disabled = True
+        self.progress.max, self.progress.value = int(self.runs.value), 0
+        self.progress.layout.visibility = self.cancel_button.layout.visibility = "visible"
+        self.run_info.value = "<span class='wb-run-info'>running ...</span>"
+        self.worker = threading.Thread(target=self.refresh, args=(self._run_for_real,), daemon=True,
+                                       name="wrx-dashboard-run")
+        self.worker.start()
+
     def _run_for_real(self) -> None:
         from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer
-        from workbench.errors import WorkbenchError
         from workbench.models.tokenizer import encoder_tokenizer
 
-        plan = self.plan
-        if plan is None or not plan.found:
-            raise WorkbenchError("nothing to run: the current settings give no plan")
-        ctx = self.context()
-        engine = ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes))
-        tok = encoder_tokenizer(ctx.max_length)
-        emulate = None if self.device.value == "host" else ctx.profile
-        total = int(self.runs.value)
-        self._cancelled = False
-        self.progress.max, self.progress.value = total, 0
-        self.progress.layout.visibility = self.cancel_button.layout.visibility = "visible"
-        latencies, labels = [], []
+        plan, ctx = self.plan, self.context()
         try:
-            for r in range(total):
+            engine = ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes))
+            tok = encoder_tokenizer(ctx.max_length)
+            emulate = None if self.device.value == "host" else ctx.profile
+            latencies, labels, measured = [], [], None
+            for r in range(int(self.runs.value)):
                 if self._cancelled:
                     break
                 ids, mask = tok([ctx.dev_texts[r % len(ctx.dev_texts)]], pad_to=ctx.max_length)
                 result = engine.run(plan, ids, mask, emulate=emulate, keep_loaded=False)
                 latencies.append(result.latency_s)
                 labels.append(TASKS[self.task.value].labels[int(result.logits.argmax())])
-                self.measured = result.timeline
+                measured = result.timeline
                 self.progress.value = r + 1
         finally:
             self.progress.layout.visibility = self.cancel_button.layout.visibility = "hidden"
+            self.run_button.disabled = False
+        if plan is not self.plan:                     # the controls moved meanwhile: the run is stale
+            self.run_info.value = "<span class='wb-run-info'>the settings changed during the run; run again</span>"
+            return
         note = " (cancelled)" if self._cancelled else ""
+        if not latencies:
+            self.run_info.value = "<span class='wb-run-info'>cancelled before the first run</span>"
+            return
+        self.measured = measured
         self.run_info.value = (
             f"<span class='wb-run-info'>{len(latencies)} real run(s){note}: median "
             f"{1e3 * float(np.median(latencies)):.1f} ms, last {1e3 * latencies[-1]:.1f} ms "
             f"(predicted {1e3 * plan.predicted_s:.1f} ms); stalls in the last run "
-            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {', '.join(labels[:5])}</span>"
-            if latencies else "<span class='wb-run-info'>cancelled before the first run</span>")
+            f"{1e3 * measured.busy('stall'):.1f} ms; predictions: {', '.join(labels[:5])}</span>")
         self._redraw_gantt()
 
     def _export(self) -> None:

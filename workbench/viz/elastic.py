@@ -5,13 +5,16 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from workbench.viz.style import TEMPLATE
+
 from workbench.timeline import Timeline
 
 LANE_COLORS = {"io": "#F58518", "decompress": "#B279A2", "compute": "#4C78A8", "stall": "#E45756"}
 MARGIN = {"t": 50, "l": 60, "r": 20, "b": 50}
 
 
-def importance_plan_figure(importance: np.ndarray, plan=None, title: str = "Shard importance and the plan") -> go.Figure:
+def importance_plan_figure(importance: np.ndarray, plan=None,
+                           title: str = "Shard importance and the plan") -> go.Figure:
     """Heatmap of importance (layer x shard); the plan's bitwidth is written in each planned shard,
     preloaded shards are outlined, shards outside the submodel are left blank."""
     imp = np.asarray(importance, dtype=float)
@@ -32,10 +35,11 @@ def importance_plan_figure(importance: np.ndarray, plan=None, title: str = "Shar
                                  marker={"symbol": "square-open", "size": 22, "color": "white",
                                          "line": {"width": 2}},
                                  hovertemplate="layer %{y}, shard %{x}: preloaded<extra></extra>"))
-        fig.add_shape(type="rect", x0=-0.5, x1=plan.m - 0.5, y0=-0.5, y1=plan.n - 0.5,
-                      line={"color": "white", "width": 2, "dash": "dot"})
-    fig.update_layout(title=title, xaxis_title="shard (vertical slice)", yaxis_title="layer", height=380,
-                      margin=MARGIN, legend={"orientation": "h", "y": 1.1})
+        fig.update_layout(shapes=[{"type": "rect", "x0": -0.5, "x1": plan.m - 0.5, "y0": -0.5, "y1": plan.n - 0.5,
+                                   "line": {"color": "white", "width": 2, "dash": "dot"}}])
+    fig.update_layout(
+        template=TEMPLATE, title=title, xaxis_title="shard (vertical slice)", yaxis_title="layer", height=380,
+        margin=MARGIN, legend={"orientation": "h", "y": 1.1})
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(dtick=1, autorange="reversed")
     return fig
@@ -46,7 +50,8 @@ def aib_figure(io_plan, step: int | None = None, title: str = "Accumulated IO bu
     and the AIB trace of every layer through all steps."""
     steps = io_plan.steps
     if not steps:
-        return go.Figure().update_layout(title=f"{title}: no allocation ({io_plan.reason})", height=380)
+        return go.Figure().update_layout(
+            template=TEMPLATE, title=f"{title}: no allocation ({io_plan.reason})", height=380)
     step = len(steps) - 1 if step is None else max(0, min(int(step), len(steps) - 1))
     aib = np.array(steps[step].aib) * 1e3
     layers = list(range(len(aib)))
@@ -57,16 +62,17 @@ def aib_figure(io_plan, step: int | None = None, title: str = "Accumulated IO bu
             "uniform": f"layer {s.layer} at {s.bits} bits (first pass)",
             "forced": f"layer {s.layer} forced to {s.bits} bits", "upgrade":
             f"shard ({s.layer}, {s.shard}) {s.from_bits} -> {s.bits} bits"}[s.kind]
-    fig = go.Figure(go.Bar(x=layers, y=aib, marker_color=colors, name=f"AIB after step {step}",
-                           hovertemplate="layer %{x}: AIB %{y:.2f} ms<extra></extra>", xaxis="x", yaxis="y"))
     trace = np.array([st.aib for st in steps]) * 1e3
-    for k in layers:
-        fig.add_trace(go.Scatter(x=list(range(len(steps))), y=trace[:, k], mode="lines", name=f"layer {k}",
-                                 xaxis="x2", yaxis="y2", hovertemplate=f"layer {k}" + ", step %{x}: %{y:.2f} ms"
-                                 "<extra></extra>"))
-    fig.add_vline(x=step, line={"dash": "dot", "color": "gray"}, xref="x2")
+    lines = [go.Scatter(x=list(range(len(steps))), y=trace[:, k], mode="lines", name=f"layer {k}", xaxis="x2",
+                        yaxis="y2", hovertemplate=f"layer {k}" + ", step %{x}: %{y:.2f} ms<extra></extra>")
+             for k in layers]
+    fig = go.Figure([go.Bar(x=layers, y=aib, marker_color=colors, name=f"AIB after step {step}",
+                            hovertemplate="layer %{x}: AIB %{y:.2f} ms<extra></extra>", xaxis="x", yaxis="y"),
+                     *lines])
     fig.update_layout(
-        title=f"{title} — step {step}/{len(steps) - 1}: {what}", height=380, margin=MARGIN,
+        shapes=[{"type": "line", "xref": "x2", "yref": "y2 domain", "x0": step, "x1": step, "y0": 0, "y1": 1,
+                 "line": {"dash": "dot", "color": "gray"}}],
+        template=TEMPLATE, title=f"{title} — step {step}/{len(steps) - 1}: {what}", height=380, margin=MARGIN,
         xaxis={"domain": [0, 0.42], "title": "layer", "dtick": 1}, yaxis={"title": "AIB (ms)"},
         xaxis2={"domain": [0.55, 1], "title": "allocation step"}, yaxis2={"anchor": "x2", "title": "AIB (ms)"},
         legend={"orientation": "h", "y": -0.25})
@@ -95,9 +101,10 @@ def gantt_figure(predicted: Timeline | None, measured: Timeline | None = None,
                 hovertemplate="%{text}: %{base:.2f} -> %{x:.2f} ms long<extra>" + f"{kind} ({tag})</extra>"))
     order = list(dict.fromkeys(rows))
     end = max([tl.end for tl in (predicted, measured) if tl is not None] + [0.0]) * 1e3
-    fig.update_layout(title=title, barmode="overlay", height=300 + 18 * len(order), margin=MARGIN,
-                      xaxis_title="time (ms)", legend={"orientation": "h", "y": -0.2},
-                      yaxis={"categoryorder": "array", "categoryarray": order[::-1]})
+    fig.update_layout(
+        template=TEMPLATE, title=title, barmode="overlay", height=300 + 18 * len(order), margin=MARGIN,
+        xaxis_title="time (ms)", legend={"orientation": "h", "y": -0.2},
+        yaxis={"categoryorder": "array", "categoryarray": order[::-1]})
     fig.update_xaxes(range=[0, end * 1.02 if end else 1])
     return fig
 
@@ -118,9 +125,10 @@ def accuracy_memory_figure(cells, target_ms: float, device: str, gold: float | N
                            f"(shards {r['preload_mb']:.2f} MB)<br>measured {r['measured_ms']:.1f} ms<extra></extra>")))
     if gold is not None:
         fig.add_hline(y=100 * gold, line={"dash": "dash", "color": "gray"}, annotation_text="full model (gold)")
-    fig.update_layout(title=title or f"Accuracy vs memory at {target_ms:.0f} ms on {device}", height=380,
-                      margin=MARGIN, xaxis={"type": "log", "title": "memory: shards + resident parameters (MB)"},
-                      yaxis_title="dev accuracy (%)", showlegend=False)
+    fig.update_layout(
+        template=TEMPLATE, title=title or f"Accuracy vs memory at {target_ms:.0f} ms on {device}", height=380,
+        margin=MARGIN, xaxis={"type": "log", "title": "memory: shards + resident parameters (MB)"},
+        yaxis_title="dev accuracy (%)", showlegend=False)
     return fig
 
 
@@ -142,8 +150,9 @@ def candidates_figure(compute_plan, title: str = "Compute planning: every n x m 
                                                          "end": compute_plan.target_s * 1e3, "coloring": "none"},
                              line={"color": "red", "width": 2}, showscale=False, hoverinfo="skip",
                              name="target"))
-    fig.update_layout(title=f"{title} (★ chosen, ≈ similar size, ✓ fits {compute_plan.target_s * 1e3:.0f} ms)",
-                      xaxis_title="width m", yaxis_title="depth n", height=340, margin=MARGIN)
+    fig.update_layout(
+        template=TEMPLATE,
+        title=f"{title} (★ chosen, ≈ similar size, ✓ fits {compute_plan.target_s * 1e3:.0f} ms)", xaxis_title="width m", yaxis_title="depth n", height=340, margin=MARGIN)
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(dtick=1)
     return fig

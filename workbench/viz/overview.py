@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from workbench.viz.style import TEMPLATE
+
 from workbench.devices import DeviceProfile, LayerShape
 
 
@@ -17,8 +19,9 @@ def accuracy_grid_figure(grid: np.ndarray, title: str = "Dev accuracy of every n
         colorscale="Viridis", zmin=float(np.nanmin(grid) * 100), zmax=float(np.nanmax(grid) * 100),
         colorbar={"title": {"text": "accuracy (%)"}},
         hovertemplate="depth n=%{y}, width m=%{x}<br>accuracy %{z:.1f}%<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="width m (shards per layer)", yaxis_title="depth n (layers)",
-                      margin={"t": 50, "l": 60, "r": 20, "b": 50}, height=360)
+    fig.update_layout(
+        template=TEMPLATE, title=title, xaxis_title="width m (shards per layer)", yaxis_title="depth n (layers)",
+        margin={"t": 50, "l": 60, "r": 20, "b": 50}, height=360)
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(dtick=1)
     return fig
@@ -35,8 +38,9 @@ def layer_times_figure(profile: DeviceProfile, shape: LayerShape, bits: int) -> 
         go.Bar(name=f"IO ({bits}-bit shards)", x=ms, y=io, marker_color="#F58518",
                hovertemplate="m=%{x}: load %{y:.2f} ms<extra></extra>"),
     ])
-    fig.update_layout(barmode="group", title=f"{profile.title}: one layer (d={shape.hidden}, T={shape.seq_len})",
-                      xaxis_title="shards per layer m", yaxis_title="time per layer (ms)", height=360,
-                      margin={"t": 50, "l": 60, "r": 20, "b": 50}, legend={"orientation": "h", "y": 1.12})
+    fig.update_layout(
+        template=TEMPLATE, barmode="group", title=f"{profile.title}: one layer (d={shape.hidden}, T={shape.seq_len})",
+        xaxis_title="shards per layer m", yaxis_title="time per layer (ms)", height=360,
+        margin={"t": 50, "l": 60, "r": 20, "b": 50}, legend={"orientation": "h", "y": 1.12})
     fig.update_xaxes(dtick=1)
     return fig
