@@ -39,6 +39,7 @@ class Panel(widgets.VBox):
         self._slots: dict[str, widgets.Output] = {}
         self._errors: dict[str, str] = {}      # update name -> its last error message
         self._keys: dict[str, object] = {}      # figure name -> key of what it shows
+        self._message_slots: dict[str, widgets.HTML] = {}   # update name -> where its errors show
 
     def figure_slot(self, name: str) -> widgets.Output:
         """A placeholder in the layout where figure ``name`` appears once first drawn."""
@@ -62,6 +63,13 @@ class Panel(widgets.VBox):
         self.show_figure(name, build())
         self._keys[name] = key
 
+    def message_slot(self, *updates) -> widgets.HTML:
+        """An error area for ``updates`` (methods), to place beside the controls that trigger them."""
+        slot = widgets.HTML(value="", layout=widgets.Layout(min_height="0px"))
+        for update in updates:
+            self._message_slots[update.__name__] = slot
+        return slot
+
     def observe_controls(self, *controls: widgets.Widget, update=None) -> None:
         """Call ``update`` (default: the whole ``_refresh``) whenever one of ``controls`` changes."""
         update = update or self._refresh
@@ -77,8 +85,12 @@ class Panel(widgets.VBox):
             self._errors[update.__name__] = str(exc)
         else:
             self._errors.pop(update.__name__, None)
-        self.message.value = "".join(f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(text)}</div>"
-                                     for text in self._errors.values())
+        slots = {id(self.message): self.message, **{id(w): w for w in self._message_slots.values()}}
+        for key, slot in slots.items():
+            texts = [text for name, text in self._errors.items()
+                     if id(self._message_slots.get(name, self.message)) == key]
+            slot.value = "".join(f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(text)}</div>"
+                                 for text in texts)
 
     def _refresh(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -72,6 +72,7 @@ class ElasticPanel(Panel):
         self.download = widgets.HTML()
         self.submodel = widgets.HTML()
         self.run_info = widgets.HTML()
+        self.run_message = self.message_slot(self._start_run, self._run_for_real, self._export)
         self._cancelled = False
         self.worker = None
         self.observe_controls(self.task, self.device, update=self._refresh)
@@ -90,7 +91,7 @@ class ElasticPanel(Panel):
             self.step,
             self.figure_slot("aib"),
             widgets.HBox([self.run_button, self.runs, self.progress, self.cancel_button, self.export_button,
-                          self.download]),
+                          self.download, self.run_message]),
             self.run_info,
             self.figure_slot("gantt"),
             self.figure_slot("memory"),
