@@ -60,10 +60,13 @@ def test_accuracy_memory_figure_uses_a_log_axis_and_one_cell():
     cells = [CellResult("odroid-n2", 200.0, m, 3, 4, 6.0, acc, mem, 40.0, mem + 40.0, 190.0, 195.0, 196.0, 5, True,
                         1.0) for m, acc, mem in (("Ours", 0.85, 1.0), ("PreloadModel-32", 0.86, 42.0))]
     cells.append(CellResult("jetson-nano", 200.0, "Ours", 3, 12, 6.0, 0.5, 1, 40, 41, 1, 1, 1, 1, True, 1))
+    cells.append(CellResult("odroid-n2", 200.0, "Load&Exec", 3, 3, 32.0, 0.7, 0.0, 40, 40, 1, 1, 1, 1, True, 1))
     fig = accuracy_memory_figure(cells, 200, "odroid-n2", gold=0.87)
     assert fig.layout.xaxis.type == "log"
-    assert [(t.name, t.x[0], t.y[0]) for t in fig.data] == [("Ours", 41.0, 85.0), ("PreloadModel-32", 82.0, 86.0)]
+    assert [(t.name, t.x[0], t.y[0]) for t in fig.data] == [("Ours", 1.0, 85.0), ("PreloadModel-32", 42.0, 86.0),
+                                                                ("Load&Exec", 0.01, 70.0)]
     assert fig.data[0].marker.symbol == "star"
+    assert fig.data[2].name == "Load&Exec" and fig.data[2].x[0] == 0.01          # no shards: at the floor
 
 
 def test_candidates_figure_marks_the_choice():
