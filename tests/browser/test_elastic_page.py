@@ -39,3 +39,22 @@ def test_target_slider_replans_gantt_and_submodel(voila_server, page):
     print(f"slider moved -> new submodel and Gantt in the page: {(time.perf_counter() - moved) * 1e3:.0f} ms")
     assert f"Submodel {new.n} x {new.m}" in page.locator(".wb-submodel").inner_text()
     assert page.locator(".wb-error").count() == 0
+
+    # Arrow keys held on the slider: a burst of settled values. The page must end on the last one's plan,
+    # however many of them the kernel coalesced.
+    before = int(page.locator(".wb-submodel").get_attribute("data-plans"))
+    slider.locator(".noUi-handle").focus()
+    presses = 12
+    for _ in range(presses):
+        page.keyboard.press("ArrowRight")
+    final = 150 + 10 * presses
+    page.locator(".widget-readout", has_text=str(final)).wait_for(timeout=30_000)
+    last = engine_plan(final)
+    page.locator(".wb-submodel", has_text=f"predicted {1e3 * last.predicted_s:.1f} ms of {final} ms").wait_for(
+        timeout=30_000)
+    page.locator(".gtitle", has_text=f"Pipeline of {last.n} x {last.m}").wait_for(timeout=30_000)
+    page.wait_for_timeout(500)                # stale work, if any were queued, would land after the last value
+    assert f"of {final} ms" in page.locator(".wb-submodel").inner_text()
+    plans = int(page.locator(".wb-submodel").get_attribute("data-plans")) - before
+    print(f"{presses} arrow-key steps -> {plans} plan(s) computed in the kernel")
+    assert 1 <= plans <= presses

@@ -15,9 +15,17 @@ sees it: about 1 run in 3 in the browser test), and a new ``FigureWidget`` per
 update ships its 4.6 MB JavaScript bundle each time (8 s from a slider release to
 the redrawn page here). The MIME payload is a few kilobytes and is drawn at once.
 ``self.figures[name]`` keeps the last ``go.Figure`` shown, for tests and notebooks.
+
+Stale work never piles up. The browser side already keeps at most one state message per widget in
+flight and merges later values into the next one (12 arrow-key steps on a slider reached the
+kernel as 2 changes in the browser test). On the kernel side, a change from the browser only marks
+its update as pending; a flush runs ``SETTLE_S`` later on the kernel's event loop, once, with the
+latest values, so changes to several controls that arrive together cost one engine call. Changes
+made from Python (notebooks, tests) apply at once, so the next line sees their result.
 """
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 
@@ -26,6 +34,7 @@ import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
 
+SETTLE_S = 0.03
 ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px"
 
 
@@ -40,6 +49,9 @@ class Panel(widgets.VBox):
         self._errors: dict[str, str] = {}      # update name -> its last error message
         self._keys: dict[str, object] = {}      # figure name -> key of what it shows
         self._message_slots: dict[str, widgets.HTML] = {}   # update name -> where its errors show
+        self._pending: dict[str, object] = {}    # update name -> update waiting for the flush
+        self._flush_handle = None
+        self.updates_run = 0          # engine updates actually run (the coalescing test counts them)
 
     def figure_slot(self, name: str) -> widgets.Output:
         """A placeholder in the layout where figure ``name`` appears once first drawn."""
@@ -74,11 +86,34 @@ class Panel(widgets.VBox):
         """Call ``update`` (default: the whole ``_refresh``) whenever one of ``controls`` changes."""
         update = update or self._refresh
         for control in controls:
-            control.observe(lambda _change: self.refresh(update), names="value")
+            control.observe(lambda _change, c=control: self._changed(c, update), names="value")
+
+    def _changed(self, control: widgets.Widget, update) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        # ``_property_lock`` is set while ipywidgets applies a state message from the browser.
+        if loop is None or not control._property_lock:
+            self.refresh(update)
+            return
+        self._pending[update.__name__] = update
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_later(SETTLE_S, self._flush)
+
+    def _flush(self) -> None:
+        """Run each pending update once, with the controls' latest values."""
+        self._flush_handle = None
+        pending, self._pending = self._pending, {}
+        if "_refresh" in pending:                  # the full refresh covers every partial one
+            pending = {"_refresh": pending["_refresh"]}
+        for update in pending.values():
+            self.refresh(update)
 
     def refresh(self, update=None) -> None:
         """Run ``update`` (default ``_refresh``); a user-facing error it raises shows inline until it next succeeds."""
         update = update or self._refresh
+        self.updates_run += 1
         try:
             update()
         except (WorkbenchError, ValueError) as exc:

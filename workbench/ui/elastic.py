@@ -49,6 +49,7 @@ class ElasticPanel(Panel):
         self._results_cache: dict | None = None
         self.plan = None
         self.measured = None
+        self.plans_computed = 0
         wide = widgets.Layout(width="460px")
         self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value=task,
                                      description="Task", layout=wide)
@@ -149,16 +150,17 @@ class ElasticPanel(Panel):
 
         ctx = self.context()
         self.plan = plan_elastic(ctx.profile, self.target.value / 1e3, ctx.importance, self.preload.value * 1e6)
+        self.plans_computed += 1
         self.measured = None
         self.download.value = ""
         self.run_info.value = ""
         plan = self.plan
         if not plan.found:
-            self.submodel.value = (f"<span class='wb-submodel'>No plan: {html.escape(plan.reason)}</span>")
+            self.submodel.value = (f"<span class='wb-submodel' data-plans='{self.plans_computed}'>No plan: {html.escape(plan.reason)}</span>")
         else:
             upgrades = sum(s.kind == "upgrade" for s in plan.io.steps)
             self.submodel.value = (
-                f"<span class='wb-submodel'><b>Submodel {plan.n} x {plan.m}</b> &middot; predicted "
+                f"<span class='wb-submodel' data-plans='{self.plans_computed}'><b>Submodel {plan.n} x {plan.m}</b> &middot; predicted "
                 f"{1e3 * plan.predicted_s:.1f} ms of {self.target.value:.0f} ms &middot; preload "
                 f"{plan.memory_bytes / 1e6:.2f} MB ({len(plan.preload)} shards at "
                 f"{plan.extra.get('preload_bits')} bits) &middot; first pass {plan.io.uniform_bits} bits, "
