@@ -117,8 +117,7 @@ def plan_compute(profile: ElasticProfile, target_s: float, n_layers: int | None 
     if n_layers > profile.num_layers or n_shards > profile.num_shards:
         raise PlanningError(f"the profile covers {profile.num_layers} x {profile.num_shards}, "
                             f"not {n_layers} x {n_shards}")
-    plan = choose_submodel(lambda n, m: n * profile.t_comp(m), target_s, n_layers, n_shards, min_width)
-    return plan
+    return choose_submodel(lambda n, m: n * profile.t_comp(m), target_s, n_layers, n_shards, min_width)
 
 
 # ----------------------------------------------------------------------------- IO planning
@@ -397,7 +396,6 @@ def plan_elastic(profile: ElasticProfile, target_s: float, importance, preload_b
     target = _check_target(target_s)
     if preload_bytes is None or not np.isfinite(preload_bytes) or preload_bytes < 0:
         raise PlanningError(f"preload buffer size must be >= 0 bytes, got {preload_bytes!r}")
-    np.asarray(importance)
     rejected: list[tuple[int, int, str]] = []
     first = None
     while True:
@@ -431,7 +429,7 @@ def plan_elastic(profile: ElasticProfile, target_s: float, importance, preload_b
     preload_options = [{"bits": b, "shards": len(p), "valid": po.valid,
                         "mean_bits": float(po.bits.mean()) if po.valid else None}
                        for b, (p, po) in tried.items()]
-    in_buffer = [e for e in pre]
+    in_buffer = list(pre)
     memory = int(sum(profile.shard_bytes[int(b)] for _, _, b in in_buffer))
     timeline = simulate(profile, io.bits, io.preloaded, name=f"{method} {n}x{m}")
     plan = ElasticPlan(method, target, n, m, io.bits, io.preloaded, in_buffer, "pipeline", timeline, cp, io,
