@@ -42,7 +42,7 @@ def test_pipeline_logits_equal_the_batch_evaluation_of_the_same_weights(store, i
     plan = plan_elastic(odroid, 0.15, importance, 1e6)
     assert len(np.unique(plan.bits)) > 1                       # a mixed-bitwidth submodel
     dev = load_task("sentiment").dev.subset(12)
-    result = run_pipeline(store, plan, *batch(dev.texts))
+    result = run_pipeline(plan, store, *batch(dev.texts))
     full = np.full((6, 12), 2)
     full[:plan.n, :plan.m] = plan.bits
     ids, mask = batch(dev.texts)
@@ -55,7 +55,7 @@ def test_pipeline_logits_equal_the_batch_evaluation_of_the_same_weights(store, i
 
 def test_measured_timeline_has_every_lane_and_exports(store, importance, odroid, tmp_path):
     plan = plan_elastic(odroid, 0.2, importance, 0)
-    result = run_pipeline(store, plan, *batch(["a quietly moving film"]))
+    result = run_pipeline(plan, store, *batch(["a quietly moving film"]))
     tl = result.timeline
     assert tl.source == "measured" and result.latency_s >= tl.end * 0.999
     for kind in ("io", "decompress", "compute"):
@@ -83,7 +83,7 @@ def test_buffer_evicts_top_layers_first_and_feeds_the_next_plan(store, importanc
 
 def test_whole_model_in_memory_reads_nothing(store, importance, odroid):
     plan = plan_method("PreloadModel-6", odroid, 0.2, importance, 0)
-    result = run_pipeline(store, plan, *batch(["fine"]))
+    result = run_pipeline(plan, store, *batch(["fine"]))
     assert result.loaded == [] and not result.timeline.of_kind("io")
 
 
@@ -103,3 +103,21 @@ def test_missing_layer_file_is_named_and_empty_plans_refused(store, importance, 
         engine.run(empty_plan("Ours", 0.1, "nothing fits"), *batch(["x"]))
     with pytest.raises(WorkbenchError, match="capacity must be >= 0 bytes"):
         PreloadBuffer(-1)
+
+
+def test_public_names_as_design_md_gives_them(store, importance, odroid):
+    import workbench.elastic as elastic
+
+    n, m = elastic.plan_compute(odroid, 0.2, odroid.num_layers, odroid.num_shards)
+    assert elastic.plan_compute(odroid, 0.2, odroid.num_layers, odroid.num_shards) == (n, m)
+    io = elastic.plan_io(odroid, 0.2, n, m, importance, [(0, 0, 6)])
+    assert io.bits.shape == (n, m) and io.bits[0, 0] == 6 and (io.aib >= -1e-12).all() and io.steps
+    plan = elastic.plan(odroid, 0.2, importance, 1e6)
+    assert (plan.n, plan.m) == (n, m)
+    logits, timeline = elastic.run_pipeline(plan, store, *batch(["fine"]))
+    assert logits.shape == (1, 2) and timeline.source == "measured"
+    with pytest.raises(WorkbenchError, match=r"takes \(plan, store, ids, mask\)"):
+        elastic.run_pipeline(store, plan, *batch(["fine"]))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        elastic.nope
+    assert all(getattr(elastic, name) is not None for name in elastic.__all__)

@@ -86,11 +86,15 @@ class PreloadBuffer:
 
 @dataclass
 class RunResult:
+    """What one execution gives; unpacks as ``logits, timeline``."""
     logits: torch.Tensor
     timeline: Timeline
     latency_s: float
     loaded: list              # (layer, shard, bits) read from the store in this run
     evicted: list             # what the buffer dropped afterwards
+
+    def __iter__(self):
+        return iter((self.logits, self.timeline))
 
 
 class ElasticEngine:
@@ -225,8 +229,13 @@ def _pad(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def run_pipeline(store: ShardStore, plan: ElasticPlan, ids: torch.Tensor, mask: torch.Tensor,
+def run_pipeline(plan: ElasticPlan, store: ShardStore, ids: torch.Tensor, mask: torch.Tensor,
                  engine: ElasticEngine | None = None, emulate: ElasticProfile | None = None) -> RunResult:
-    """Run ``plan`` once on (ids, mask) with a fresh engine (or ``engine``, keeping its buffer)."""
+    """Run ``plan`` once on (ids, mask) from ``store`` with a fresh engine (or ``engine``, keeping its buffer).
+
+    ``logits, timeline = run_pipeline(...)`` works: the result unpacks as that pair."""
+    if not isinstance(plan, ElasticPlan) or not isinstance(store, ShardStore):
+        raise WorkbenchError("run_pipeline takes (plan, store, ids, mask): got "
+                             f"({type(plan).__name__}, {type(store).__name__}, ...)")
     engine = engine or ElasticEngine(store, PreloadBuffer(plan.memory_bytes))
     return engine.run(plan, ids, mask, emulate=emulate)

@@ -62,9 +62,12 @@ class Candidate:
         return self.n * self.m
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ComputePlan:
-    """The chosen submodel and the candidate table behind it (iterates as ``n, m``)."""
+    """The chosen submodel and the candidate table behind it.
+
+    It behaves as the pair ``(n, m)`` too (unpacking, indexing, ``== (n, m)``), the
+    shape DESIGN.md gives ``plan_compute``'s result."""
     n: int
     m: int
     target_s: float
@@ -73,6 +76,23 @@ class ComputePlan:
 
     def __iter__(self):
         return iter((self.n, self.m))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index):
+        return (self.n, self.m)[index]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, ComputePlan):
+            return (self.n, self.m, self.target_s, self.candidates) == (other.n, other.m, other.target_s,
+                                                                       other.candidates)
+        if isinstance(other, (tuple, list)):
+            return (self.n, self.m) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.m, self.target_s))
 
     @property
     def found(self) -> bool:
