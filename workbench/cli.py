@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="convert models, fine-tune elastic encoders, measure the host")
     p.add_argument("--profile", default=default_profile(), choices=["full", "quick"],
-                   help="full (about 30 min on 2 cores) or quick (every step on a few batches)")
+                   help="full (about 22 min on 2 cores) or quick (every step on a few batches)")
     p.add_argument("--tasks", nargs="*", help="tasks to fine-tune (default: all)")
     p.add_argument("--force", action="store_true", help="retrain even when a cached model exists")
     p.add_argument("--no-host", action="store_true", help="skip measuring the host profile")

@@ -1,8 +1,6 @@
 import base64
 import json
 
-import pytest
-
 from workbench.elastic.importance import load_importance
 from workbench.elastic.planner import plan_elastic
 from workbench.elastic.profile import device_profile

@@ -20,6 +20,7 @@ import numpy as np
 
 from workbench.elastic.planner import ElasticPlan, choose_submodel, plan_elastic, simulate
 from workbench.elastic.profile import ElasticProfile
+from workbench.errors import UnknownNameError
 
 METHODS = ("Load&Exec", "StdPL-2", "StdPL-6", "StdPL-32", "PreloadModel-6", "PreloadModel-32", "Ours-0MB", "Ours")
 
@@ -55,7 +56,7 @@ def plan_load_exec(profile: ElasticProfile, target_s: float, min_width: int = 3)
 def plan_stdpl(profile: ElasticProfile, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
     t0 = time.perf_counter()
     method = f"StdPL-{bits}"
-    profile.t_io(bits)
+    profile.t_io(bits)                     # a profile without this bitwidth fails here, with the name
 
     def pipelined(n, m):
         return simulate(profile, _uniform(n, m, bits), np.zeros((n, m), bool)).end
@@ -72,7 +73,7 @@ def plan_stdpl(profile: ElasticProfile, target_s: float, bits: int, min_width: i
 def plan_preload_model(profile: ElasticProfile, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
     t0 = time.perf_counter()
     method = f"PreloadModel-{bits}"
-    profile.t_io(bits)
+    profile.t_io(bits)                     # a profile without this bitwidth fails here, with the name
     memory = profile.num_layers * profile.num_shards * profile.shard_bytes[bits]
     cp = choose_submodel(lambda n, m: n * profile.t_comp(m), target_s, profile.num_layers, profile.num_shards,
                          min_width)
@@ -88,8 +89,6 @@ def plan_preload_model(profile: ElasticProfile, target_s: float, bits: int, min_
 def plan_method(method: str, profile: ElasticProfile, target_s: float, importance, preload_bytes: float,
                 min_width: int = 3) -> ElasticPlan:
     """Plan any of :data:`METHODS` (``preload_bytes`` is used by ``Ours`` only)."""
-    from workbench.errors import UnknownNameError
-
     if method == "Load&Exec":
         return plan_load_exec(profile, target_s, min_width)
     if method.startswith("StdPL-") and method in METHODS:

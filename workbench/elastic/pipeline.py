@@ -17,7 +17,6 @@ and spend the freed IO on upgrades.
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -27,7 +26,7 @@ import numpy as np
 import torch
 
 from workbench.elastic.planner import ElasticPlan
-from workbench.elastic.profile import ElasticProfile
+from workbench.elastic.profile import ElasticProfile, drop_page_cache
 from workbench.elastic.store import ShardStore
 from workbench.errors import WorkbenchError
 from workbench.models.encoder import Encoder, sharded_layer, stack_shards
@@ -126,16 +125,6 @@ class ElasticEngine:
                    if self.buffer.get(k, i) is None or self.buffer.get(k, i)[0] != b]
         self.buffer.fill(self.store, missing)
 
-    def _drop_page_cache(self) -> None:
-        if not hasattr(os, "posix_fadvise"):
-            return
-        for n in range(self.cfg.num_layers):
-            fd = os.open(self.store.layer_path(n), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
     @torch.no_grad()
     def run(self, plan: ElasticPlan, ids: torch.Tensor, mask: torch.Tensor, emulate: ElasticProfile | None = None,
             cold: bool = True, keep_loaded: bool = True) -> RunResult:
@@ -145,7 +134,8 @@ class ElasticEngine:
         n, m = plan.n, plan.m
         self.prepare_buffer(plan)
         if cold:
-            self._drop_page_cache()
+            for layer in range(self.cfg.num_layers):
+                drop_page_cache(self.store.layer_path(layer))
         plan_bits = plan.bits
         todo = []
         for k in range(n):

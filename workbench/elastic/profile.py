@@ -114,7 +114,7 @@ def _mean_shard_bytes(store) -> dict[int, int]:
                                      for i in range(cfg.num_heads)]))) for bits in store.bitwidths}
 
 
-def _drop_cache(path: Path) -> bool:
+def drop_page_cache(path: Path) -> bool:
     """Ask the kernel to drop ``path`` from the page cache; False where that is not supported."""
     if not hasattr(os, "posix_fadvise"):
         return False
@@ -135,7 +135,7 @@ def measure_io(store, repeats: int = 5) -> tuple[dict[int, float], bool]:
         samples = []
         for r in range(repeats):
             n, i = r % cfg.num_layers, (3 * r) % cfg.num_heads
-            dropped &= _drop_cache(store.layer_path(n))
+            dropped &= drop_page_cache(store.layer_path(n))
             e = store.entry(n, i, bits)
             t = time.perf_counter()
             with open(store.layer_path(n), "rb", buffering=0) as handle:

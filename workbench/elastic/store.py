@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from workbench.bitpack import decompress, packed_nbytes
-from workbench.cache import atomic_path, write_json
+from workbench.cache import write_json
 from workbench.elastic.quantize import BITWIDTHS, gobo_quantize, inlier_order, outlier_mask
 from workbench.errors import CorruptArtifactError
 from workbench.models.encoder import SHARD_KEYS, Encoder, EncoderConfig
