@@ -34,11 +34,11 @@ browser-deps:
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
 
 test: setup browser-deps
-	WORKBENCH_PROFILE=quick $(VENV)/bin/workbench prepare --profile quick --quiet
-	WORKBENCH_PROFILE=quick $(PY) -m pytest -p no:cacheprovider tests
+	WORKBENCH_PRESET=quick $(VENV)/bin/workbench prepare --preset quick --quiet
+	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider tests
 
 test-fast: setup
-	WORKBENCH_PROFILE=quick $(PY) -m pytest -p no:cacheprovider -m "not notebooks and not browser" tests
+	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider -m "not notebooks and not browser" tests
 
 clean-venv:
 	rm -rf $(VENV)

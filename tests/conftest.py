@@ -1,4 +1,4 @@
-"""Shared fixtures. The suite runs on the quick-prepared models (WORKBENCH_PROFILE=quick)."""
+"""Shared fixtures. The suite runs on the quick-prepared models (WORKBENCH_PRESET=quick)."""
 from __future__ import annotations
 
 import os
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("WORKBENCH_PROFILE", "quick")
-PROFILE = os.environ["WORKBENCH_PROFILE"]
+os.environ.setdefault("WORKBENCH_PRESET", "quick")
+PRESET = os.environ["WORKBENCH_PRESET"]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -25,9 +25,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def prepared():
     """The quick-prepared elastic models of both tasks (trained once, then cached)."""
-    from workbench.elastic.finetune import prepare_task
+    from workbench.elastic.artifacts import prepare_model
 
-    return {t: prepare_task(t, PROFILE, progress=False) for t in ("sentiment", "bbc")}
+    return {t: prepare_model(t, PRESET, progress=False) for t in ("sentiment", "bbc")}
 
 
 @pytest.fixture

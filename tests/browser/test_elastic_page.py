@@ -1,19 +1,19 @@
 """The elastic-pipelining page in Debian's chromium: move the target slider, see the engine's new plan."""
 import time
 
-from tests.conftest import PROFILE
-from workbench.elastic.importance import load_importance
+from tests.conftest import PRESET
+from workbench.elastic.artifacts import load_importance
 from workbench.elastic.planner import plan_elastic
-from workbench.elastic.profile import device_profile
-from workbench.elastic.store import load_store
+from workbench.elastic.costmodel import device_cost_model
+from workbench.elastic.artifacts import load_store
 
 PAGE_TIMEOUT_MS = 180_000
 
 
 def engine_plan(target_ms):
-    store = load_store("sentiment", PROFILE)
-    return plan_elastic(device_profile("odroid-n2", store, 64), target_ms / 1e3,
-                        load_importance("sentiment", PROFILE).accuracy, 1e6)
+    store = load_store("sentiment", PRESET)
+    return plan_elastic(device_cost_model("odroid-n2", store, 64), target_ms / 1e3,
+                        load_importance("sentiment", PRESET).accuracy, 1e6)
 
 
 def test_target_slider_replans_gantt_and_submodel(voila_server, page):

@@ -7,9 +7,11 @@ import pytest
 
 from workbench.data import load_task
 from workbench.elastic import importance as imp
-from workbench.elastic.store import ShardStore, prepare_store
+from workbench.elastic import artifacts
+from workbench.elastic.artifacts import prepare_store
+from workbench.elastic.store import ShardStore
 from workbench.errors import WorkbenchError
-from tests.conftest import PROFILE
+from tests.conftest import PRESET
 
 DAMAGED = (2, 7)
 MAX_LEN = 32          # short inputs keep each profile to a few seconds
@@ -17,7 +19,7 @@ MAX_LEN = 32          # short inputs keep each profile to a few seconds
 
 @pytest.fixture(scope="module")
 def bbc_store():
-    return prepare_store("bbc", PROFILE, progress=False)
+    return prepare_store("bbc", PRESET, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +47,20 @@ def _damaged_copy(store: ShardStore, root, layer: int, shard: int) -> ShardStore
 
 def test_damaged_shard_ranks_first_and_profile_is_deterministic(bbc_store, dev, tmp_path, monkeypatch):
     store = _damaged_copy(bbc_store, tmp_path / "store", *DAMAGED)
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache-a"))
-    a = imp.importance_profile(store, dev, MAX_LEN, progress=False)
+    a = imp.measure_importance(store, dev, MAX_LEN, progress=False)
     n, m = store.cfg.num_layers, store.cfg.num_heads
     assert a.accuracy.shape == a.loss.shape == (n, m) and a.dev_examples == 16
     assert a.order()[0] == DAMAGED
     assert a.accuracy[DAMAGED] > a.baseline_accuracy
     assert sorted(a.order()) == [(i, j) for i in range(n) for j in range(m)]
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache-b"))       # recomputed, not read back
-    b = imp.importance_profile(store, dev, MAX_LEN, progress=False)
+    b = imp.measure_importance(store, dev, MAX_LEN, progress=False)     # no resume file: computed again
     assert np.array_equal(a.accuracy, b.accuracy) and np.array_equal(a.loss, b.loss)
     assert imp.profile_importance(store, dev, MAX_LEN, progress=False).shape == (n, m)
 
 
-def test_interrupted_profile_resumes_to_the_same_result(bbc_store, dev, tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "fresh"))
-    reference = imp.importance_profile(bbc_store, dev, MAX_LEN, progress=False)
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "resumed"))
+def test_interrupted_run_resumes_to_the_same_result(bbc_store, dev, tmp_path, monkeypatch):
+    reference = imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False)
+    saved = tmp_path / "resume.json"
     original = imp._Runner.parts
 
     def interrupt_in_layer_2(self, n, raised=None):
@@ -71,18 +70,17 @@ def test_interrupted_profile_resumes_to_the_same_result(bbc_store, dev, tmp_path
 
     monkeypatch.setattr(imp._Runner, "parts", interrupt_in_layer_2)
     with pytest.raises(KeyboardInterrupt):
-        imp.importance_profile(bbc_store, dev, MAX_LEN, progress=False)
-    [saved] = (tmp_path / "resumed" / "importance").glob("*.json")
+        imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False, resume_path=saved)
     assert sorted(json.loads(saved.read_text())) == ["0", "1"]
     monkeypatch.setattr(imp._Runner, "parts", original)
-    resumed = imp.importance_profile(bbc_store, dev, MAX_LEN, progress=False)
+    resumed = imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False, resume_path=saved)
     assert np.array_equal(resumed.accuracy, reference.accuracy) and np.array_equal(resumed.loss, reference.loss)
 
 
 def test_ranking_agreement_of_identical_and_reversed_profiles():
     acc = np.arange(12, dtype=float).reshape(3, 4) / 12
-    p = imp.ImportanceProfile(acc, -acc, 0.1, 2, 32, 10)
-    q = imp.ImportanceProfile(acc[::-1, ::-1].copy(), -acc[::-1, ::-1], 0.1, 2, 32, 10)
+    p = imp.ShardImportance(acc, -acc, 0.1, 2, 32, 10)
+    q = imp.ShardImportance(acc[::-1, ::-1].copy(), -acc[::-1, ::-1], 0.1, 2, 32, 10)
     same = imp.ranking_agreement(p, p)
     assert same["spearman_accuracy"] == pytest.approx(1.0) and same["top_overlap"] == 1.0
     assert imp.ranking_agreement(p, q)["spearman_accuracy"] == pytest.approx(-1.0)
@@ -90,7 +88,7 @@ def test_ranking_agreement_of_identical_and_reversed_profiles():
 
 
 def test_prepared_profile_and_bad_dev_size(prepared):
-    prof = imp.load_importance("sentiment", PROFILE)
-    assert prof.accuracy.shape == (6, 12) and prof.dev_examples == imp.DEV_SIZES["quick"]
+    prof = artifacts.load_importance("sentiment", PRESET)
+    assert prof.accuracy.shape == (6, 12) and prof.dev_examples == artifacts.IMPORTANCE_DEV_SIZES["quick"]
     with pytest.raises(WorkbenchError, match="at least 1 example, got dev_size=0"):
-        imp.prepare_importance("sentiment", PROFILE, dev_size=0, progress=False)
+        artifacts.prepare_importance("sentiment", PRESET, dev_size=0, progress=False)

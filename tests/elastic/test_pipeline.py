@@ -7,31 +7,31 @@ import torch
 from workbench.data import load_task
 from workbench.elastic.baselines import plan_method
 from workbench.elastic.evaluate import AccuracyCache
-from workbench.elastic.importance import load_importance
+from workbench.elastic.artifacts import load_importance
 from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer, run_pipeline
 from workbench.elastic.planner import empty_plan, plan_elastic
-from workbench.elastic.profile import device_profile
-from workbench.elastic.store import prepare_store
+from workbench.elastic.costmodel import device_cost_model
+from workbench.elastic.artifacts import prepare_store
 from workbench.errors import WorkbenchError
 from workbench.models.tokenizer import encoder_tokenizer
-from tests.conftest import PROFILE
+from tests.conftest import PRESET
 
 SEQ = 64
 
 
 @pytest.fixture(scope="module")
 def store():
-    return prepare_store("sentiment", PROFILE, progress=False)
+    return prepare_store("sentiment", PRESET, progress=False)
 
 
 @pytest.fixture(scope="module")
 def importance(prepared):
-    return load_importance("sentiment", PROFILE).accuracy
+    return load_importance("sentiment", PRESET).accuracy
 
 
 @pytest.fixture(scope="module")
 def odroid(store):
-    return device_profile("odroid-n2", store, SEQ)
+    return device_cost_model("odroid-n2", store, SEQ)
 
 
 def batch(texts):

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from workbench.elastic.baselines import plan_load_exec, plan_method, plan_preload_model, plan_stdpl
 from workbench.elastic.planner import (PlanningError, plan_compute, plan_elastic, plan_io, select_preload,
                                        simulate)
-from workbench.elastic.profile import ElasticProfile
+from workbench.elastic.costmodel import CostModel
 from workbench.errors import WorkbenchError
 
 BITS = (2, 3, 4, 5, 6, 32)
@@ -15,12 +15,12 @@ def profile(io=None, comp=None, layers=6, shards=12, nbytes=None):
     io = io or {b: 0.001 * b for b in BITS}
     comp = comp or [0.010 + 0.002 * m for m in range(1, shards + 1)]
     nbytes = nbytes or {b: 1000 * b for b in io}
-    return ElasticProfile("test", 64, layers, shards, io, comp, nbytes, "emulated")
+    return CostModel("test", 64, layers, shards, io, comp, nbytes, "emulated")
 
 
 def figure6_profile():
     """WRX Figure 6: t_comp = 1 s for the 3-shard layer; 2-bit shards load in 0.2 s."""
-    return ElasticProfile("fig6", 64, 2, 3, {2: 0.2, 3: 0.3, 4: 0.4, 32: 1.6}, [1.0, 1.0, 1.0],
+    return CostModel("fig6", 64, 2, 3, {2: 0.2, 3: 0.3, 4: 0.4, 32: 1.6}, [1.0, 1.0, 1.0],
                           {2: 2, 3: 3, 4: 4, 32: 32})
 
 
@@ -122,7 +122,7 @@ def test_cached_shards_free_io_for_upgrades():
     (lambda p: plan_elastic(p, float("nan"), np.ones((6, 12))), "target latency must be positive"),
     (lambda p: plan_elastic(p, 0.1, np.ones((6, 12)), -1), "preload buffer size must be >= 0 bytes, got -1"),
     (lambda p: plan_io(p, 0.1, 2, 3, np.ones((1, 3))), "at least 2 rows and 3 columns, got shape (1, 3)"),
-    (lambda p: plan_io(p, 0.1, 2, 3, np.ones((2, 3)), [(0, 0, 7)]), "at 7 bits, which the profile lacks"),
+    (lambda p: plan_io(p, 0.1, 2, 3, np.ones((2, 3)), [(0, 0, 7)]), "at 7 bits, which the cost model lacks"),
     (lambda p: plan_io(p, 0.1, 7, 3, np.ones((7, 3))), "submodel 7 x 3 is outside the 6 x 12 model"),
     (lambda p: plan_stdpl(p.replace_bits((2, 4, 32)), 0.1, 6), "has no 6-bit shards; it has 2, 4, 32"),
     (lambda p: plan_method("Magic", p, 0.1, np.ones((6, 12)), 0), "unknown method 'Magic'"),

@@ -72,12 +72,3 @@ def test_unknown_bitwidth_and_shard_are_named(model, tmp_path):
         store.read_blob(0, 0, 3)
     with pytest.raises(ValueError, match="no shard 4 of layer 0"):
         store.read_blob(0, 4, 2)
-
-
-def test_missing_prepared_store_names_the_fix(tmp_cache):
-    from workbench.elastic.store import load_store
-    from workbench.errors import WorkbenchError
-
-    with pytest.raises(WorkbenchError, match=r"task 'bbc' has no shard store \(profile 'quick'\); "
-                                             r"run `workbench prepare --profile quick`"):
-        load_store("bbc", "quick")

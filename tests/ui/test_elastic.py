@@ -1,22 +1,22 @@
 import base64
 import json
 
-from workbench.elastic.importance import load_importance
+from workbench.elastic.artifacts import load_importance
 from workbench.elastic.planner import plan_elastic
-from workbench.elastic.profile import device_profile
-from workbench.elastic.store import load_store
+from workbench.elastic.costmodel import device_cost_model
+from workbench.elastic.artifacts import load_store
 from workbench.ui import ElasticPanel
-from tests.conftest import PROFILE
+from tests.conftest import PRESET
 
 
 def expected_plan(task, device, target_ms, preload_mb):
-    store = load_store(task, PROFILE)
-    return plan_elastic(device_profile(device, store, 64 if task == "sentiment" else 128), target_ms / 1e3,
-                        load_importance(task, PROFILE).accuracy, preload_mb * 1e6)
+    store = load_store(task, PRESET)
+    return plan_elastic(device_cost_model(device, store, 64 if task == "sentiment" else 128), target_ms / 1e3,
+                        load_importance(task, PRESET).accuracy, preload_mb * 1e6)
 
 
 def test_controls_replan_and_redraw(prepared):
-    panel = ElasticPanel(PROFILE)
+    panel = ElasticPanel(PRESET)
     assert panel.message.value == ""
     assert set(panel.figures) >= {"importance", "candidates", "aib", "gantt", "memory"}
     for target in (150, 400):
@@ -39,7 +39,7 @@ def test_controls_replan_and_redraw(prepared):
 
 
 def test_run_for_real_overlays_the_measurement_and_exports(prepared):
-    panel = ElasticPanel(PROFILE, device="jetson-nano", target_ms=150)
+    panel = ElasticPanel(PRESET, device="jetson-nano", target_ms=150)
     panel.runs.value = 2
     panel.run_button.click()
     panel.worker.join(60)
@@ -54,7 +54,7 @@ def test_run_for_real_overlays_the_measurement_and_exports(prepared):
 
 
 def test_cancel_stops_a_long_run(prepared):
-    panel = ElasticPanel(PROFILE, device="jetson-nano", target_ms=400)
+    panel = ElasticPanel(PRESET, device="jetson-nano", target_ms=400)
     panel.runs.value = 50
     panel.run_button.click()
     assert panel.run_button.disabled
@@ -65,13 +65,13 @@ def test_cancel_stops_a_long_run(prepared):
 
 
 def test_impossible_target_and_missing_store_show_inline(prepared, tmp_cache):
-    panel = ElasticPanel(PROFILE)
-    assert "wb-error" in panel.message.value and "workbench prepare --profile quick" in panel.message.value
+    panel = ElasticPanel(PRESET)
+    assert "wb-error" in panel.message.value and "workbench prepare --preset quick" in panel.message.value
     assert "Traceback" not in panel.message.value
 
 
 def test_target_below_one_layer_explains_the_empty_plan(prepared):
-    panel = ElasticPanel(PROFILE, target_ms=50, device="jetson-nano")
+    panel = ElasticPanel(PRESET, target_ms=50, device="jetson-nano")
     assert "No plan: no submodel fits 50.0 ms" in panel.submodel.value
     panel.run_button.click()
     assert "nothing to run" in panel.run_message.value and panel.message.value == ""     # beside the button

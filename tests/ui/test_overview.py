@@ -30,7 +30,7 @@ def test_controls_redraw_their_figures(prepared):
 
 def test_unprepared_task_shows_an_inline_message(tmp_cache):
     panel = OverviewPanel("quick")
-    assert "wb-error" in panel.message.value and "workbench prepare --profile quick" in panel.message.value
+    assert "wb-error" in panel.message.value and "workbench prepare --preset quick" in panel.message.value
     assert "Traceback" not in panel.message.value
     assert "grid" not in panel.figures
 
@@ -38,5 +38,5 @@ def test_unprepared_task_shows_an_inline_message(tmp_cache):
 def test_a_device_change_keeps_the_task_error_and_redraws_only_the_device_figure(tmp_cache):
     panel = OverviewPanel("quick")
     panel.device.value = "jetson-nano"
-    assert "workbench prepare --profile quick" in panel.message.value
+    assert "workbench prepare --preset quick" in panel.message.value
     assert "Jetson Nano" in panel.figures["times"].layout.title.text and "grid" not in panel.figures

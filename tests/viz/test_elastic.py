@@ -3,14 +3,14 @@ import pytest
 
 from workbench.elastic.evaluate import CellResult
 from workbench.elastic.planner import plan_elastic, plan_io
-from workbench.elastic.profile import ElasticProfile
+from workbench.elastic.costmodel import CostModel
 from workbench.timeline import Span, Timeline
 from workbench.viz import (accuracy_memory_figure, aib_figure, candidates_figure, gantt_figure,
                            importance_plan_figure)
 
 
 def figure6():
-    prof = ElasticProfile("fig6", 64, 2, 3, {2: 0.2, 3: 0.3, 4: 0.4, 32: 1.6}, [1.0, 1.0, 1.0],
+    prof = CostModel("fig6", 64, 2, 3, {2: 0.2, 3: 0.3, 4: 0.4, 32: 1.6}, [1.0, 1.0, 1.0],
                           {2: 2, 3: 3, 4: 4, 32: 32})
     imp = np.array([[0.1, 0.1, 0.1], [0.5, 0.9, 0.7]])
     return prof, imp
@@ -70,7 +70,7 @@ def test_accuracy_memory_figure_uses_a_log_axis_and_one_cell():
 
 
 def test_candidates_figure_marks_the_choice():
-    prof = ElasticProfile("cpu", 64, 4, 4, {2: 0.001}, [0.01, 0.02, 0.03, 0.04], {2: 1})
+    prof = CostModel("cpu", 64, 4, 4, {2: 0.001}, [0.01, 0.02, 0.03, 0.04], {2: 1})
     plan = plan_elastic(prof, 0.09, np.ones((4, 4)), 0, min_width=1)
     fig = candidates_figure(plan.compute)
     heat = fig.data[0]

@@ -12,12 +12,25 @@ import importlib
 from workbench.cache import cache_dir
 from workbench.errors import UnknownNameError
 
-BENCHMARKS = {
+SHARED = {
     "host": "workbench.bench.host",
-    "sharding": "workbench.bench.sharding",
-    "elastic": "workbench.bench.elastic",
     "ui": "workbench.bench.ui",
+    "browser": "workbench.bench.browser",
 }
+"""Benchmarks of the shared layers; each mechanism declares its own (``Mechanism.benchmarks``)."""
+
+
+def benchmarks() -> dict[str, str]:
+    """Every benchmark name -> its module: the shared ones and each registered mechanism's."""
+    from workbench.mechanisms import mechanisms
+
+    found = dict(SHARED)
+    for mechanism in mechanisms():
+        for name, module in mechanism.benchmarks.items():
+            if name in found:
+                raise RuntimeError(f"benchmark {name!r} is declared twice")
+            found[name] = module
+    return found
 
 
 def print_table(rows: list[dict]) -> None:
@@ -43,9 +56,10 @@ def save_rows(name: str, rows: list[dict]):
 
 
 def run_benchmark(name: str, args: list[str] | None = None) -> dict[str, list[dict]]:
-    if name not in BENCHMARKS:
-        raise UnknownNameError("benchmark", name, BENCHMARKS)
-    result = importlib.import_module(BENCHMARKS[name]).run(list(args or []))
+    known = benchmarks()
+    if name not in known:
+        raise UnknownNameError("benchmark", name, known)
+    result = importlib.import_module(known[name]).run(list(args or []))
     tables = result if isinstance(result, dict) else {"": result}
     for table, rows in tables.items():
         if table:

@@ -17,14 +17,14 @@ import numpy as np
 def run(args: list[str]) -> dict[str, list[dict]]:
     from workbench.data import load_task, task_spec
     from workbench.elastic import evaluate as ev
-    from workbench.elastic.importance import load_importance
-    from workbench.elastic.profile import device_profile
-    from workbench.elastic.store import prepare_store
-    from workbench.prepare import default_profile
+    from workbench.elastic.artifacts import load_importance
+    from workbench.elastic.costmodel import device_cost_model
+    from workbench.elastic.artifacts import prepare_store
+    from workbench.presets import add_preset_argument
 
     parser = argparse.ArgumentParser(prog="workbench bench elastic")
     parser.add_argument("--task", default="sentiment")
-    parser.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    add_preset_argument(parser)
     parser.add_argument("--devices", nargs="+", default=["host", "odroid-n2", "jetson-nano"])
     parser.add_argument("--targets", nargs="+", type=float, default=[150, 200, 400], help="target latencies (ms)")
     parser.add_argument("--runs", type=int, default=5, help="measured pipeline runs per cell (after a warm-up)")
@@ -39,8 +39,8 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         return {"table7": table7}
 
     spec = task_spec(opts.task)
-    store = prepare_store(opts.task, opts.profile)
-    importance = load_importance(opts.task, opts.profile).accuracy
+    store = prepare_store(opts.task, opts.preset)
+    importance = load_importance(opts.task, opts.preset).accuracy
     dev = load_task(opts.task).dev
     if opts.eval_size:
         dev = dev.sample(min(opts.eval_size, len(dev)), 0)
@@ -49,10 +49,10 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     acc = np.mean([c.accuracy for c in cells if c.method == "Ours"])
     noise = float(np.sqrt(acc * (1 - acc) / len(dev)))
     table7 = _table7(opts, ev, load_task, task_spec, load_importance, prepare_store)
-    timing = ev.plan_time_ms(device_profile(opts.devices[-1], store, spec.max_length), importance, 1e6)
+    timing = ev.plan_time_ms(device_cost_model(opts.devices[-1], store, spec.max_length), importance, 1e6)
     summary = ev.summarize(cells, noise)
 
-    print(f"\n{opts.task} ({opts.profile}), {len(dev)} dev examples; gold (full model, 32 bits) {100 * gold:.1f}%; "
+    print(f"\n{opts.task} ({opts.preset}), {len(dev)} dev examples; gold (full model, 32 bits) {100 * gold:.1f}%; "
           f"dev-set noise (one standard error) {100 * noise:.1f} pp")
     print(f"planning one configuration: median {timing['median_ms']:.2f} ms, p95 {timing['p95_ms']:.2f} ms, "
           f"max {timing['max_ms']:.2f} ms over {timing['plans']} plans")
@@ -65,7 +65,7 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     for ref, r in summary["memory_ratio"].items():
         print(f"memory of {ref} / Ours: {r['shard_memory']:.1f}x in shard memory, "
               f"{r['total_memory']:.2f}x with resident parameters")
-    tag = {"task": opts.task, "profile": opts.profile, "dev_examples": len(dev), "gold": gold}
+    tag = {"task": opts.task, "preset": opts.preset, "dev_examples": len(dev), "gold": gold}
     return {"cells": [{**tag, **c.as_row()} for c in cells], "table7": table7, "planning": [timing]}
 
 
@@ -73,14 +73,14 @@ def _table7(opts, ev, load_task, task_spec, load_importance, prepare_store) -> l
     """Importance vs random upgrades per task (whole dev split), with the per-task and overall mean gain."""
     rows = []
     for task in opts.table7_tasks:
-        store = prepare_store(task, opts.profile)
+        store = prepare_store(task, opts.preset)
         dev = load_task(task).dev
-        part = ev.importance_vs_random(store, load_importance(task, opts.profile).accuracy, dev,
+        part = ev.importance_vs_random(store, load_importance(task, opts.preset).accuracy, dev,
                                        task_spec(task).max_length, seeds=opts.seeds)
         gain = np.mean([r["importance"] - r["random_mean"] for r in part])
         print(f"Table 7 analogue, {task} ({len(dev)} dev examples): importance order beats random order by "
               f"{100 * gain:.2f} pp on average")
-        rows += [{"task": task, "profile": opts.profile, "dev_examples": len(dev), **r} for r in part]
+        rows += [{"task": task, "preset": opts.preset, "dev_examples": len(dev), **r} for r in part]
     gain = np.mean([r["importance"] - r["random_mean"] for r in rows])
     print(f"Table 7 analogue over {len(opts.table7_tasks)} task(s): importance beats random by {100 * gain:.2f} pp "
           f"on average; in {sum(r['importance'] > r['random_mean'] for r in rows)} of {len(rows)} cells")

@@ -84,13 +84,14 @@ def _throughput(label: str, bits: int, parts, repeats: int) -> dict:
             "numpy_GBps": ref, "copy_GBps": copy, "2t_vs_numpy": c2 / ref, "2t_vs_copy": c2 / copy}
 
 
-def storage_rows(task: str, profile: str, eval_size: int | None, progress: bool) -> list[dict]:
+def storage_rows(task: str, preset: str, eval_size: int | None, progress: bool) -> list[dict]:
     from workbench.data import load_task, task_spec
-    from workbench.elastic.finetune import evaluate
+    from workbench.train.evaluate import evaluate
     from workbench.elastic.quantize import gobo_quantize, outlier_mask, relative_error
-    from workbench.elastic.store import FP32, _shard_flat, prepare_store
+    from workbench.elastic.artifacts import prepare_store
+    from workbench.elastic.store import FP32, _shard_flat
 
-    store = prepare_store(task, profile, progress=progress)
+    store = prepare_store(task, preset, progress=progress)
     cfg = store.cfg
     dev = load_task(task).dev
     dev = dev if eval_size is None else dev.sample(min(eval_size, len(dev)), 0)
@@ -119,12 +120,12 @@ def storage_rows(task: str, profile: str, eval_size: int | None, progress: bool)
 
 def run(args: list[str]) -> dict[str, list[dict]]:
     from workbench.bitpack import default_threads
-    from workbench.elastic.store import prepare_store
-    from workbench.prepare import default_profile
+    from workbench.elastic.artifacts import prepare_store
+    from workbench.presets import add_preset_argument
 
     parser = argparse.ArgumentParser(prog="workbench bench sharding")
     parser.add_argument("--task", default="sentiment")
-    parser.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    add_preset_argument(parser)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--eval-size", type=int, help="dev examples for the accuracy column (default: the whole split)")
     parser.add_argument("--skip-accuracy", action="store_true")
@@ -132,8 +133,8 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     print(f"cores available: {default_threads()}")
     tables = {}
     if not opts.skip_accuracy:
-        tables["storage"] = storage_rows(opts.task, opts.profile, opts.eval_size, progress=True)
-    store = prepare_store(opts.task, opts.profile, progress=True)
+        tables["storage"] = storage_rows(opts.task, opts.preset, opts.eval_size, progress=True)
+    store = prepare_store(opts.task, opts.preset, progress=True)
     rng = np.random.default_rng(0)
     rows = []
     for bits in (2, 3, 4, 5, 6):

@@ -14,14 +14,14 @@ import numpy as np
 
 
 def run(args: list[str]) -> list[dict]:
-    from workbench.prepare import default_profile
+    from workbench.presets import add_preset_argument
     from workbench.ui.elastic import ElasticPanel
 
     parser = argparse.ArgumentParser(prog="workbench bench ui")
-    parser.add_argument("--profile", default=default_profile(), choices=["full", "quick"])
+    add_preset_argument(parser)
     parser.add_argument("--device", default="odroid-n2")
     opts = parser.parse_args(args)
-    panel = ElasticPanel(opts.profile, device=opts.device)
+    panel = ElasticPanel(opts.preset, device=opts.device)
     rows = []
     sweeps = {"target": (panel.target, [float(v) for v in range(60, 1001, 20)]),
               "preload": (panel.preload, [float(v) for v in np.arange(0, 32.01, 0.75)])}

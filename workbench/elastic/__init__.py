@@ -1,4 +1,4 @@
-"""Elastic pipelining (WRX): shards, quantization, the shard store, importance, profiles, the
+"""Elastic pipelining (WRX): shards, quantization, the shard store, importance, cost models, the
 two-stage planner, the IO/compute pipeline, the baselines and the evaluation.
 
 The public names are importable from here; each is loaded on first use, so importing the
@@ -8,11 +8,12 @@ from importlib import import_module
 
 _EXPORTS = {
     "gobo_quantize": "quantize", "QuantizedTensor": "quantize", "decompress_reference": "quantize",
-    "ShardStore": "store", "build_store": "store", "load_store": "store", "prepare_store": "store",
-    "ShardStoreError": "store",
-    "profile_importance": "importance", "importance_profile": "importance", "ImportanceProfile": "importance",
-    "load_importance": "importance", "prepare_importance": "importance",
-    "ElasticProfile": "profile", "measure_profile": "profile", "device_profile": "profile",
+    "ShardStore": "store", "build_store": "store", "ShardStoreError": "store",
+    "profile_importance": "importance", "measure_importance": "importance", "ShardImportance": "importance",
+    "load_store": "artifacts", "prepare_store": "artifacts", "load_importance": "artifacts",
+    "prepare_importance": "artifacts", "load_model": "artifacts", "prepare_model": "artifacts",
+    "load_context": "artifacts", "ElasticContext": "artifacts",
+    "CostModel": "costmodel", "measure_cost_model": "costmodel", "device_cost_model": "costmodel",
     "plan_compute": "planner", "ComputePlan": "planner", "plan_io": "planner", "IOPlan": "planner",
     "AllocationStep": "planner", "select_preload": "planner", "simulate": "planner",
     "plan_elastic": "planner", "ElasticPlan": "planner", "PlanningError": "planner",

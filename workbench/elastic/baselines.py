@@ -1,4 +1,4 @@
-"""The baselines of WRX Table 4, planned on the same profile and run on the same engine.
+"""The baselines of WRX Table 4, planned on the same cost model and run on the same engine.
 
 - ``Load&Exec``: load the whole submodel at 32 bits, then execute it; the submodel is
   the preferred one whose load plus compute time fits the target.
@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from workbench.elastic.planner import ElasticPlan, choose_submodel, plan_elastic, simulate
-from workbench.elastic.profile import ElasticProfile
+from workbench.elastic.costmodel import CostModel
 from workbench.errors import UnknownNameError
 
 METHODS = ("Load&Exec", "StdPL-2", "StdPL-6", "StdPL-32", "PreloadModel-6", "PreloadModel-32", "Ours-0MB", "Ours")
@@ -29,74 +29,74 @@ def _uniform(n: int, m: int, bits: int) -> np.ndarray:
     return np.full((n, m), int(bits), dtype=int)
 
 
-def _fallback(method: str, profile: ElasticProfile, target: float, min_width: int, bits: int, mode: str,
+def _fallback(method: str, cost_model: CostModel, target: float, min_width: int, bits: int, mode: str,
               memory: int, cp, t0: float) -> ElasticPlan:
-    n, m = 1, max(1, min(min_width, profile.num_shards))
+    n, m = 1, max(1, min(min_width, cost_model.num_shards))
     b = _uniform(n, m, bits)
     pre = np.full((n, m), mode == "memory")
-    tl = simulate(profile, b, pre, sequential=mode == "sequential", name=f"{method} {n}x{m}")
+    tl = simulate(cost_model, b, pre, sequential=mode == "sequential", name=f"{method} {n}x{m}")
     return ElasticPlan(method, target, n, m, b, pre, [], mode, tl, cp, None, memory, False,
                        f"no submodel fits {1e3 * target:.0f} ms; running the smallest ({n}x{m})",
                        time.perf_counter() - t0)
 
 
-def plan_load_exec(profile: ElasticProfile, target_s: float, min_width: int = 3) -> ElasticPlan:
+def plan_load_exec(cost_model: CostModel, target_s: float, min_width: int = 3) -> ElasticPlan:
     t0 = time.perf_counter()
-    t32 = profile.t_io(32)
-    cp = choose_submodel(lambda n, m: n * m * t32 + n * profile.t_comp(m), target_s, profile.num_layers,
-                         profile.num_shards, min_width)
+    t32 = cost_model.t_io(32)
+    cp = choose_submodel(lambda n, m: n * m * t32 + n * cost_model.t_comp(m), target_s, cost_model.num_layers,
+                         cost_model.num_shards, min_width)
     if not cp.found:
-        return _fallback("Load&Exec", profile, cp.target_s, min_width, 32, "sequential", 0, cp, t0)
+        return _fallback("Load&Exec", cost_model, cp.target_s, min_width, 32, "sequential", 0, cp, t0)
     b, pre = _uniform(cp.n, cp.m, 32), np.zeros((cp.n, cp.m), bool)
-    tl = simulate(profile, b, pre, sequential=True, name=f"Load&Exec {cp.n}x{cp.m}")
+    tl = simulate(cost_model, b, pre, sequential=True, name=f"Load&Exec {cp.n}x{cp.m}")
     return ElasticPlan("Load&Exec", cp.target_s, cp.n, cp.m, b, pre, [], "sequential", tl, cp,
                        plan_s=time.perf_counter() - t0)
 
 
-def plan_stdpl(profile: ElasticProfile, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
+def plan_stdpl(cost_model: CostModel, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
     t0 = time.perf_counter()
     method = f"StdPL-{bits}"
-    profile.t_io(bits)                     # a profile without this bitwidth fails here, with the name
+    cost_model.t_io(bits)                     # a cost model without this bitwidth fails here, with the name
 
     def pipelined(n, m):
-        return simulate(profile, _uniform(n, m, bits), np.zeros((n, m), bool)).end
+        return simulate(cost_model, _uniform(n, m, bits), np.zeros((n, m), bool)).end
 
-    cp = choose_submodel(pipelined, target_s, profile.num_layers, profile.num_shards, min_width)
+    cp = choose_submodel(pipelined, target_s, cost_model.num_layers, cost_model.num_shards, min_width)
     if not cp.found:
-        return _fallback(method, profile, cp.target_s, min_width, bits, "pipeline", 0, cp, t0)
+        return _fallback(method, cost_model, cp.target_s, min_width, bits, "pipeline", 0, cp, t0)
     b, pre = _uniform(cp.n, cp.m, bits), np.zeros((cp.n, cp.m), bool)
-    tl = simulate(profile, b, pre, name=f"{method} {cp.n}x{cp.m}")
+    tl = simulate(cost_model, b, pre, name=f"{method} {cp.n}x{cp.m}")
     return ElasticPlan(method, cp.target_s, cp.n, cp.m, b, pre, [], "pipeline", tl, cp,
                        plan_s=time.perf_counter() - t0)
 
 
-def plan_preload_model(profile: ElasticProfile, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
+def plan_preload_model(cost_model: CostModel, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
     t0 = time.perf_counter()
     method = f"PreloadModel-{bits}"
-    profile.t_io(bits)                     # a profile without this bitwidth fails here, with the name
-    memory = profile.num_layers * profile.num_shards * profile.shard_bytes[bits]
-    cp = choose_submodel(lambda n, m: n * profile.t_comp(m), target_s, profile.num_layers, profile.num_shards,
+    cost_model.t_io(bits)                     # a cost model without this bitwidth fails here, with the name
+    memory = cost_model.num_layers * cost_model.num_shards * cost_model.shard_bytes[bits]
+    cp = choose_submodel(lambda n, m: n * cost_model.t_comp(m), target_s, cost_model.num_layers, cost_model.num_shards,
                          min_width)
     if not cp.found:
-        return _fallback(method, profile, cp.target_s, min_width, bits, "memory", memory, cp, t0)
+        return _fallback(method, cost_model, cp.target_s, min_width, bits, "memory", memory, cp, t0)
     b, pre = _uniform(cp.n, cp.m, bits), np.ones((cp.n, cp.m), bool)
-    whole = [(k, i, bits) for k in range(profile.num_layers) for i in range(profile.num_shards)]
-    tl = simulate(profile, b, pre, name=f"{method} {cp.n}x{cp.m}")
+    whole = [(k, i, bits) for k in range(cost_model.num_layers) for i in range(cost_model.num_shards)]
+    tl = simulate(cost_model, b, pre, name=f"{method} {cp.n}x{cp.m}")
     return ElasticPlan(method, cp.target_s, cp.n, cp.m, b, pre, whole, "memory", tl, cp, None, memory,
                        plan_s=time.perf_counter() - t0)
 
 
-def plan_method(method: str, profile: ElasticProfile, target_s: float, importance, preload_bytes: float,
+def plan_method(method: str, cost_model: CostModel, target_s: float, importance, preload_bytes: float,
                 min_width: int = 3) -> ElasticPlan:
     """Plan any of :data:`METHODS` (``preload_bytes`` is used by ``Ours`` only)."""
     if method == "Load&Exec":
-        return plan_load_exec(profile, target_s, min_width)
+        return plan_load_exec(cost_model, target_s, min_width)
     if method.startswith("StdPL-") and method in METHODS:
-        return plan_stdpl(profile, target_s, int(method.split("-")[1]), min_width)
+        return plan_stdpl(cost_model, target_s, int(method.split("-")[1]), min_width)
     if method.startswith("PreloadModel-") and method in METHODS:
-        return plan_preload_model(profile, target_s, int(method.split("-")[1]), min_width)
+        return plan_preload_model(cost_model, target_s, int(method.split("-")[1]), min_width)
     if method == "Ours-0MB":
-        return plan_elastic(profile, target_s, importance, 0.0, min_width=min_width, method=method)
+        return plan_elastic(cost_model, target_s, importance, 0.0, min_width=min_width, method=method)
     if method == "Ours":
-        return plan_elastic(profile, target_s, importance, preload_bytes, min_width=min_width, method=method)
+        return plan_elastic(cost_model, target_s, importance, preload_bytes, min_width=min_width, method=method)
     raise UnknownNameError("method", method, METHODS)

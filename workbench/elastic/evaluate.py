@@ -57,7 +57,7 @@ class AccuracyCache:
         self._memo: dict[tuple, float] = {}
 
     def __call__(self, n: int, m: int, bits: np.ndarray) -> float:
-        from workbench.elastic.finetune import evaluate
+        from workbench.train.evaluate import evaluate
 
         bits = np.asarray(bits, dtype=int)
         key = (n, m, bits.tobytes())
@@ -88,7 +88,7 @@ def evaluate_cells(store, importance, dev, max_length: int, devices=("host", "od
     from tqdm.auto import tqdm
 
     from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer
-    from workbench.elastic.profile import device_profile
+    from workbench.elastic.costmodel import device_cost_model
     from workbench.models.tokenizer import encoder_tokenizer
 
     preload_mb = {**DEFAULT_PRELOAD_MB, **(preload_mb or {})}
@@ -100,11 +100,11 @@ def evaluate_cells(store, importance, dev, max_length: int, devices=("host", "od
     runs_done = []
     bar = tqdm(total=len(devices) * len(targets_ms) * len(methods), desc="elastic evaluation", disable=not progress)
     for device in devices:                       # every timed run first: accuracy work would disturb them
-        profile = device_profile(device, store, max_length)
-        emulate = None if device == "host" else profile
+        cost_model = device_cost_model(device, store, max_length)
+        emulate = None if device == "host" else cost_model
         for target in targets_ms:
             for method in methods:
-                plan = plan_method(method, profile, target / 1e3, importance, preload_mb.get(device, 1.0) * 1e6)
+                plan = plan_method(method, cost_model, target / 1e3, importance, preload_mb.get(device, 1.0) * 1e6)
                 engine.buffer = PreloadBuffer(plan.memory_bytes)
                 runs_done.append((device, target, method, plan, measure_latency(engine, plan, inputs, emulate, runs)))
                 bar.update(1)
@@ -157,7 +157,7 @@ def importance_vs_random(store, importance, dev, max_length: int, submodel=(5, 3
     return rows
 
 
-def plan_time_ms(profile, importance, preload_bytes: float, targets_s=(0.15, 0.2, 0.4), repeats: int = 50) -> dict:
+def plan_time_ms(cost_model, importance, preload_bytes: float, targets_s=(0.15, 0.2, 0.4), repeats: int = 50) -> dict:
     """Median and worst milliseconds of one ``plan_elastic`` call over targets."""
     from workbench.elastic.planner import plan_elastic
 
@@ -165,7 +165,7 @@ def plan_time_ms(profile, importance, preload_bytes: float, targets_s=(0.15, 0.2
     for _ in range(repeats):
         for t in targets_s:
             start = time.perf_counter()
-            plan_elastic(profile, t, importance, preload_bytes)
+            plan_elastic(cost_model, t, importance, preload_bytes)
             samples.append(time.perf_counter() - start)
     return {"median_ms": 1e3 * float(np.median(samples)), "p95_ms": 1e3 * float(np.percentile(samples, 95)),
             "max_ms": 1e3 * max(samples), "plans": len(samples)}

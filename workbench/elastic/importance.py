@@ -8,26 +8,27 @@ their outputs are computed once and reused: each ablation runs only from its own
 layer upwards.
 
 Results are cached by (store version, task, dev subset, bitwidths); progress is
-saved after every layer, so an interrupted profile resumes where it stopped.
+saved after every layer, so an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.cache import cache_dir, fingerprint, write_json
+from workbench.cache import write_json
 from workbench.data import Split
 from workbench.elastic.store import ShardStore
-from workbench.errors import WorkbenchError
+from workbench.progress import ProgressBar
 from workbench.models.encoder import sharded_layer, stack_shards
 
 
 @dataclass(frozen=True)
-class ImportanceProfile:
+class ShardImportance:
     accuracy: np.ndarray          # (N, M): dev accuracy with shard (n, i) at high_bits, all others at low_bits
     loss: np.ndarray              # (N, M): mean cross-entropy of the same runs
     baseline_accuracy: float      # every shard at low_bits
@@ -66,21 +67,16 @@ class _Runner:
 
 
 @torch.no_grad()
-def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits: int | None = None,
-                       high_bits: int = 32, batch_size: int = 64, cache_key: dict | None = None,
-                       progress: bool = True) -> ImportanceProfile:
+def measure_importance(store: ShardStore, dev: Split, max_length: int, low_bits: int | None = None,
+                       high_bits: int = 32, batch_size: int = 64, resume_path: Path | None = None,
+                       progress: bool = True) -> ShardImportance:
     """Run (or resume) the ablation over every shard of ``store`` on ``dev``."""
-    from tqdm.auto import tqdm
-
     from workbench.models.tokenizer import encoder_tokenizer
 
     low_bits = min(b for b in store.bitwidths) if low_bits is None else low_bits
     cfg = store.cfg
     N, M = cfg.num_layers, cfg.num_heads
-    key = fingerprint({"store": store.version, "dev": list(dev.ids), "low": low_bits, "high": high_bits,
-                       **(cache_key or {})})
-    path = cache_dir() / "importance" / f"{key}.json"
-    done = json.loads(path.read_text()) if path.exists() else {}
+    done = json.loads(resume_path.read_text()) if resume_path is not None and resume_path.exists() else {}
     runner = _Runner(store, low_bits, high_bits)
     model = runner.low_model
     tok = encoder_tokenizer(max_length)
@@ -107,7 +103,7 @@ def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits:
         return correct / len(dev), loss / len(dev)
 
     baseline = evaluate(N - 1, inputs[N])[0]
-    bar = tqdm(total=N * M, desc="shard importance", disable=not progress)
+    bar = ProgressBar(total=N * M, desc="shard importance", enabled=progress)
     for n in range(N):
         if str(n) in done:
             bar.update(M)
@@ -119,44 +115,20 @@ def importance_profile(store: ShardStore, dev: Split, max_length: int, low_bits:
             row.append(evaluate(n, out))
             bar.update(1)
         done[str(n)] = row
-        write_json(path, done)                          # resume point
+        if resume_path is not None:
+            write_json(resume_path, done)               # resume point
     bar.close()
     acc = np.array([[a for a, _ in done[str(n)]] for n in range(N)])
     loss = np.array([[l for _, l in done[str(n)]] for n in range(N)])
-    return ImportanceProfile(acc, loss, baseline, low_bits, high_bits, len(dev))
+    return ShardImportance(acc, loss, baseline, low_bits, high_bits, len(dev))
 
 
 def profile_importance(store: ShardStore, dev: Split, max_length: int, **kwargs) -> np.ndarray:
     """The (N, M) importance matrix: dev accuracy with that one shard raised to 32 bits (higher = more important)."""
-    return importance_profile(store, dev, max_length, **kwargs).accuracy
+    return measure_importance(store, dev, max_length, **kwargs).accuracy
 
 
-DEV_SIZES = {"full": 512, "quick": 24}
-"""Dev examples per importance profile: the full profile takes minutes on 2 cores."""
-
-
-def prepare_importance(task: str, profile: str = "full", dev_size: int | None = None, seed: int = 0,
-                       progress: bool = True) -> ImportanceProfile:
-    """The importance profile of ``task``'s prepared shard store on a seeded dev subset (cached, resumable)."""
-    from workbench.data import load_task, task_spec
-    from workbench.elastic.store import prepare_store
-
-    store = prepare_store(task, profile, progress=progress)
-    dev_full = load_task(task).dev
-    size = DEV_SIZES.get(profile, DEV_SIZES["quick"]) if dev_size is None else int(dev_size)
-    if size < 1:
-        raise WorkbenchError(f"the importance dev subset needs at least 1 example, got dev_size={size}")
-    dev = dev_full.sample(min(size, len(dev_full)), seed)
-    return importance_profile(store, dev, task_spec(task).max_length, progress=progress,
-                              cache_key={"task": task, "seed": seed})
-
-
-def load_importance(task: str, profile: str = "full", dev_size: int | None = None, seed: int = 0) -> ImportanceProfile:
-    """The cached importance profile (computing any missing part first)."""
-    return prepare_importance(task, profile, dev_size, seed, progress=False)
-
-
-def ranking_agreement(a: ImportanceProfile, b: ImportanceProfile, top: float = 0.25) -> dict[str, float]:
+def ranking_agreement(a: ShardImportance, b: ShardImportance, top: float = 0.25) -> dict[str, float]:
     """How far two profiles (e.g. two dev-subset seeds) agree: rank correlations and top-shard overlap."""
     from scipy.stats import spearmanr
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from workbench.elastic.planner import ElasticPlan
-from workbench.elastic.profile import ElasticProfile, drop_page_cache
+from workbench.elastic.costmodel import CostModel, drop_page_cache
 from workbench.elastic.store import ShardStore
 from workbench.errors import WorkbenchError
 from workbench.models.encoder import Encoder, sharded_layer, stack_shards
@@ -126,7 +126,7 @@ class ElasticEngine:
         self.buffer.fill(self.store, missing)
 
     @torch.no_grad()
-    def run(self, plan: ElasticPlan, ids: torch.Tensor, mask: torch.Tensor, emulate: ElasticProfile | None = None,
+    def run(self, plan: ElasticPlan, ids: torch.Tensor, mask: torch.Tensor, emulate: CostModel | None = None,
             cold: bool = True, keep_loaded: bool = True) -> RunResult:
         """Execute ``plan`` on one batch; see the module docstring."""
         if not plan.found:
@@ -220,7 +220,7 @@ def _pad(deadline: float) -> None:
 
 
 def run_pipeline(plan: ElasticPlan, store: ShardStore, ids: torch.Tensor, mask: torch.Tensor,
-                 engine: ElasticEngine | None = None, emulate: ElasticProfile | None = None) -> RunResult:
+                 engine: ElasticEngine | None = None, emulate: CostModel | None = None) -> RunResult:
     """Run ``plan`` once on (ids, mask) from ``store`` with a fresh engine (or ``engine``, keeping its buffer).
 
     ``logits, timeline = run_pipeline(...)`` works: the result unpacks as that pair."""
@@ -229,3 +229,27 @@ def run_pipeline(plan: ElasticPlan, store: ShardStore, ids: torch.Tensor, mask: 
                              f"({type(plan).__name__}, {type(store).__name__}, ...)")
     engine = engine or ElasticEngine(store, PreloadBuffer(plan.memory_bytes))
     return engine.run(plan, ids, mask, emulate=emulate)
+
+
+def run_repeatedly(engine: ElasticEngine, plan: ElasticPlan, inputs, runs: int, emulate: CostModel | None = None,
+                   warmup: int = 0, on_run=None, should_stop=None) -> list[RunResult]:
+    """``warmup`` untimed runs, then ``runs`` timed ones, input r being ``inputs[r % len(inputs)]`` (ids, mask).
+
+    The one run loop of the CLI, the dashboard and the evaluation: the buffer is left as
+    the plan's preload after each run (``keep_loaded=False``), so every run starts alike.
+    ``on_run(r, result)`` is called after each timed run; ``should_stop()`` is asked
+    before each run and ends the loop early (a dashboard's Cancel).
+    """
+    if runs < 1 or warmup < 0:
+        raise WorkbenchError(f"runs must be >= 1 and warm-up runs >= 0, got {runs} and {warmup}")
+    results: list[RunResult] = []
+    for r in range(warmup + runs):
+        if should_stop is not None and should_stop():
+            break
+        ids, mask = inputs[r % len(inputs)]
+        result = engine.run(plan, ids, mask, emulate=emulate, keep_loaded=False)
+        if r >= warmup:
+            results.append(result)
+            if on_run is not None:
+                on_run(len(results) - 1, result)
+    return results

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workbench.elastic.profile import ElasticProfile
+from workbench.elastic.costmodel import CostModel
 from workbench.errors import WorkbenchError
 from workbench.timeline import Span, Timeline
 
@@ -129,15 +129,15 @@ def choose_submodel(time_fn, target_s: float, n_layers: int, n_shards: int, min_
     return ComputePlan(choice[0], choice[1], target, cands)
 
 
-def plan_compute(profile: ElasticProfile, target_s: float, n_layers: int | None = None,
+def plan_compute(cost_model: CostModel, target_s: float, n_layers: int | None = None,
                  n_shards: int | None = None, min_width: int = 3) -> ComputePlan:
     """WRX compute planning: the largest (then deepest) n x m with n * t_comp(m) <= target."""
-    n_layers = profile.num_layers if n_layers is None else int(n_layers)
-    n_shards = profile.num_shards if n_shards is None else int(n_shards)
-    if n_layers > profile.num_layers or n_shards > profile.num_shards:
-        raise PlanningError(f"the profile covers {profile.num_layers} x {profile.num_shards}, "
+    n_layers = cost_model.num_layers if n_layers is None else int(n_layers)
+    n_shards = cost_model.num_shards if n_shards is None else int(n_shards)
+    if n_layers > cost_model.num_layers or n_shards > cost_model.num_shards:
+        raise PlanningError(f"the cost model covers {cost_model.num_layers} x {cost_model.num_shards}, "
                             f"not {n_layers} x {n_shards}")
-    return choose_submodel(lambda n, m: n * profile.t_comp(m), target_s, n_layers, n_shards, min_width)
+    return choose_submodel(lambda n, m: n * cost_model.t_comp(m), target_s, n_layers, n_shards, min_width)
 
 
 # ----------------------------------------------------------------------------- IO planning
@@ -173,29 +173,29 @@ class IOPlan:
     reason: str = ""
     ignored_preload: tuple = ()    # preload entries outside the submodel
 
-    def layer_io_s(self, profile: ElasticProfile) -> np.ndarray:
+    def layer_io_s(self, cost_model: CostModel) -> np.ndarray:
         """Seconds of IO each layer needs (shards not preloaded)."""
-        return np.array([sum(profile.t_io(int(b)) for b, p in zip(self.bits[k], self.preloaded[k]) if not p)
+        return np.array([sum(cost_model.t_io(int(b)) for b, p in zip(self.bits[k], self.preloaded[k]) if not p)
                          for k in range(self.n)])
 
-    def load_bytes(self, profile: ElasticProfile) -> int:
-        return int(sum(profile.shard_bytes[int(b)] for b, p in zip(self.bits.ravel(), self.preloaded.ravel())
+    def load_bytes(self, cost_model: CostModel) -> int:
+        return int(sum(cost_model.shard_bytes[int(b)] for b, p in zip(self.bits.ravel(), self.preloaded.ravel())
                        if not p))
 
 
-def _normalize_preload(profile: ElasticProfile, preload, n: int, m: int):
+def _normalize_preload(cost_model: CostModel, preload, n: int, m: int):
     inside, outside = {}, []
     for entry in preload or ():
         try:
             layer, shard, bits = (int(v) for v in entry)
         except (TypeError, ValueError):
             raise PlanningError(f"preload entries are (layer, shard, bits) triples, got {entry!r}") from None
-        if bits not in profile.io_s:
-            raise PlanningError(f"preloaded shard ({layer}, {shard}) is at {bits} bits, which the profile lacks "
-                                f"(it has {', '.join(map(str, profile.bitwidths))})")
-        if not 0 <= layer < profile.num_layers or not 0 <= shard < profile.num_shards:
+        if bits not in cost_model.io_s:
+            raise PlanningError(f"preloaded shard ({layer}, {shard}) is at {bits} bits, which the cost model lacks "
+                                f"(it has {', '.join(map(str, cost_model.bitwidths))})")
+        if not 0 <= layer < cost_model.num_layers or not 0 <= shard < cost_model.num_shards:
             raise PlanningError(f"preloaded shard ({layer}, {shard}) is outside the "
-                                f"{profile.num_layers} x {profile.num_shards} model")
+                                f"{cost_model.num_layers} x {cost_model.num_shards} model")
         if (layer, shard) in inside:
             raise PlanningError(f"shard ({layer}, {shard}) is preloaded twice")
         if layer < n and shard < m:
@@ -215,17 +215,17 @@ def _importance_order(importance, n: int, m: int) -> list[tuple[int, int]]:
     return sorted(((k, i) for k in range(n) for i in range(m)), key=lambda ki: (-imp[ki], ki))
 
 
-def plan_io(profile: ElasticProfile, target_s: float, n: int, m: int, importance, preload=()) -> IOPlan:
+def plan_io(cost_model: CostModel, target_s: float, n: int, m: int, importance, preload=()) -> IOPlan:
     """WRX IO planning (section 5.4) for the n x m submodel; see the module docstring."""
     target = _check_target(target_s)
-    if not (1 <= n <= profile.num_layers and 1 <= m <= profile.num_shards):
-        raise PlanningError(f"submodel {n} x {m} is outside the {profile.num_layers} x {profile.num_shards} model")
-    levels = profile.bitwidths
+    if not (1 <= n <= cost_model.num_layers and 1 <= m <= cost_model.num_shards):
+        raise PlanningError(f"submodel {n} x {m} is outside the {cost_model.num_layers} x {cost_model.num_shards} model")
+    levels = cost_model.bitwidths
     if not levels:
-        raise PlanningError(f"profile {profile.device!r} has no bitwidths")
+        raise PlanningError(f"cost model {cost_model.device!r} has no bitwidths")
     order = _importance_order(importance, n, m)
-    pre, outside = _normalize_preload(profile, preload, n, m)
-    tc = profile.t_comp(m)
+    pre, outside = _normalize_preload(cost_model, preload, n, m)
+    tc = cost_model.t_comp(m)
     compute = n * tc
     slack = target - compute
     bits = np.zeros((n, m), dtype=int)
@@ -235,7 +235,7 @@ def plan_io(profile: ElasticProfile, target_s: float, n: int, m: int, importance
         return IOPlan(n, m, target, compute, slack, bits, preloaded, np.full(n, slack), steps, 0, False,
                       f"the {n} x {m} submodel computes in {1e3 * compute:.1f} ms, over the "
                       f"{1e3 * target:.1f} ms target", outside)
-    tio = profile.io_s
+    tio = cost_model.io_s
     bonus = [0.0] * n
     per_layer_pre: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     for (k, i), b in sorted(pre.items()):
@@ -312,18 +312,18 @@ def plan_io(profile: ElasticProfile, target_s: float, n: int, m: int, importance
 # ----------------------------------------------------------------------------- preload buffer
 
 
-def select_preload(profile: ElasticProfile, n: int, m: int, buffer_bytes: float,
+def select_preload(cost_model: CostModel, n: int, m: int, buffer_bytes: float,
                    bits: int | None = None) -> list[tuple[int, int, int]]:
     """The first shards of the n x m submodel in layer order that fit ``buffer_bytes`` (see module notes)."""
     if buffer_bytes is None or not np.isfinite(buffer_bytes) or buffer_bytes < 0:
         raise PlanningError(f"preload buffer size must be >= 0 bytes, got {buffer_bytes!r}")
-    levels = profile.bitwidths
+    levels = cost_model.bitwidths
     if bits is None:
-        covering = [b for b in levels if m * profile.shard_bytes[b] <= buffer_bytes]
+        covering = [b for b in levels if m * cost_model.shard_bytes[b] <= buffer_bytes]
         bits = max(covering) if covering else levels[0]
-    elif bits not in profile.shard_bytes:
-        raise PlanningError(f"cannot preload at {bits} bits: the profile has {', '.join(map(str, levels))}")
-    size = profile.shard_bytes[bits]
+    elif bits not in cost_model.shard_bytes:
+        raise PlanningError(f"cannot preload at {bits} bits: the cost model has {', '.join(map(str, levels))}")
+    size = cost_model.shard_bytes[bits]
     count = min(n * m, int(buffer_bytes // size))
     return [(j // m, j % m, int(bits)) for j in range(count)]
 
@@ -331,7 +331,7 @@ def select_preload(profile: ElasticProfile, n: int, m: int, buffer_bytes: float,
 # ----------------------------------------------------------------------------- whole plans and timelines
 
 
-def simulate(profile: ElasticProfile, bits: np.ndarray, preloaded: np.ndarray, sequential: bool = False,
+def simulate(cost_model: CostModel, bits: np.ndarray, preloaded: np.ndarray, sequential: bool = False,
              name: str = "") -> Timeline:
     """Predicted timeline: one IO lane reading layer after layer, one compute lane; stalls where compute waits.
 
@@ -341,16 +341,16 @@ def simulate(profile: ElasticProfile, bits: np.ndarray, preloaded: np.ndarray, s
     spans, t_io, io_end = [], 0.0, []
     for k in range(n):
         loads = [int(b) for b, p in zip(bits[k], preloaded[k]) if not p]
-        dur = sum(profile.t_io(b) for b in loads)
+        dur = sum(cost_model.t_io(b) for b in loads)
         if dur > 0:
             spans.append(Span("io", "io", t_io, t_io + dur, f"layer {k}",
-                              {"shards": len(loads), "bytes": sum(profile.shard_bytes[b] for b in loads)}))
+                              {"shards": len(loads), "bytes": sum(cost_model.shard_bytes[b] for b in loads)}))
         t_io += dur
         io_end.append(t_io)
     if sequential:
         io_end = [t_io] * n
     t = 0.0
-    tc = profile.t_comp(m)
+    tc = cost_model.t_comp(m)
     for k in range(n):
         if io_end[k] > t + EPS:
             spans.append(Span("compute", "stall", t, io_end[k], f"wait for layer {k}"))
@@ -402,7 +402,7 @@ def empty_plan(method: str, target_s: float, reason: str, compute: ComputePlan |
                        compute, None, 0, False, reason)
 
 
-def plan_elastic(profile: ElasticProfile, target_s: float, importance, preload_bytes: float = 0.0,
+def plan_elastic(cost_model: CostModel, target_s: float, importance, preload_bytes: float = 0.0,
                  cached=None, min_width: int = 3, preload_bits: int | None = None,
                  method: str = "Ours") -> ElasticPlan:
     """WRX's whole plan: compute planning, preload selection, IO planning, predicted timeline.
@@ -419,11 +419,11 @@ def plan_elastic(profile: ElasticProfile, target_s: float, importance, preload_b
     rejected: list[tuple[int, int, str]] = []
     first = None
     while True:
-        cp = choose_submodel(lambda n, m: n * profile.t_comp(m), target, profile.num_layers, profile.num_shards,
+        cp = choose_submodel(lambda n, m: n * cost_model.t_comp(m), target, cost_model.num_layers, cost_model.num_shards,
                              min_width, exclude=frozenset((n, m) for n, m, _ in rejected))
         first = first or cp
         if not cp.found:
-            fastest = profile.t_comp(max(1, min(min_width, profile.num_shards)))
+            fastest = cost_model.t_comp(max(1, min(min_width, cost_model.num_shards)))
             reason = (f"no submodel fits {1e3 * target:.1f} ms: one layer of {max(1, min_width)} shards alone "
                       f"computes in {1e3 * fastest:.1f} ms" if not rejected else
                       f"no submodel can load its shards in time (tried {len(rejected)})")
@@ -435,11 +435,11 @@ def plan_elastic(profile: ElasticProfile, target_s: float, importance, preload_b
         if cached is not None:
             options = {None: list(cached)}
         elif preload_bits is not None or preload_bytes <= 0:
-            options = {preload_bits: select_preload(profile, n, m, preload_bytes, preload_bits)}
+            options = {preload_bits: select_preload(cost_model, n, m, preload_bytes, preload_bits)}
         else:
-            options = {b: select_preload(profile, n, m, preload_bytes, b) for b in profile.bitwidths}
+            options = {b: select_preload(cost_model, n, m, preload_bytes, b) for b in cost_model.bitwidths}
         order = _importance_order(importance, n, m)
-        tried = {b: (pre, plan_io(profile, target, n, m, importance, pre)) for b, pre in options.items()}
+        tried = {b: (pre, plan_io(cost_model, target, n, m, importance, pre)) for b, pre in options.items()}
         valid = {b: po for b, po in tried.items() if po[1].valid}
         if valid:
             best = max(valid, key=lambda b: ([int(valid[b][1].bits[ki]) for ki in order], -(b or 0)))
@@ -450,8 +450,8 @@ def plan_elastic(profile: ElasticProfile, target_s: float, importance, preload_b
                         "mean_bits": float(po.bits.mean()) if po.valid else None}
                        for b, (p, po) in tried.items()]
     in_buffer = list(pre)
-    memory = int(sum(profile.shard_bytes[int(b)] for _, _, b in in_buffer))
-    timeline = simulate(profile, io.bits, io.preloaded, name=f"{method} {n}x{m}")
+    memory = int(sum(cost_model.shard_bytes[int(b)] for _, _, b in in_buffer))
+    timeline = simulate(cost_model, io.bits, io.preloaded, name=f"{method} {n}x{m}")
     plan = ElasticPlan(method, target, n, m, io.bits, io.preloaded, in_buffer, "pipeline", timeline, cp, io,
                        memory, True, "", extra={"rejected": rejected, "first_choice": (first.n, first.m),
                                                 "preload_bits": best, "preload_options": preload_options})

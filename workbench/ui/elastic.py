@@ -12,7 +12,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from workbench.data import TASKS
-from workbench.prepare import default_profile
+from workbench.presets import default_preset
 from workbench.ui.base import Panel
 from workbench.viz.elastic import (accuracy_memory_figure, aib_figure, candidates_figure, gantt_figure,
                                    importance_plan_figure)
@@ -33,7 +33,7 @@ class _Context:
     """What one (task, device) pair needs, loaded once."""
     store: object
     importance: np.ndarray
-    profile: object
+    cost_model: object
     max_length: int
     dev_texts: tuple
 
@@ -41,10 +41,10 @@ class _Context:
 class ElasticPanel(Panel):
     """Controls -> ``plan_elastic`` -> five figures; a button runs the plan for real."""
 
-    def __init__(self, prepare_profile: str | None = None, task: str = "sentiment", device: str = "odroid-n2",
+    def __init__(self, preset: str | None = None, task: str = "sentiment", device: str = "odroid-n2",
                  target_ms: float = 200.0, preload_mb: float = 1.0):
         super().__init__()
-        self.prepare_profile = prepare_profile or default_profile()
+        self.preset = preset or default_preset()
         self._contexts: dict[tuple[str, str], _Context] = {}
         self._results_cache: dict | None = None
         self.plan = None
@@ -105,20 +105,20 @@ class ElasticPanel(Panel):
         key = (self.task.value, self.device.value)
         if key not in self._contexts:
             from workbench.data import load_task
-            from workbench.elastic.importance import load_importance
-            from workbench.elastic.profile import device_profile
-            from workbench.elastic.store import load_store
+            from workbench.elastic.artifacts import load_importance
+            from workbench.elastic.costmodel import device_cost_model
+            from workbench.elastic.artifacts import load_store
 
             spec = TASKS[self.task.value]
-            store = load_store(self.task.value, self.prepare_profile)
-            importance = load_importance(self.task.value, self.prepare_profile).accuracy
-            self._contexts[key] = _Context(store, importance, device_profile(self.device.value, store,
+            store = load_store(self.task.value, self.preset)
+            importance = load_importance(self.task.value, self.preset).accuracy
+            self._contexts[key] = _Context(store, importance, device_cost_model(self.device.value, store,
                                                                              spec.max_length),
                                            spec.max_length, load_task(self.task.value).dev.texts[:50])
         return self._contexts[key]
 
     def evaluation_cells(self) -> list[dict]:
-        """Rows of the last `workbench bench elastic` run for this task and prepare profile (or none)."""
+        """Rows of the last `workbench bench elastic` run for this task and prepare preset (or none)."""
         import csv
 
         from workbench.cache import cache_dir
@@ -131,7 +131,7 @@ class ElasticPanel(Panel):
             return self._results_cache[1]
         with open(path) as handle:
             rows = [r for r in csv.DictReader(handle)
-                    if r.get("task") == self.task.value and r.get("profile") == self.prepare_profile]
+                    if r.get("task") == self.task.value and r.get("preset", r.get("profile")) == self.preset]
         for r in rows:
             for k in ("target_ms", "accuracy", "preload_mb", "resident_mb", "memory_mb", "predicted_ms",
                       "measured_ms", "measured_max_ms", "gold"):
@@ -149,7 +149,7 @@ class ElasticPanel(Panel):
         from workbench.elastic.planner import plan_elastic
 
         ctx = self.context()
-        self.plan = plan_elastic(ctx.profile, self.target.value / 1e3, ctx.importance, self.preload.value * 1e6)
+        self.plan = plan_elastic(ctx.cost_model, self.target.value / 1e3, ctx.importance, self.preload.value * 1e6)
         self.plans_computed += 1
         self.measured = None
         self.download.value = ""
@@ -235,7 +235,7 @@ class ElasticPanel(Panel):
         try:
             engine = ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes))
             tok = encoder_tokenizer(ctx.max_length)
-            emulate = None if self.device.value == "host" else ctx.profile
+            emulate = None if self.device.value == "host" else ctx.cost_model
             latencies, labels, measured = [], [], None
             for r in range(int(self.runs.value)):
                 if self._cancelled:

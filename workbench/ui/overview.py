@@ -7,8 +7,8 @@ import ipywidgets as widgets
 
 from workbench.data import TASKS
 from workbench.devices import DISTILBERT, MINILM, get_profile, profile_names
-from workbench.elastic.finetune import elastic_summary
-from workbench.prepare import default_profile
+from workbench.elastic.artifacts import model_summary
+from workbench.presets import default_preset
 from workbench.ui.base import Panel
 from workbench.viz.overview import accuracy_grid_figure, layer_times_figure
 
@@ -27,9 +27,9 @@ profile to see what one layer costs there.</p>
 class OverviewPanel(Panel):
     """Task -> accuracy grid; device profile + layer shape + bitwidth -> per-layer IO and compute times."""
 
-    def __init__(self, prepare_profile: str | None = None):
+    def __init__(self, preset: str | None = None):
         super().__init__()
-        self.prepare_profile = prepare_profile or default_profile()
+        self.preset = preset or default_preset()
         self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value="sentiment",
                                      description="Task", layout=widgets.Layout(width="420px"))
         self.device = widgets.Dropdown(options=profile_names(), value="odroid-n2", description="Device")
@@ -57,7 +57,7 @@ class OverviewPanel(Panel):
         self.refresh(self._refresh_task)
 
     def _refresh_task(self) -> None:
-        summary = elastic_summary(self.task.value, self.prepare_profile)
+        summary = model_summary(self.task.value, self.preset)
         grid = summary["accuracy_grid"]
         spec = TASKS[self.task.value]
         self.show_figure("grid", accuracy_grid_figure(grid, f"{spec.title}: dev accuracy of n x m submodels"))

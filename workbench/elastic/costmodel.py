@@ -1,17 +1,17 @@
 """Hardware profiles for elastic pipelining (WRX section 5.2).
 
-An :class:`ElasticProfile` holds the two functions the planner needs:
+An :class:`CostModel` holds the two functions the planner needs:
 
 - ``t_io(k)``: seconds to read one shard stored at k bits (k = 2..6 and 32);
 - ``t_comp(m)``: seconds to compute one layer with m shards at the padded input
   length, including decompressing its m shards (measured with 6-bit shards, as the paper
   prescribes, on one thread as the pipeline decodes them).
 
-:func:`measure_profile` measures both on this machine with real reads from the
+:func:`measure_cost_model` measures both on this machine with real reads from the
 shard store (the layer file is dropped from the page cache with
 ``posix_fadvise(DONTNEED)`` before every read, so each read comes from the disk;
 on file systems that ignore the hint the figure is a page-cache read and the
-profile says so in ``notes``) and real dry runs of one layer. :func:`device_profile`
+profile says so in ``notes``) and real dry runs of one layer. :func:`device_cost_model`
 derives the same functions for an emulated device preset from
 :mod:`workbench.devices`, using the store's real shard sizes. Profiles are saved as
 JSON next to the store they describe.
@@ -32,7 +32,7 @@ PROFILE_FORMAT = 1
 
 
 @dataclass(frozen=True)
-class ElasticProfile:
+class CostModel:
     """``t_io(bits)`` per shard and ``t_comp(m)`` per layer for one device, model and input length."""
     device: str                      # "host" or a preset name
     seq_len: int                     # padded input length the compute times hold for
@@ -78,7 +78,7 @@ class ElasticProfile:
         return {"format": PROFILE_FORMAT, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "ElasticProfile":
+    def from_dict(cls, raw: dict) -> "CostModel":
         raw = dict(raw)
         if raw.pop("format", None) != PROFILE_FORMAT:
             raise WorkbenchError("elastic profile has an unknown format; measure it again")
@@ -92,17 +92,17 @@ class ElasticProfile:
         return path
 
     @classmethod
-    def load(cls, path: Path | str) -> "ElasticProfile":
+    def load(cls, path: Path | str) -> "CostModel":
         try:
             raw = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise WorkbenchError(f"cannot read elastic profile {path}: {exc}") from exc
         return cls.from_dict(raw)
 
-    def replace_bits(self, keep) -> "ElasticProfile":
+    def replace_bits(self, keep) -> "CostModel":
         """The same profile restricted to the bitwidths in ``keep`` (for what-if studies and tests)."""
         keep = {int(b) for b in keep}
-        return ElasticProfile(self.device, self.seq_len, self.num_layers, self.num_shards,
+        return CostModel(self.device, self.seq_len, self.num_layers, self.num_shards,
                               {k: v for k, v in self.io_s.items() if k in keep}, self.comp_s,
                               {k: v for k, v in self.shard_bytes.items() if k in keep}, self.source, self.notes,
                               dict(self.extra))
@@ -174,41 +174,41 @@ def measure_compute(store, seq_len: int, repeats: int = 5, bits: int = 6) -> lis
     return out
 
 
-def measure_profile(store, seq_len: int, repeats: int = 5) -> ElasticProfile:
+def measure_cost_model(store, seq_len: int, repeats: int = 5) -> CostModel:
     """Measure ``t_io`` and ``t_comp`` for ``store`` on this machine."""
     io, dropped = measure_io(store, repeats)
     comp = measure_compute(store, seq_len, repeats)
     notes = ("reads after posix_fadvise(DONTNEED) on the layer file" if dropped else
              "page cache could not be dropped: reads may come from memory")
-    return ElasticProfile("host", seq_len, store.cfg.num_layers, store.cfg.num_heads, io, comp,
+    return CostModel("host", seq_len, store.cfg.num_layers, store.cfg.num_heads, io, comp,
                           _mean_shard_bytes(store), "measured", notes,
                           {"store": store.version, "repeats": repeats})
 
 
-def device_profile(device: str, store, seq_len: int) -> ElasticProfile:
+def device_cost_model(device: str, store, seq_len: int) -> CostModel:
     """An emulated preset's profile for ``store``'s model at ``seq_len`` (``host`` is measured and cached)."""
     from workbench.devices import LayerShape, get_profile
 
     if device == "host":
-        return host_elastic_profile(store, seq_len)
+        return host_cost_model(store, seq_len)
     dev = get_profile(device)
     cfg = store.cfg
     shape = LayerShape(cfg.hidden, cfg.num_heads, cfg.ffn, seq_len)
     nbytes = _mean_shard_bytes(store)
     io = {bits: dev.read_s(b) for bits, b in nbytes.items()}
     comp = [dev.layer_compute_s(m, shape) for m in range(1, cfg.num_heads + 1)]
-    return ElasticProfile(device, seq_len, cfg.num_layers, cfg.num_heads, io, comp, nbytes, "emulated",
+    return CostModel(device, seq_len, cfg.num_layers, cfg.num_heads, io, comp, nbytes, "emulated",
                           dev.source, {"store": store.version, "title": dev.title})
 
 
-def host_elastic_profile(store, seq_len: int, remeasure: bool = False) -> ElasticProfile:
+def host_cost_model(store, seq_len: int, remeasure: bool = False) -> CostModel:
     """The measured host profile for ``store`` at ``seq_len``, cached beside the store."""
     path = store.root / f"profile-host-{store.version}-T{seq_len}.json"
     if path.exists() and not remeasure:
         try:
-            return ElasticProfile.load(path)
+            return CostModel.load(path)
         except (WorkbenchError, TypeError, ValueError):
             print(f"workbench: {path} is damaged; measuring the host again")
-    profile = measure_profile(store, seq_len)
+    profile = measure_cost_model(store, seq_len)
     profile.save(path)
     return profile

@@ -1,0 +1,64 @@
+"""Argument types for the command line that check values before any work starts, in the user's units."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+
+def _number(text: str, unit: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of {unit}, got {text!r}")
+    return value
+
+
+def positive(unit: str):
+    """A float > 0, e.g. ``positive("ms")``; the error names the value and the unit."""
+    def parse(text: str) -> float:
+        value = _number(text, unit)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text} {unit}")
+        return value
+    parse.__name__ = f"number of {unit}"
+    return parse
+
+
+def non_negative(unit: str):
+    def parse(text: str) -> float:
+        value = _number(text, unit)
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text} {unit}")
+        return value
+    parse.__name__ = f"number of {unit}"
+    return parse
+
+
+def count(minimum: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = "whole number"
+    return parse
+
+
+def writable_file(text: str) -> Path:
+    """A path whose folder exists and is writable (checked now, so a long run cannot fail at its end)."""
+    path = Path(text).expanduser()
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return path

@@ -1,0 +1,82 @@
+"""What elastic pipelining (WRX) brings to the workbench: prepare steps, commands, benchmarks, page, notebooks."""
+from __future__ import annotations
+
+from workbench.data import TASKS
+from workbench.elastic import commands
+from workbench.mechanisms import Command, Dashboard, Mechanism, Notebook, PrepareStep
+
+ESTIMATES_S = {
+    # Measured on 2 cores from an empty cache (full) and in the test set-up (quick).
+    ("fine-tuning", "sentiment"): {"full": 399, "quick": 20}, ("fine-tuning", "bbc"): {"full": 428, "quick": 25},
+    ("store", "sentiment"): {"full": 11, "quick": 9}, ("store", "bbc"): {"full": 8, "quick": 9},
+    ("importance", "sentiment"): {"full": 111, "quick": 12}, ("importance", "bbc"): {"full": 323, "quick": 15},
+}
+
+
+def _fine_tune(task: str, preset: str, progress: bool, force: bool) -> str:
+    from workbench.elastic.artifacts import prepare_model
+
+    em = prepare_model(task, preset, progress=progress, force=force)
+    return f"full-model dev accuracy {100 * em.accuracy_grid[-1, -1]:.1f}% on {em.dev_examples} examples"
+
+
+def _build_store(task: str, preset: str, progress: bool, force: bool) -> str:
+    from workbench.elastic.artifacts import prepare_store
+
+    store = prepare_store(task, preset, progress=progress, force=force)
+    return f"{store.cfg.num_layers} x {store.cfg.num_heads} shards at {list(store.bitwidths)} bits"
+
+
+def _importance(task: str, preset: str, progress: bool, force: bool) -> str:
+    from workbench.elastic.artifacts import prepare_importance
+
+    imp = prepare_importance(task, preset, progress=progress)
+    return f"{imp.dev_examples} dev examples; all-{imp.low_bits}-bit accuracy {100 * imp.baseline_accuracy:.1f}%"
+
+
+def _ready(what: str, task: str, preset: str) -> bool:
+    from workbench.elastic import artifacts
+
+    return getattr(artifacts, f"{what}_ready")(task, preset)
+
+
+def _steps(preset: str) -> list[PrepareStep]:
+    steps = []
+    for task in TASKS:
+        for label, run, what, key in (("elastic fine-tuning", _fine_tune, "model", "fine-tuning"),
+                                      ("shard store", _build_store, "store", "store"),
+                                      ("shard importance", _importance, "importance", "importance")):
+            steps.append(PrepareStep(
+                name=f"{label}: {task}", task=task,
+                run=lambda preset, progress, force, run=run, task=task: run(task, preset, progress, force),
+                ready=lambda preset, what=what, task=task: _ready(what, task, preset),
+                estimate_s=ESTIMATES_S[(key, task)]))
+    return steps
+
+
+MECHANISM = Mechanism(
+    name="elastic",
+    title="Elastic pipelining (WRX)",
+    paper="WRX: an N x M x K sharded model, shard importance, a two-stage planner with AIBs, an IO/compute pipeline",
+    prepare_steps=_steps,
+    commands=(
+        Command(name="plan", help="plan one elastic-pipelining configuration", configure=commands.configure_plan,
+                top_level_alias=True),
+        Command(name="run", help="plan and run the pipeline for real on a text", configure=commands.configure_run,
+                top_level_alias=True),
+        Command(name="profile", help="measure a prepared model: shard importance, or a device's cost model",
+                configure=commands.configure_profile, top_level_alias=True),
+    ),
+    benchmarks={"elastic": "workbench.bench.elastic", "sharding": "workbench.bench.sharding"},
+    dashboard=Dashboard(
+        page="elastic.ipynb", title="Elastic pipelining (WRX)",
+        summary="target latency, preload buffer and device -> the chosen submodel, per-shard bitwidths, AIBs through "
+                "every allocation step, the IO/compute pipeline predicted and measured, accuracy vs memory",
+        requires=tuple(f"{what}: {task}" for task in TASKS
+                       for what in ("elastic fine-tuning", "shard store", "shard importance"))),
+    notebooks=(
+        Notebook(path="elastic_pipelining.ipynb", title="Elastic pipelining: a tutorial", kind="tutorial"),
+        Notebook(path="labs/elastic_lab.ipynb", title="Elastic pipelining: a teaching lab", kind="lab"),
+        Notebook(path="elastic_evaluation.ipynb", title="Elastic pipelining beside the paper", kind="evaluation"),
+    ),
+)

@@ -1,0 +1,107 @@
+"""How a mechanism plugs into the workbench: one declaration per package, one line here.
+
+Each mechanism package (``workbench.elastic``, later ``workbench.kvcache``, ...) has a
+module ``mechanism.py`` whose ``MECHANISM`` says what it brings: prepare steps, CLI
+commands (``workbench <name> ...``), benchmarks (``workbench bench NAME``), its dashboard
+(a gallery card and the Voila page) and its notebooks. ``workbench prepare``, the CLI,
+``workbench bench`` and the gallery are built from :func:`mechanisms`, so adding a
+mechanism adds its package and one line to :data:`REGISTERED`.
+
+Declarations stay cheap to import (no torch, no plotly): everything heavy is imported
+inside the functions they point to.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import import_module
+from typing import Callable, Literal
+
+REGISTERED: tuple[str, ...] = (
+    "workbench.elastic.mechanism",
+)
+"""Modules that define a ``MECHANISM``; the one line a new mechanism adds."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareStep:
+    """One resumable piece of `workbench prepare`, skipped when its artifact is already intact."""
+    name: str                                   # shown in progress and the gallery, e.g. "elastic fine-tuning: bbc"
+    run: Callable[[str, bool, bool], str | None]   # run(preset, progress, force) -> a one-line summary; cached
+    ready: Callable[[str], bool]                # ready(preset): is the artifact there and whole, without building it?
+    task: str | None = None                     # the task it serves (``prepare --tasks`` filters on it)
+    estimate_s: dict[str, float] = field(default_factory=dict)   # preset -> seconds on 2 cores (measured)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """``workbench <mechanism> <name> ...``; ``configure`` adds arguments and ``set_defaults(func=...)``."""
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    top_level_alias: bool = False               # also ``workbench <name>`` (commands from before mechanisms had groups)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dashboard:
+    """A gallery card and the Voila page it opens (a notebook in ``dashboards/``)."""
+    page: str                                   # e.g. "elastic.ipynb"
+    title: str
+    summary: str                                # one line on the card
+    requires: tuple[str, ...] = ()              # names of the prepare steps whose artifacts the page reads
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notebook:
+    path: str                                   # relative to the repository's notebooks/
+    title: str
+    kind: Literal["tutorial", "lab", "evaluation"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mechanism:
+    name: str                                   # CLI group and package name, e.g. "elastic"
+    title: str                                  # e.g. "Elastic pipelining (WRX)"
+    paper: str                                  # the paper it implements, in a few words
+    prepare_steps: Callable[[str], list[PrepareStep]] = lambda preset: []
+    commands: tuple[Command, ...] = ()
+    benchmarks: dict[str, str] = field(default_factory=dict)      # bench name -> module with run(args)
+    dashboard: Dashboard | None = None
+    notebooks: tuple[Notebook, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """A mechanism the workbench will implement; listed in the gallery as coming until one registers its name."""
+    name: str
+    title: str
+    summary: str
+
+
+PLANNED: tuple[Planned, ...] = (
+    Planned(name="kvcache", title="LLM context service (LLMS)",
+            summary="chunked KV-cache contexts, compressed by tolerance, swapped and recomputed, evicted by LCTRU"),
+    Planned(name="partition", title="Position-wise partitioning (Voltage)",
+            summary="each layer split over devices by position, attention order chosen, one All-Gather per layer"),
+    Planned(name="partition", title="Heterogeneous partitioning (Hepti)",
+            summary="three weight-stationary modes and LP-based workload shares over unequal edge devices"),
+    Planned(name="earlyexit", title="Early-exit serving (E3)",
+            summary="layer blocks split and replicated over GPUs to keep batches full as samples exit"),
+)
+
+
+@lru_cache(maxsize=None)
+def mechanisms() -> tuple[Mechanism, ...]:
+    """Every registered mechanism, in registration order."""
+    found = tuple(import_module(path).MECHANISM for path in REGISTERED)
+    names = [m.name for m in found]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two mechanisms share a name: {names}")
+    return found
+
+
+def planned() -> tuple[Planned, ...]:
+    """The planned mechanisms not registered yet."""
+    have = {m.name for m in mechanisms()}
+    return tuple(p for p in PLANNED if p.name not in have)

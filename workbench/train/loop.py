@@ -1,0 +1,52 @@
+"""The fine-tuning loop every mechanism trains with: AdamW, linear warm-up then linear decay."""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from workbench.progress import progress_bar
+
+
+def warmup_linear(step: int, total: int, warmup: int) -> float:
+    """Learning-rate factor at ``step``: linear warm-up over ``warmup`` steps, then linear decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def adamw(model: torch.nn.Module, lr: float, head_lr: float | None = None,
+          weight_decay: float = 0.01) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; parameters named ``head.*`` (a fresh classifier) get ``head_lr``."""
+    body = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
+    head = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith("head.")]
+    groups = [{"params": body, "lr": lr, "base_lr": lr}]
+    if head:
+        groups.append({"params": head, "lr": head_lr or lr, "base_lr": head_lr or lr})
+    return torch.optim.AdamW(groups, weight_decay=weight_decay)
+
+
+def train_steps(model: torch.nn.Module, batches: Iterator, steps: int, optimizer: torch.optim.Optimizer,
+                step_loss: Callable[[torch.nn.Module, tuple], torch.Tensor], desc: str = "training",
+                progress: bool = True, warmup_fraction: float = 0.1) -> list[float]:
+    """Run ``steps`` optimizer steps; returns the loss of each.
+
+    ``step_loss(model, batch)`` computes the step's loss and calls ``backward`` on
+    whatever it trains (one loss, or several as the sandwich rule does); its returned
+    value is what the progress bar and the returned list show.
+    """
+    warmup = max(1, int(steps * warmup_fraction))
+    losses: list[float] = []
+    model.train()
+    with progress_bar(total=steps, desc=desc, enabled=progress) as bar:
+        for step in range(steps):
+            factor = warmup_linear(step, steps, warmup)
+            for group in optimizer.param_groups:
+                group["lr"] = group["base_lr"] * factor
+            optimizer.zero_grad(set_to_none=True)
+            loss = step_loss(model, next(batches))
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            bar.update(1, loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
