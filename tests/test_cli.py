@@ -46,7 +46,9 @@ def test_unwritable_cache_is_named(tmp_path):
 
 
 def test_voila_command_binds_loopback_and_culls_kernels():
-    cmd = cli.voila_command(8999)
+    from workbench.serving import voila_command
+
+    cmd = voila_command(8999)
     assert "--Voila.ip=127.0.0.1" in cmd and "--port=8999" in cmd
     assert "--MappingKernelManager.cull_idle_timeout=300" in cmd
 

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 from workbench.errors import WorkbenchError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DASHBOARDS_DIR = REPO_ROOT / "dashboards"
 
 
 def _cmd_prepare(args) -> int:
@@ -38,27 +34,9 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = False) -> list[str]:
-    """The Voila server command for the gallery: loopback only, idle kernels culled.
-
-    ``preheat`` keeps one started kernel per dashboard (first page in about 6 s instead of
-    about 14 s), but with Voila 0.5.13 a preheated page's widgets stop reacting (the server
-    refuses the page's POST for want of an XSRF token), so it is off by default.
-    """
-    cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-           "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
-    if preheat:
-        cmd += ["--preheat_kernel=True", "--pool_size=1", "--VoilaKernelManager.preheat_denylist=['index.ipynb']"]
-    return cmd
-
-
 def _cmd_dashboards(args) -> int:
+    from workbench.serving import DASHBOARDS_DIR, free_port, voila_command
+
     port = args.port or free_port()
     cmd = voila_command(port, preheat=args.preheat)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",

@@ -50,6 +50,17 @@ class Dashboard:
     title: str
     summary: str                                # one line on the card
     requires: tuple[str, ...] = ()              # names of the prepare steps whose artifacts the page reads
+    probe_control: str = ""                     # label of a slider `workbench bench browser` moves ...
+    probe_figure: str = ""                      # ... and the figure slot whose redraw it times
+
+
+OVERVIEW = Dashboard(
+    page="overview.ipynb", title="Overview",
+    summary="the shipped models and tasks, the accuracy of every n x m elastic submodel, device profiles with "
+            "per-layer IO and compute times",
+    requires=("elastic fine-tuning: sentiment", "elastic fine-tuning: bbc"),
+    probe_control="Shard bits", probe_figure="times")
+"""The shared page every gallery lists first (not a mechanism of its own)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,14 +102,24 @@ PLANNED: tuple[Planned, ...] = (
 )
 
 
-@lru_cache(maxsize=None)
-def mechanisms() -> tuple[Mechanism, ...]:
-    """Every registered mechanism, in registration order."""
-    found = tuple(import_module(path).MECHANISM for path in REGISTERED)
+def load_registered(paths: tuple[str, ...]) -> tuple[Mechanism, ...]:
+    """The ``MECHANISM`` of each module in ``paths``; two with one name are refused."""
+    found = tuple(import_module(path).MECHANISM for path in paths)
     names = [m.name for m in found]
     if len(set(names)) != len(names):
         raise RuntimeError(f"two mechanisms share a name: {names}")
     return found
+
+
+@lru_cache(maxsize=None)
+def mechanisms() -> tuple[Mechanism, ...]:
+    """Every registered mechanism, in registration order."""
+    return load_registered(REGISTERED)
+
+
+def dashboards() -> tuple[Dashboard, ...]:
+    """The overview and every registered mechanism's page, in gallery order."""
+    return (OVERVIEW, *(m.dashboard for m in mechanisms() if m.dashboard is not None))
 
 
 def planned() -> tuple[Planned, ...]:

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.cache import cache_dir, write_json
-from workbench.mechanisms import PrepareStep, mechanisms
+from workbench import mechanisms as registry
+from workbench.mechanisms import PrepareStep
 from workbench.presets import check_preset
 
 
@@ -98,7 +99,7 @@ def steps(preset: str, tasks: list[str] | None = None, measure_host: bool = True
     """Every step `workbench prepare` runs for ``preset``, in order (mechanisms' steps filtered by ``tasks``)."""
     check_preset(preset)
     found = list(SHARED_STEPS)
-    for mechanism in mechanisms():
+    for mechanism in registry.mechanisms():
         found += [s for s in mechanism.prepare_steps(preset) if tasks is None or s.task is None or s.task in tasks]
     found += [s for s in LAST_STEPS if measure_host or s.name != "host profile"]
     return found

@@ -2,72 +2,33 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from workbench.cli import DASHBOARDS_DIR, free_port, voila_command
+from workbench.serving import chromium, free_port
+from workbench.serving import voila_server as serve
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-def _wait_for_http(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"voila exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"{url} did not answer in {timeout_s} s")
 
 
 @pytest.fixture(scope="session")
 def voila_server(prepared):
-    """Serve the gallery like `workbench dashboards` does; stop it by its process id afterwards."""
-    port = free_port()
+    """Serve the gallery like `workbench dashboards` does; stopped (with its kernels) by process group afterwards."""
     ARTIFACTS.mkdir(exist_ok=True)
-    log = open(ARTIFACTS / "voila.log", "w")
-    proc = subprocess.Popen(voila_command(port), cwd=DASHBOARDS_DIR, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "WORKBENCH_PRESET": os.environ.get("WORKBENCH_PRESET", "quick")})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_http(f"{base}/voila/render/index.ipynb", proc)
+    port = free_port()
+    with serve(port, log_path=ARTIFACTS / "voila.log",
+                      env={"WORKBENCH_PRESET": os.environ.get("WORKBENCH_PRESET", "quick")}) as base:
         yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0, "voila still listening after being stopped"
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "voila still listening after being stopped"
 
 
 @pytest.fixture(scope="session")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium with apt")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
@@ -87,3 +48,18 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+def assert_figures_visible(page, names, min_px: int = 200, timeout_ms: int = 180_000) -> None:
+    """Each named figure is drawn, and seen: at least ``min_px`` high and wide, inside the viewport once
+    scrolled to (a figure clipped to 0 px by its container fails here)."""
+    for name in names:
+        figure = page.locator(f".wb-figure[data-name='{name}'][data-revision] .main-svg").first
+        figure.wait_for(timeout=timeout_ms)
+        figure.scroll_into_view_if_needed()
+        box = figure.bounding_box()
+        viewport = page.viewport_size
+        assert box is not None, f"figure {name!r} has no box"
+        assert box["height"] >= min_px and box["width"] >= min_px, f"figure {name!r} is {box['width']}x{box['height']} px"
+        assert 0 <= box["y"] and box["y"] + min_px <= viewport["height"], f"figure {name!r} is outside the viewport: {box}"
+        assert figure.is_visible(), f"figure {name!r} is hidden"

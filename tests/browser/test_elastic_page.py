@@ -1,6 +1,7 @@
 """The elastic-pipelining page in Debian's chromium: move the target slider, see the engine's new plan."""
 import time
 
+from tests.browser.conftest import assert_figures_visible
 from tests.conftest import PRESET
 from workbench.elastic.artifacts import load_importance
 from workbench.elastic.planner import plan_elastic
@@ -20,7 +21,7 @@ def test_target_slider_replans_gantt_and_submodel(voila_server, page):
     started = time.perf_counter()
     page.goto(f"{voila_server}/voila/render/elastic.ipynb", timeout=PAGE_TIMEOUT_MS)
     page.locator(".wb-submodel").wait_for(timeout=PAGE_TIMEOUT_MS)
-    page.locator(".js-plotly-plot .barlayer").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, ["importance", "candidates", "aib", "gantt", "memory"])
     print(f"\ncold page load until the plan shows: {time.perf_counter() - started:.1f} s")
     first = engine_plan(200)
     assert f"Submodel {first.n} x {first.m}" in page.locator(".wb-submodel").inner_text()

@@ -1,6 +1,7 @@
 """The overview page, served by Voila and driven in Debian's chromium."""
 import time
 
+from tests.browser.conftest import assert_figures_visible
 from workbench.devices import DISTILBERT, get_profile
 
 PAGE_TIMEOUT_MS = 180_000
@@ -18,9 +19,7 @@ def test_overview_renders_and_reacts_to_the_device_control(voila_server, page):
     started = time.perf_counter()
     page.goto(f"{voila_server}/voila/render/overview.ipynb", timeout=PAGE_TIMEOUT_MS)
     page.locator(".wb-task-info").wait_for(timeout=PAGE_TIMEOUT_MS)
-    page.locator(".js-plotly-plot .heatmaplayer").first.wait_for(timeout=PAGE_TIMEOUT_MS)
-    # both figures drawn before the control is moved
-    page.locator(".js-plotly-plot .barlayer").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, ["grid", "times"])          # both drawn and seen before any control moves
     print(f"\ncold page load until both figures show: {time.perf_counter() - started:.1f} s")
     assert "Odroid-N2+" in page.locator(".wb-device-info").inner_text()
 

@@ -1,11 +1,22 @@
 """The Panel pattern: browser changes are coalesced, Python changes apply at once, errors stay inline."""
 import asyncio
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import ipywidgets as widgets
+import plotly.graph_objects as go
+import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.ui.base import SETTLE_S, Panel
+from workbench.ui.base import SETTLE_S, BackgroundRun, Panel
+
+
+def in_event_loop(coro):
+    """Run ``coro`` on a fresh event loop in its own thread (as the kernel's loop would), so no loop left
+    running by another test (Playwright's) is in the way."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 class Echo(Panel):
@@ -42,9 +53,7 @@ def test_a_burst_of_browser_changes_runs_one_update_with_the_latest_value():
         panel.slider.set_state({"value": 50})
         await asyncio.sleep(SETTLE_S * 4)
 
-    # A thread of its own, so no event loop left running by another test (Playwright's) is in the way.
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, burst()).result()
+    in_event_loop(burst())
     assert panel.seen == [40, 50]
     assert panel.updates_run == 2
 
@@ -55,3 +64,113 @@ def test_an_error_shows_inline_and_clears_on_the_next_good_value():
     assert "13 is not allowed" in panel.message.value and "Traceback" not in panel.message.value
     panel.slider.value = 14
     assert panel.message.value == "" and panel.seen[-1] == 14
+
+
+class Broken(Panel):
+    """An update with a bug in it (an exception that is not a WorkbenchError)."""
+
+    def __init__(self):
+        super().__init__()
+        self.slider = widgets.IntSlider(value=0)
+        self.observe_controls(self.slider)
+
+    def _refresh(self):
+        if self.slider.value:
+            {}["missing"]
+
+
+def test_a_bug_shows_as_an_internal_error_with_its_traceback_and_is_logged(caplog):
+    panel = Broken()
+    with caplog.at_level(logging.ERROR, logger="workbench.ui"):
+        panel.slider.value = 1
+    assert "internal error: KeyError: &#x27;missing&#x27;" in panel.message.value
+    assert "<details><summary>traceback</summary>" in panel.message.value and "_refresh" in panel.message.value
+    assert any("internal error" in r.message for r in caplog.records)
+    panel.slider.value = 0
+    assert panel.message.value == ""
+
+
+class Runner(Panel):
+    """A panel with a background run whose work counts up until cancelled or done."""
+
+    def __init__(self, steps=5, fail=None):
+        super().__init__()
+        self.steps, self.fail, self.done = steps, fail, []
+        self.release = threading.Event()
+        self.runner = BackgroundRun(self, "Go", self._work, self._finished)
+        self.children = [self.runner, self.message]
+
+    def _work(self, handle):
+        self.thread = threading.current_thread().name
+        count = 0
+        for i in range(self.steps):
+            if handle.should_stop():
+                break
+            self.release.wait(5)
+            count += 1
+            handle.progress(i + 1, self.steps)
+        if self.fail is not None:
+            raise self.fail
+        return count
+
+    def _finished(self, result, cancelled):
+        self.done.append((result, cancelled, threading.current_thread().name))
+
+
+def test_background_run_reports_progress_on_the_loop_and_counts_runs():
+    panel = Runner(steps=4)
+    panel.release.set()
+
+    async def go():
+        panel.runner.button.click()
+        assert panel.runner.running and panel.runner.button.disabled
+        while panel.runner.running:
+            await asyncio.sleep(0.01)
+        return threading.current_thread().name
+
+    loop_thread = in_event_loop(go())
+    assert panel.thread == "workbench-run" and panel.done == [(4, False, loop_thread)]
+    assert panel.runner.bar.value == 4 and panel.runner.bar.max == 4
+    assert "1 run<" in panel.runner.counter.value and not panel.runner.button.disabled
+    assert panel.runner.bar.layout.visibility == "hidden" and panel.message.value == ""
+
+
+def test_cancel_stops_the_work_and_a_second_start_is_refused_while_running():
+    panel = Runner(steps=1000)
+
+    async def go():
+        panel.runner.button.click()
+        await asyncio.sleep(0.05)
+        panel.runner.start()                        # a second start while the first runs
+        assert "a run is already in progress" in panel.runner.message.value
+        panel.runner.cancel_button.click()
+        panel.release.set()
+        while panel.runner.running:
+            await asyncio.sleep(0.01)
+
+    in_event_loop(go())
+    [(count, cancelled, _)] = panel.done
+    assert cancelled and count < 1000
+    assert "cancelled" in panel.runner.status.value and panel.runner.message.value == ""
+
+
+@pytest.mark.parametrize("error, shown", [(WorkbenchError("no plan to run"), "no plan to run"),
+                                          (ZeroDivisionError("boom"), "internal error: ZeroDivisionError: boom")])
+def test_errors_of_background_work_show_beside_its_button(error, shown):
+    panel = Runner(steps=1, fail=error)
+    panel.release.set()
+    panel.runner.button.click()                     # no event loop here: runs at once in this thread
+    assert shown in panel.runner.message.value and panel.message.value == ""
+    assert panel.done == [] and "failed" in panel.runner.status.value
+
+
+def test_figures_are_redrawn_in_place_by_one_view_per_slot():
+    panel = Panel()
+    view = panel.figure_slot("f")
+    first = panel.show_figure("f", go.Figure(go.Bar(y=[1, 2]), layout={"title": {"text": "one"}, "height": 250}))
+    panel.show_if_changed("f", "k", lambda: go.Figure(go.Bar(y=[3]), layout={"title": {"text": "two"}}))
+    panel.show_if_changed("f", "k", lambda: pytest.fail("same key: not rebuilt"))
+    assert panel.figure_slot("f") is view and view.revision == 2
+    assert view.figure["layout"]["title"]["text"] == "two" and view.figure["data"][0]["y"] == [3]
+    assert panel.figures["f"] is view.last and first.layout.title.text == "one"
+    assert view.library is panel.figure_slot("g").library          # plotly.js shipped once per kernel

@@ -10,8 +10,8 @@ from workbench.viz import (accuracy_memory_figure, aib_figure, candidates_figure
 
 
 def figure6():
-    prof = CostModel("fig6", 64, 2, 3, {2: 0.2, 3: 0.3, 4: 0.4, 32: 1.6}, [1.0, 1.0, 1.0],
-                          {2: 2, 3: 3, 4: 4, 32: 32})
+    prof = CostModel(device="fig6", seq_len=64, num_layers=2, num_shards=3, io_s={2: 0.2, 3: 0.3, 4: 0.4, 32: 1.6},
+                     comp_s=[1.0, 1.0, 1.0], shard_bytes={2: 2, 3: 3, 4: 4, 32: 32})
     imp = np.array([[0.1, 0.1, 0.1], [0.5, 0.9, 0.7]])
     return prof, imp
 
@@ -57,10 +57,15 @@ def test_gantt_overlays_measured_on_predicted():
 
 
 def test_accuracy_memory_figure_uses_a_log_axis_and_one_cell():
-    cells = [CellResult("odroid-n2", 200.0, m, 3, 4, 6.0, acc, mem, 40.0, mem + 40.0, 190.0, 195.0, 196.0, 5, True,
-                        1.0) for m, acc, mem in (("Ours", 0.85, 1.0), ("PreloadModel-32", 0.86, 42.0))]
-    cells.append(CellResult("jetson-nano", 200.0, "Ours", 3, 12, 6.0, 0.5, 1, 40, 41, 1, 1, 1, 1, True, 1))
-    cells.append(CellResult("odroid-n2", 200.0, "Load&Exec", 3, 3, 32.0, 0.7, 0.0, 40, 40, 1, 1, 1, 1, True, 1))
+    def cell(device, method, n, m, bits, acc, mem):
+        return CellResult(device=device, target_ms=200.0, method=method, n=n, m=m, mean_bits=bits, accuracy=acc,
+                          preload_mb=mem, resident_mb=40.0, memory_mb=mem + 40.0, predicted_ms=190.0,
+                          measured_ms=195.0, measured_max_ms=196.0, runs=5, valid=True, plan_ms=1.0)
+
+    cells = [cell("odroid-n2", m, 3, 4, 6.0, acc, mem) for m, acc, mem in (("Ours", 0.85, 1.0),
+                                                                          ("PreloadModel-32", 0.86, 42.0))]
+    cells.append(cell("jetson-nano", "Ours", 3, 12, 6.0, 0.5, 1.0))
+    cells.append(cell("odroid-n2", "Load&Exec", 3, 3, 32.0, 0.7, 0.0))
     fig = accuracy_memory_figure(cells, 200, "odroid-n2", gold=0.87)
     assert fig.layout.xaxis.type == "log"
     assert [(t.name, t.x[0], t.y[0]) for t in fig.data] == [("Ours", 1.0, 85.0), ("PreloadModel-32", 42.0, 86.0),
@@ -70,7 +75,8 @@ def test_accuracy_memory_figure_uses_a_log_axis_and_one_cell():
 
 
 def test_candidates_figure_marks_the_choice():
-    prof = CostModel("cpu", 64, 4, 4, {2: 0.001}, [0.01, 0.02, 0.03, 0.04], {2: 1})
+    prof = CostModel(device="cpu", seq_len=64, num_layers=4, num_shards=4, io_s={2: 0.001},
+                     comp_s=[0.01, 0.02, 0.03, 0.04], shard_bytes={2: 1})
     plan = plan_elastic(prof, 0.09, np.ones((4, 4)), 0, min_width=1)
     fig = candidates_figure(plan.compute)
     heat = fig.data[0]

@@ -73,7 +73,8 @@ MECHANISM = Mechanism(
         summary="target latency, preload buffer and device -> the chosen submodel, per-shard bitwidths, AIBs through "
                 "every allocation step, the IO/compute pipeline predicted and measured, accuracy vs memory",
         requires=tuple(f"{what}: {task}" for task in TASKS
-                       for what in ("elastic fine-tuning", "shard store", "shard importance"))),
+                       for what in ("elastic fine-tuning", "shard store", "shard importance")),
+        probe_control="Target (ms)", probe_figure="gantt"),
     notebooks=(
         Notebook(path="elastic_pipelining.ipynb", title="Elastic pipelining: a tutorial", kind="tutorial"),
         Notebook(path="labs/elastic_lab.ipynb", title="Elastic pipelining: a teaching lab", kind="lab"),

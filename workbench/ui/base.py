@@ -1,94 +1,132 @@
 """The pattern every dashboard follows.
 
-A :class:`Panel` is a VBox whose controls all call one ``refresh()``: it reads the
-controls, calls the engine and hands the result to pure figure builders; Python
-work happens once per settled value. Errors the user can act on appear as a
-readable message in the panel, never as a traceback in the page.
+A :class:`Panel` is a VBox whose controls call small update methods: each reads the
+controls, calls the engine and hands the result to pure figure builders, whose figures
+are drawn by the panel's in-place figure views (:mod:`workbench.ui.figure`).
 
-Figures are shown by ``show_figure``, which displays the figure's JSON in an
-``Output`` widget under Plotly's own MIME type (``application/vnd.plotly.v1+json``,
-rendered by the jupyterlab-plotly extension in JupyterLab and Voila). Two
-alternatives were measured and rejected: Plotly 7's ``FigureWidget`` updated in
-place loses updates under anywidget (each update sets a ``_py2js_*`` trait to the
-message and at once back to ``None``; when both land together the browser never
-sees it: about 1 run in 3 in the browser test), and a new ``FigureWidget`` per
-update ships its 4.6 MB JavaScript bundle each time (8 s from a slider release to
-the redrawn page here). The MIME payload is a few kilobytes and is drawn at once.
-``self.figures[name]`` keeps the last ``go.Figure`` shown, for tests and notebooks.
+Errors. An update that raises :class:`~workbench.errors.WorkbenchError` (something the
+user can act on) shows its message in the message slot placed beside the controls that
+trigger it (:meth:`Panel.message_slot`), until the update next succeeds. Any other
+exception is a bug: it shows as "internal error" with the traceback in a collapsed
+details element and is logged, never disguised as a user error.
 
-Stale work never piles up. The browser side already keeps at most one state message per widget in
-flight and merges later values into the next one (12 arrow-key steps on a slider reached the
-kernel as 2 changes in the browser test). On the kernel side, a change from the browser only marks
-its update as pending; a flush runs ``SETTLE_S`` later on the kernel's event loop, once, with the
-latest values, so changes to several controls that arrive together cost one engine call. Changes
-made from Python (notebooks, tests) apply at once, so the next line sees their result.
+Stale work never piles up. The browser keeps at most one state message per widget in
+flight and merges later values into the next one. On the kernel side, a change from the
+browser only marks its update as pending; a flush runs ``SETTLE_S`` later on the
+kernel's event loop, once, with the latest values, so changes to several controls that
+arrive together cost one engine call. Changes made from Python (notebooks, tests) apply
+at once, so the next line sees their result.
+
+Long work runs off the kernel's main thread in a :class:`BackgroundRun` (a button, a
+progress bar with the time left, Cancel and a run counter), so the page stays live.
 """
 from __future__ import annotations
 
 import asyncio
 import html
-import json
+import logging
+import threading
+import time
+import traceback
+from typing import Any, Callable
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
+from workbench.ui.figure import DEFAULT_HEIGHT_PX, FigureView
 
 SETTLE_S = 0.03
-ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px"
+ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px;margin:2px 0"
+log = logging.getLogger("workbench.ui")
+
+Update = Callable[[], None]
+
+
+def error_html(exc: BaseException) -> str:
+    """How an exception reads in a page: a user error as its message, anything else as an internal error."""
+    if isinstance(exc, WorkbenchError):
+        return f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(str(exc))}</div>"
+    trace = "".join(traceback.format_exception(exc))
+    return (f"<div class='wb-error wb-internal-error' style='{ERROR_STYLE}'>internal error: "
+            f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))} (a bug in the workbench; please report it)"
+            f"<details><summary>traceback</summary><pre style='white-space:pre-wrap;font-size:11px'>"
+            f"{html.escape(trace)}</pre></details></div>")
 
 
 class Panel(widgets.VBox):
-    """Base class: subclasses build controls and figures, then implement ``_refresh``."""
+    """Base class: subclasses build controls and figure slots, then implement ``_refresh``."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.message = widgets.HTML(value="", layout=widgets.Layout(min_height="0px"))
-        self.figures: dict[str, go.Figure] = {}
-        self._slots: dict[str, widgets.Output] = {}
-        self._errors: dict[str, str] = {}      # update name -> its last error message
-        self._keys: dict[str, object] = {}      # figure name -> key of what it shows
-        self._message_slots: dict[str, widgets.HTML] = {}   # update name -> where its errors show
-        self._pending: dict[str, object] = {}    # update name -> update waiting for the flush
+        self._views: dict[str, FigureView] = {}
+        self._keys: dict[str, object] = {}                       # figure name -> key of what it shows
+        self._errors: dict[Update, str] = {}                     # update -> html of its last error
+        self._message_slots: dict[Update, widgets.HTML] = {}     # update -> where its errors show
+        self._pending: dict[Update, None] = {}                   # updates waiting for the flush, in order
         self._flush_handle = None
         self.updates_run = 0          # engine updates actually run (the coalescing test counts them)
 
-    def figure_slot(self, name: str) -> widgets.Output:
-        """A placeholder in the layout where figure ``name`` appears once first drawn."""
-        return self._slots.setdefault(name, widgets.Output(layout=widgets.Layout(width="100%")))
+    # -- figures
+
+    @property
+    def figures(self) -> dict[str, go.Figure]:
+        """The last figure shown in each slot (for tests and notebooks)."""
+        return {name: view.last for name, view in self._views.items() if view.last is not None}
+
+    def figure_slot(self, name: str, height: int = DEFAULT_HEIGHT_PX) -> FigureView:
+        """The view where figure ``name`` is drawn; created once and redrawn in place."""
+        if name not in self._views:
+            self._views[name] = FigureView(name=name, height=height)
+        return self._views[name]
 
     def show_figure(self, name: str, figure: go.Figure) -> go.Figure:
-        """Draw ``figure`` in slot ``name``, replacing what was drawn there."""
-        self.figures[name] = figure
-        payload = json.loads(figure.to_json())
-        payload["config"] = {"displaylogo": False, "responsive": True}
-        title = figure.layout.title.text or name
-        # Setting ``outputs`` directly (not ``with slot: display(...)``) also works from a worker thread.
-        self.figure_slot(name).outputs = ({"output_type": "display_data", "metadata": {}, "data": {
-            "application/vnd.plotly.v1+json": payload, "text/plain": f"<figure: {title}>"}},)
-        return figure
+        """Draw ``figure`` in slot ``name``."""
+        self._keys.pop(name, None)
+        return self.figure_slot(name).show(figure)
 
-    def show_if_changed(self, name: str, key, build) -> None:
-        """Show ``build()`` in slot ``name`` unless the figure there already shows ``key``."""
-        if name in self.figures and self._keys.get(name) == key:
+    def show_if_changed(self, name: str, key, build: Callable[[], go.Figure]) -> None:
+        """Draw ``build()`` in slot ``name`` unless it already shows ``key``."""
+        if name in self._keys and self._keys[name] == key:
             return
-        self.show_figure(name, build())
+        self.figure_slot(name).show(build())
         self._keys[name] = key
 
-    def message_slot(self, *updates) -> widgets.HTML:
-        """An error area for ``updates`` (methods), to place beside the controls that trigger them."""
+    # -- errors
+
+    def message_slot(self, *updates: Update) -> widgets.HTML:
+        """An error area for ``updates`` (bound methods), to place beside the controls that trigger them."""
         slot = widgets.HTML(value="", layout=widgets.Layout(min_height="0px"))
         for update in updates:
-            self._message_slots[update.__name__] = slot
+            self._message_slots[update] = slot
         return slot
 
-    def observe_controls(self, *controls: widgets.Widget, update=None) -> None:
+    def _show_errors(self) -> None:
+        slots = {id(self.message): self.message, **{id(w): w for w in self._message_slots.values()}}
+        for key, slot in slots.items():
+            slot.value = "".join(text for update, text in self._errors.items()
+                                 if id(self._message_slots.get(update, self.message)) == key)
+
+    def report(self, update: Update, exc: BaseException | None) -> None:
+        """Record how ``update`` ended (None: success) and redraw the message slots."""
+        if exc is None:
+            self._errors.pop(update, None)
+        else:
+            if not isinstance(exc, WorkbenchError):
+                log.error("internal error in %s", getattr(update, "__qualname__", update), exc_info=exc)
+            self._errors[update] = error_html(exc)
+        self._show_errors()
+
+    # -- updates
+
+    def observe_controls(self, *controls: widgets.Widget, update: Update | None = None) -> None:
         """Call ``update`` (default: the whole ``_refresh``) whenever one of ``controls`` changes."""
         update = update or self._refresh
         for control in controls:
             control.observe(lambda _change, c=control: self._changed(c, update), names="value")
 
-    def _changed(self, control: widgets.Widget, update) -> None:
+    def _changed(self, control: widgets.Widget, update: Update) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -97,35 +135,149 @@ class Panel(widgets.VBox):
         if loop is None or not control._property_lock:
             self.refresh(update)
             return
-        self._pending[update.__name__] = update
+        self._pending[update] = None
         if self._flush_handle is None:
             self._flush_handle = loop.call_later(SETTLE_S, self._flush)
 
     def _flush(self) -> None:
         """Run each pending update once, with the controls' latest values."""
         self._flush_handle = None
-        pending, self._pending = self._pending, {}
-        if "_refresh" in pending:                  # the full refresh covers every partial one
-            pending = {"_refresh": pending["_refresh"]}
-        for update in pending.values():
+        pending, self._pending = list(self._pending), {}
+        if self._refresh in pending:                  # the full refresh covers every partial one
+            pending = [self._refresh]
+        for update in pending:
             self.refresh(update)
 
-    def refresh(self, update=None) -> None:
-        """Run ``update`` (default ``_refresh``); a user-facing error it raises shows inline until it next succeeds."""
+    def refresh(self, update: Update | None = None) -> None:
+        """Run ``update`` (default ``_refresh``) and show how it ended."""
         update = update or self._refresh
         self.updates_run += 1
         try:
             update()
-        except (WorkbenchError, ValueError) as exc:
-            self._errors[update.__name__] = str(exc)
+        except Exception as exc:                      # shown in the page: a user error, or a bug with its trace
+            self.report(update, exc)
         else:
-            self._errors.pop(update.__name__, None)
-        slots = {id(self.message): self.message, **{id(w): w for w in self._message_slots.values()}}
-        for key, slot in slots.items():
-            texts = [text for name, text in self._errors.items()
-                     if id(self._message_slots.get(name, self.message)) == key]
-            slot.value = "".join(f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(text)}</div>"
-                                 for text in texts)
+            self.report(update, None)
 
     def _refresh(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class RunHandle:
+    """What work running in a :class:`BackgroundRun` sees: progress reporting and the Cancel flag."""
+
+    def __init__(self, run: "BackgroundRun"):
+        self._run = run
+        self.cancelled = threading.Event()
+
+    def progress(self, done: int, total: int) -> None:
+        """Report ``done`` of ``total`` units (the bar shows it with the time left)."""
+        self._run._post(self._run._show_progress, done, total)
+
+    def should_stop(self) -> bool:
+        return self.cancelled.is_set()
+
+
+class BackgroundRun(widgets.HBox):
+    """A button that runs ``work(handle)`` off the kernel's main thread, with progress, Cancel and a counter.
+
+    ``work`` runs in a worker thread and must touch no widget: it reports through its
+    :class:`RunHandle`. Its result goes to ``on_done(result, cancelled)`` on the kernel's
+    event loop, where widgets may change. Errors go to the owning panel's message slot
+    for ``work`` (user errors inline; anything else as an internal error, logged). The
+    state shared by the two threads (the running flag and the counter) is guarded by a
+    lock. Without an event loop (a plain Python session, the tests) the work runs at
+    once, in the calling thread.
+    """
+
+    def __init__(self, panel: Panel, label: str, work: Callable[[RunHandle], Any],
+                 on_done: Callable[[Any, bool], None], icon: str = "play"):
+        self.panel, self.work, self.on_done = panel, work, on_done
+        self.button = widgets.Button(description=label, button_style="primary", icon=icon,
+                                     tooltip="runs in the background; the page stays live")
+        self.bar = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="160px",
+                                                                                    visibility="hidden"))
+        self.status = widgets.HTML("", layout=widgets.Layout(min_width="0px"))
+        self.cancel_button = widgets.Button(description="Cancel", icon="stop",
+                                            layout=widgets.Layout(visibility="hidden"))
+        self.counter = widgets.HTML("<span class='wb-run-count'>0 runs</span>")
+        self.message = panel.message_slot(work)
+        self._lock = threading.Lock()
+        self._handle: RunHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = 0.0
+        self.runs_finished = 0
+        self.button.on_click(lambda _b: self.start())
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        super().__init__([self.button, self.bar, self.status, self.cancel_button, self.counter, self.message])
+
+    @property
+    def running(self) -> bool:
+        with self._lock:
+            return self._handle is not None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self.panel.report(self.work, WorkbenchError("a run is already in progress; cancel it or wait for it"))
+                return
+            handle = self._handle = RunHandle(self)
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._started = time.monotonic()
+        self.button.disabled = True
+        self.bar.value, self.bar.max = 0, 1
+        self.bar.layout.visibility = self.cancel_button.layout.visibility = "visible"
+        self.status.value = "<span class='wb-run-status'>starting ...</span>"
+        self.panel.report(self.work, None)
+        if self._loop is None:
+            self._execute(handle)
+        else:
+            threading.Thread(target=self._execute, args=(handle,), daemon=True, name="workbench-run").start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._handle.cancelled.set()
+        self.status.value = "<span class='wb-run-status'>cancelling ...</span>"
+
+    def _post(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the kernel's event loop (at once when there is none)."""
+        if self._loop is None:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _show_progress(self, done: int, total: int) -> None:
+        self.bar.max, self.bar.value = max(1, total), min(done, max(1, total))
+        elapsed = time.monotonic() - self._started
+        left = f", about {elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
+        self.status.value = f"<span class='wb-run-status'>{done} of {total}{left}</span>"
+
+    def _execute(self, handle: RunHandle) -> None:
+        try:
+            result, error = self.work(handle), None
+        except Exception as exc:                      # reported in the page by _finish
+            result, error = None, exc
+        self._post(self._finish, handle, result, error)
+
+    def _finish(self, handle: RunHandle, result, error: BaseException | None) -> None:
+        cancelled = handle.cancelled.is_set()
+        with self._lock:
+            self._handle = None
+            self.runs_finished += 1
+            finished = self.runs_finished
+        self.button.disabled = False
+        self.bar.layout.visibility = self.cancel_button.layout.visibility = "hidden"
+        self.counter.value = f"<span class='wb-run-count'>{finished} run{'s' if finished != 1 else ''}</span>"
+        self.status.value = ("<span class='wb-run-status'>cancelled</span>" if cancelled else
+                             "<span class='wb-run-status'>failed</span>" if error is not None else
+                             f"<span class='wb-run-status'>done in {time.monotonic() - self._started:.1f} s</span>")
+        if error is None:
+            try:
+                self.on_done(result, cancelled)
+            except Exception as exc:                  # shown beside the button like the work's own errors
+                error = exc
+        self.panel.report(self.work, error)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import base64
 import html
 import json
-from dataclasses import dataclass
-
 import ipywidgets as widgets
 import numpy as np
 
-from workbench.data import TASKS
+from workbench.data import TASKS, load_task
 from workbench.presets import default_preset
-from workbench.ui.base import Panel
+from workbench.errors import WorkbenchError
+from workbench.ui.base import BackgroundRun, Panel
 from workbench.viz.elastic import (accuracy_memory_figure, aib_figure, candidates_figure, gantt_figure,
                                    importance_plan_figure)
 
@@ -28,16 +27,6 @@ picks the largest submodel whose compute fits (<b>compute planning</b>), then sp
 """
 
 
-@dataclass
-class _Context:
-    """What one (task, device) pair needs, loaded once."""
-    store: object
-    importance: np.ndarray
-    cost_model: object
-    max_length: int
-    dev_texts: tuple
-
-
 class ElasticPanel(Panel):
     """Controls -> ``plan_elastic`` -> five figures; a button runs the plan for real."""
 
@@ -45,7 +34,7 @@ class ElasticPanel(Panel):
                  target_ms: float = 200.0, preload_mb: float = 1.0):
         super().__init__()
         self.preset = preset or default_preset()
-        self._contexts: dict[tuple[str, str], _Context] = {}
+        self._contexts: dict[tuple[str, str], object] = {}
         self._results_cache: dict | None = None
         self.plan = None
         self.measured = None
@@ -62,25 +51,17 @@ class ElasticPanel(Panel):
                                            style={"description_width": "90px"})
         self.step = widgets.IntSlider(value=0, min=0, max=0, description="AIB step", continuous_update=False,
                                       layout=wide, style={"description_width": "90px"})
-        self.run_button = widgets.Button(description="Run for real", button_style="primary", icon="play")
         self.runs = widgets.BoundedIntText(value=3, min=1, max=50, description="runs",
                                            layout=widgets.Layout(width="130px"), style={"description_width": "40px"})
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="160px",
-                                                                                         visibility="hidden"))
-        self.cancel_button = widgets.Button(description="Cancel", icon="stop",
-                                            layout=widgets.Layout(visibility="hidden"))
+        self.runner = BackgroundRun(self, "Run for real", self._run_for_real, self._show_measured)
         self.export_button = widgets.Button(description="Export trace", icon="download")
         self.download = widgets.HTML()
         self.submodel = widgets.HTML()
         self.run_info = widgets.HTML()
-        self.run_message = self.message_slot(self._start_run, self._run_for_real, self._export)
-        self._cancelled = False
-        self.worker = None
+        self.export_message = self.message_slot(self._export)
         self.observe_controls(self.task, self.device, update=self._refresh)
         self.observe_controls(self.target, self.preload, update=self._replan)
         self.observe_controls(self.step, update=self._redraw_aib)
-        self.run_button.on_click(lambda _b: self.refresh(self._start_run))
-        self.cancel_button.on_click(lambda _b: setattr(self, "_cancelled", True))
         self.export_button.on_click(lambda _b: self.refresh(self._export))
         self.children = [
             widgets.HTML(INTRO),
@@ -88,33 +69,29 @@ class ElasticPanel(Panel):
             widgets.HBox([self.target, self.preload]),
             self.message,
             self.submodel,
-            widgets.HBox([self.figure_slot("importance"), self.figure_slot("candidates")]),
+            widgets.HBox([self.figure_slot("importance"), self.figure_slot("candidates")],
+                         layout=widgets.Layout(width="100%")),
             self.step,
             self.figure_slot("aib"),
-            widgets.HBox([self.run_button, self.runs, self.progress, self.cancel_button, self.export_button,
-                          self.download, self.run_message]),
+            widgets.HBox([self.runs, self.runner]),
+            widgets.HBox([self.export_button, self.download, self.export_message]),
             self.run_info,
             self.figure_slot("gantt"),
             self.figure_slot("memory"),
         ]
+        for name in ("importance", "candidates"):
+            self.figure_slot(name).layout.flex = "1 1 0%"
         self.refresh()
 
     # -- engine calls
 
-    def context(self) -> _Context:
+    def context(self):
+        """The prepared artifacts and cost model of the selected task and device (loaded once per pair)."""
+        from workbench.elastic.artifacts import load_context
+
         key = (self.task.value, self.device.value)
         if key not in self._contexts:
-            from workbench.data import load_task
-            from workbench.elastic.artifacts import load_importance
-            from workbench.elastic.costmodel import device_cost_model
-            from workbench.elastic.artifacts import load_store
-
-            spec = TASKS[self.task.value]
-            store = load_store(self.task.value, self.preset)
-            importance = load_importance(self.task.value, self.preset).accuracy
-            self._contexts[key] = _Context(store, importance, device_cost_model(self.device.value, store,
-                                                                             spec.max_length),
-                                           spec.max_length, load_task(self.task.value).dev.texts[:50])
+            self._contexts[key] = load_context(self.task.value, self.device.value, self.preset)
         return self._contexts[key]
 
     def evaluation_cells(self) -> list[dict]:
@@ -149,7 +126,7 @@ class ElasticPanel(Panel):
         from workbench.elastic.planner import plan_elastic
 
         ctx = self.context()
-        self.plan = plan_elastic(ctx.cost_model, self.target.value / 1e3, ctx.importance, self.preload.value * 1e6)
+        self.plan = plan_elastic(ctx.cost_model, self.target.value / 1e3, ctx.importance.accuracy, self.preload.value * 1e6)
         self.plans_computed += 1
         self.measured = None
         self.download.value = ""
@@ -163,11 +140,11 @@ class ElasticPanel(Panel):
                 f"<span class='wb-submodel' data-plans='{self.plans_computed}'><b>Submodel {plan.n} x {plan.m}</b> &middot; predicted "
                 f"{1e3 * plan.predicted_s:.1f} ms of {self.target.value:.0f} ms &middot; preload "
                 f"{plan.memory_bytes / 1e6:.2f} MB ({len(plan.preload)} shards at "
-                f"{plan.extra.get('preload_bits')} bits) &middot; first pass {plan.io.uniform_bits} bits, "
+                f"{plan.preload_bits} bits) &middot; first pass {plan.io.uniform_bits} bits, "
                 f"{upgrades} upgrades &middot; planned in {1e3 * plan.plan_s:.2f} ms</span><br>"
                 f"<small>Why {plan.n} x {plan.m}: {html.escape(plan.compute.rule)}."
-                + (f" Rejected as unloadable in time: {', '.join(f'{n}x{m}' for n, m, _ in plan.extra['rejected'])}."
-                   if plan.extra.get("rejected") else "") + "</small>")
+                + (f" Rejected as unloadable in time: {', '.join(f'{r.n}x{r.m}' for r in plan.rejected)}."
+                   if plan.rejected else "") + "</small>")
         n_steps = len(plan.io.steps) if plan.io is not None else 1
         self._replanning = True
         try:
@@ -177,7 +154,7 @@ class ElasticPanel(Panel):
             self._replanning = False
         key = (self.task.value, plan.n, plan.m, plan.bits.tobytes(), plan.preloaded.tobytes())
         self.show_if_changed("importance", key,
-                             lambda: importance_plan_figure(ctx.importance, plan if plan.found else None))
+                             lambda: importance_plan_figure(ctx.importance.accuracy, plan if plan.found else None))
         if plan.compute is not None:
             self.show_figure("candidates", candidates_figure(plan.compute))
         self._redraw_aib()
@@ -208,65 +185,44 @@ class ElasticPanel(Panel):
             rows, nearest, device, gold=rows[0]["gold"],
             title=f"Accuracy vs memory on {device} at {nearest:.0f} ms (evaluated target nearest to yours)"))
 
-    def _start_run(self) -> None:
-        """Start real runs in a worker thread, so the page stays live and Cancel is heard."""
-        import threading
-
-        from workbench.errors import WorkbenchError
-
-        if self.plan is None or not self.plan.found:
-            raise WorkbenchError("nothing to run: the current settings give no plan")
-        if self.worker is not None and self.worker.is_alive():
-            raise WorkbenchError("a run is already in progress; cancel it or wait for it")
-        self._cancelled = False
-        self.run_button.disabled = True
-        self.progress.max, self.progress.value = int(self.runs.value), 0
-        self.progress.layout.visibility = self.cancel_button.layout.visibility = "visible"
-        self.run_info.value = "<span class='wb-run-info'>running ...</span>"
-        self.worker = threading.Thread(target=self.refresh, args=(self._run_for_real,), daemon=True,
-                                       name="wrx-dashboard-run")
-        self.worker.start()
-
-    def _run_for_real(self) -> None:
-        from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer
+    def _run_for_real(self, handle) -> dict:
+        """Worker thread: run the current plan ``runs`` times on dev texts (emulated on presets)."""
+        from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer, run_repeatedly
         from workbench.models.tokenizer import encoder_tokenizer
 
-        plan, ctx = self.plan, self.context()
-        try:
-            engine = ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes))
-            tok = encoder_tokenizer(ctx.max_length)
-            emulate = None if self.device.value == "host" else ctx.cost_model
-            latencies, labels, measured = [], [], None
-            for r in range(int(self.runs.value)):
-                if self._cancelled:
-                    break
-                ids, mask = tok([ctx.dev_texts[r % len(ctx.dev_texts)]], pad_to=ctx.max_length)
-                result = engine.run(plan, ids, mask, emulate=emulate, keep_loaded=False)
-                latencies.append(result.latency_s)
-                labels.append(TASKS[self.task.value].labels[int(result.logits.argmax())])
-                measured = result.timeline
-                self.progress.value = r + 1
-        finally:
-            self.progress.layout.visibility = self.cancel_button.layout.visibility = "hidden"
-            self.run_button.disabled = False
-        if plan is not self.plan:                     # the controls moved meanwhile: the run is stale
+        plan, ctx, runs = self.plan, self.context(), int(self.runs.value)
+        if plan is None or not plan.found:
+            raise WorkbenchError("nothing to run: the current settings give no plan")
+        texts = load_task(ctx.task.name).dev.texts[:runs]
+        tok = encoder_tokenizer(ctx.task.max_length)
+        inputs = [tok([text], pad_to=ctx.task.max_length) for text in texts]
+        handle.progress(0, runs)
+        results = run_repeatedly(ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes)), plan, inputs, runs,
+                                 emulate=None if ctx.device == "host" else ctx.cost_model,
+                                 on_run=lambda r, _result: handle.progress(r + 1, runs),
+                                 should_stop=handle.should_stop)
+        return {"plan": plan, "results": results, "labels": [ctx.task.labels[int(r.logits.argmax())]
+                                                             for r in results]}
+
+    def _show_measured(self, outcome: dict, cancelled: bool) -> None:
+        """Kernel loop: overlay the last measured run on the prediction, if the plan is still the current one."""
+        plan, results = outcome["plan"], outcome["results"]
+        if plan is not self.plan:
             self.run_info.value = "<span class='wb-run-info'>the settings changed during the run; run again</span>"
             return
-        note = " (cancelled)" if self._cancelled else ""
-        if not latencies:
+        if not results:
             self.run_info.value = "<span class='wb-run-info'>cancelled before the first run</span>"
             return
-        self.measured = measured
+        latencies = [r.latency_s for r in results]
+        self.measured = results[-1].timeline
         self.run_info.value = (
-            f"<span class='wb-run-info'>{len(latencies)} real run(s){note}: median "
+            f"<span class='wb-run-info'>{len(results)} real run(s){' (cancelled)' if cancelled else ''}: median "
             f"{1e3 * float(np.median(latencies)):.1f} ms, last {1e3 * latencies[-1]:.1f} ms "
             f"(predicted {1e3 * plan.predicted_s:.1f} ms); stalls in the last run "
-            f"{1e3 * measured.busy('stall'):.1f} ms; predictions: {', '.join(labels[:5])}</span>")
+            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {', '.join(outcome['labels'][:5])}</span>")
         self._redraw_gantt()
 
     def _export(self) -> None:
-        from workbench.errors import WorkbenchError
-
         timeline = self.measured or (self.plan.timeline if self.plan is not None and self.plan.found else None)
         if timeline is None:
             raise WorkbenchError("nothing to export: the current settings give no plan")

@@ -1,0 +1,106 @@
+"""Serving the dashboards: the Voila command, its lifecycle, and Debian's chromium for driving pages.
+
+One place for what `workbench dashboards`, `workbench bench browser` and the browser
+tests share: Voila bound to 127.0.0.1 with idle kernels culled, started in a process
+group of its own so stopping it stops its kernels too, and the chromium flags that keep
+a headless browser from reaching outside the machine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = False) -> list[str]:
+    """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes.
+
+    ``preheat`` keeps one started kernel per dashboard (a faster first load), but with
+    Voila 0.5.13 a preheated page's widgets stop reacting (the server refuses the page's
+    POST for want of an XSRF token), so it is off by default.
+    """
+    cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+           "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
+    if preheat:
+        cmd += ["--preheat_kernel=True", "--pool_size=1", "--VoilaKernelManager.preheat_denylist=['index.ipynb']"]
+    return cmd
+
+
+def wait_for_http(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer in {timeout_s:.0f} s")
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
+    """SIGTERM the process group of ``proc`` (server and kernels); SIGKILL what is left after ``timeout_s``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def voila_server(port: int | None = None, log_path: Path | None = None, preheat: bool = False,
+                 env: dict | None = None) -> Iterator[str]:
+    """Serve the dashboards on 127.0.0.1 for the block's duration; yields the base URL."""
+    port = port or free_port()
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(voila_command(port, preheat=preheat), cwd=DASHBOARDS_DIR, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_http(f"{base}/voila/render/index.ipynb", proc)
+        yield base
+    finally:
+        stop_group(proc)
+        if log_path:
+            log.close()
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    """Debian's chromium, headless, driven by Playwright (never a downloaded browser)."""
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        from workbench.errors import WorkbenchError
+
+        raise WorkbenchError(f"{CHROMIUM} is missing: install Debian's chromium (`apt-get install chromium`)")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS), headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()

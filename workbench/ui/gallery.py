@@ -1,0 +1,45 @@
+"""The gallery page: a card per dashboard (from the mechanism registry), what is coming, and whether each
+page's prepared artifacts are ready."""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+
+from workbench.presets import default_preset, prepare_hint
+
+CARD_STYLE = ("border:1px solid #d0d7e2;border-radius:6px;padding:8px 12px;margin:6px 0;background:#fbfcfe")
+COMING_STYLE = ("border:1px dashed #d0d7e2;border-radius:6px;padding:6px 12px;margin:6px 0;color:#6b7280")
+
+
+class Gallery(widgets.VBox):
+    """Cards linking every dashboard, with the state of the prepare steps each one needs."""
+
+    def __init__(self, preset: str | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.cards = widgets.HTML()
+        self.refresh()
+        self.children = [widgets.HTML(
+            "<h2 style='margin:4px 0'>Edge transformer workbench</h2><p style='margin:2px 0 8px 0'>Live views of the "
+            "inference systems the workbench implements. Each page starts its own kernel; move a control and the "
+            "engine re-plans and the figures redraw.</p>"), self.cards]
+
+    def refresh(self) -> None:
+        from workbench.mechanisms import dashboards, planned
+        from workbench.prepare import steps
+
+        ready = {s.name: s.ready(self.preset) for s in steps(self.preset)}
+        parts = []
+        for d in dashboards():
+            missing = [name for name in d.requires if not ready.get(name, False)]
+            state = ("<span class='wb-ready'>ready</span>" if not missing else
+                     f"<span class='wb-not-ready'>waiting for {html.escape(', '.join(missing))} "
+                     f"(<code>{html.escape(prepare_hint(self.preset))}</code>)</span>")
+            parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
+                         f"{html.escape(d.title)}</b></a> &middot; {state}<br><small>{html.escape(d.summary)}</small>"
+                         f"</div>")
+        for p in planned():
+            parts.append(f"<div class='wb-card wb-coming' style='{COMING_STYLE}'><b>{html.escape(p.title)}</b> "
+                         f"&middot; coming<br><small>{html.escape(p.summary)}</small></div>")
+        self.cards.value = "".join(parts)
