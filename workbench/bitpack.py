@@ -3,13 +3,22 @@
 ``pack_bits``/``unpack_bits`` store k-bit indexes (1 <= k <= 8) tightly, LSB first,
 so 3-, 5- and 6-bit indexes cross byte boundaries. ``decompress`` turns packed
 indexes, a centroid table and (position, value) outliers into float32 weights,
-in parallel over OpenMP threads with the GIL released. Each has a NumPy reference
-(``*_reference``) that the tests compare bit for bit.
+with the GIL released. Each has a NumPy reference (``*_reference``) that the tests
+compare bit for bit.
+
+Threads: ``num_threads=None`` lets :func:`choose_threads` decide per call. A shard
+whose output fits in cache decodes in tens of microseconds, about what starting an
+OpenMP team costs, and a team whose member is descheduled by another busy process
+waits at its closing barrier for whole time slices (measured on 2 cores: a 2-thread
+decode 400x below its 1-thread speed while two other processes kept both busy). So
+small outputs, and any output while the CPUs are busy, decode on one thread, which
+runs no OpenMP region at all.
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -20,6 +29,15 @@ if sys.byteorder != "little":
                       f"this machine is {sys.byteorder}-endian")
 
 MAX_BITS = 8
+_UINT8, _INT32, _INT64, _FLOAT32 = (np.dtype(t) for t in (np.uint8, np.int32, np.int64, np.float32))
+SIMD = _ext.SIMD_AVAILABLE
+"""Whether the AVX2 decompression kernels run on this CPU (else the portable ones do)."""
+PARALLEL_MIN_COUNT = 1 << 20
+"""Outputs below this many floats (4 MiB, several times a core's L2) decode on one thread."""
+TEAM_SPIN_S = 0.05
+"""After a parallel region libgomp's idle workers keep spinning (measured: ~15 ms; 50 ms
+allowed): they show as runnable but are this process's own, not other work."""
+_threads_state = {"threads": 1, "ended": 0.0, "loadavg": None}
 
 
 def packed_nbytes(count: int, bits: int) -> int:
@@ -28,17 +46,46 @@ def packed_nbytes(count: int, bits: int) -> int:
 
 
 def default_threads() -> int:
+    """CPUs this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def busy_cpus() -> float:
+    """Runnable tasks on the machine right now other than the caller and its spinning OpenMP
+    workers (Linux: ``/proc/loadavg``), else the 1-minute load average."""
+    try:
+        if _threads_state.get("loadavg") is None:
+            _threads_state["loadavg"] = os.open("/proc/loadavg", os.O_RDONLY)      # kept open: a pread is ~1 us
+        running = int(os.pread(_threads_state["loadavg"], 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    own = _threads_state["threads"] - 1 if time.monotonic() - _threads_state["ended"] < TEAM_SPIN_S else 0
+    return max(0, running - 1 - own)
+
+
+def choose_threads(count: int, max_threads: int | None = None, busy: float | None = None) -> int:
+    """Threads worth using to decode ``count`` floats: 1 below :data:`PARALLEL_MIN_COUNT`,
+    else the CPUs that other work leaves idle (``busy`` of them in use; default
+    :func:`busy_cpus`), at most ``max_threads`` (default: every CPU this process may use),
+    at least 1."""
+    if count < PARALLEL_MIN_COUNT:
+        return 1
+    cpus = default_threads()
+    limit = cpus if max_threads is None else min(int(max_threads), cpus)
+    idle = cpus - (busy_cpus() if busy is None else busy)
+    return max(1, min(limit, int(idle)))
+
+
 def _check_bits(bits: int) -> int:
+    if type(bits) is int and 1 <= bits <= MAX_BITS:
+        return bits
     if not isinstance(bits, (int, np.integer)) or not 1 <= bits <= MAX_BITS:
         raise ValueError(f"bits must be an integer in 1..{MAX_BITS}, got {bits!r}")
     return int(bits)
 
 
-def _threads(num_threads: int | None) -> int:
-    n = default_threads() if num_threads is None else int(num_threads)
+def _threads(num_threads: int | None, count: int) -> int:
+    n = choose_threads(count) if num_threads is None else int(num_threads)
     if n < 1:
         raise ValueError(f"num_threads must be >= 1, got {num_threads}")
     return n
@@ -54,18 +101,18 @@ def pack_bits(indexes: np.ndarray, bits: int, num_threads: int | None = None) ->
         raise ValueError(f"indexes must lie in 0..{(1 << bits) - 1} for {bits}-bit packing")
     idx = np.ascontiguousarray(idx, dtype=np.uint8)
     out = np.empty(packed_nbytes(idx.size, bits), dtype=np.uint8)
-    _ext.pack_bits(idx, bits, out, _threads(num_threads))
+    _ext.pack_bits(idx, bits, out, _threads(num_threads, idx.size))
     return out
 
 
 def _check_packed(packed: np.ndarray, count: int, bits: int) -> np.ndarray:
-    packed = np.asarray(packed)
-    if packed.dtype != np.uint8 or packed.ndim != 1:
+    packed = packed if type(packed) is np.ndarray else np.asarray(packed)
+    if packed.dtype != _UINT8 or packed.ndim != 1:
         raise ValueError(f"packed must be a 1-D uint8 array, got {packed.dtype} {packed.shape}")
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    need = packed_nbytes(count, bits)
-    if packed.size < need:
+    need = (count * bits + 7) // 8
+    if packed.shape[0] < need:
         raise ValueError(f"{count} {bits}-bit indexes need {need} packed bytes, got {packed.size}")
     return np.ascontiguousarray(packed)
 
@@ -75,31 +122,39 @@ def unpack_bits(packed: np.ndarray, count: int, bits: int, num_threads: int | No
     bits = _check_bits(bits)
     packed = _check_packed(packed, count, bits)
     out = np.empty(count, dtype=np.uint8)
-    _ext.unpack_bits(packed, bits, out, _threads(num_threads))
+    _ext.unpack_bits(packed, bits, out, _threads(num_threads, count))
     return out
 
 
 def decompress(packed: np.ndarray, bits: int, centroids: np.ndarray, outlier_pos: np.ndarray,
-               outlier_val: np.ndarray, out: np.ndarray, num_threads: int | None = None) -> np.ndarray:
+               outlier_val: np.ndarray, out: np.ndarray, num_threads: int | None = None,
+               simd: bool = True) -> np.ndarray:
     """Fill the float32 working buffer ``out`` (1-D, caller-provided) with the decoded weights.
 
     ``out.size`` indexes are read from ``packed``; each becomes ``centroids[index]``;
-    then ``out[outlier_pos] = outlier_val``.
+    then ``out[outlier_pos] = outlier_val``. ``num_threads=None`` chooses per call
+    (:func:`choose_threads`); an integer uses exactly that many threads.
+    ``simd=False`` forces the portable kernels (the result is the same bit for bit).
     """
     bits = _check_bits(bits)
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 1 or not out.flags.c_contiguous:
+    if type(out) is not np.ndarray or out.dtype != _FLOAT32 or out.ndim != 1 or not out.flags.c_contiguous:
         raise ValueError("out must be a 1-D C-contiguous float32 array (the working buffer)")
-    packed = _check_packed(packed, out.size, bits)
-    centroids = np.ascontiguousarray(centroids, dtype=np.float32)
-    if centroids.ndim != 1 or centroids.size != (1 << bits):
+    count = out.shape[0]
+    packed = _check_packed(packed, count, bits)
+    centroids = np.ascontiguousarray(centroids, dtype=_FLOAT32)
+    if centroids.ndim != 1 or centroids.shape[0] != (1 << bits):
         raise ValueError(f"{bits}-bit decompression needs {1 << bits} centroids, got {centroids.size}")
-    pos = np.ascontiguousarray(outlier_pos, dtype=np.int64)
-    val = np.ascontiguousarray(outlier_val, dtype=np.float32)
-    if pos.shape != val.shape or pos.ndim != 1:
+    pos = np.asarray(outlier_pos)
+    pos = np.ascontiguousarray(pos, dtype=_INT32 if pos.dtype == _INT32 else _INT64)    # int32: as the store keeps them
+    val = np.ascontiguousarray(outlier_val, dtype=_FLOAT32)
+    if pos.ndim != 1 or pos.shape != val.shape:
         raise ValueError(f"outlier positions {pos.shape} and values {val.shape} must be 1-D of equal length")
-    if pos.size and (pos.min() < 0 or pos.max() >= out.size):
-        raise ValueError(f"outlier positions must lie in 0..{out.size - 1}")
-    _ext.decompress(packed, bits, centroids, pos, val, out, _threads(num_threads))
+    threads = _threads(num_threads, count)
+    bad = _ext.decompress(packed, bits, centroids, pos, val, out, threads, simd)
+    if threads > 1:
+        _threads_state["threads"], _threads_state["ended"] = threads, time.monotonic()
+    if bad >= 0:
+        raise ValueError(f"outlier positions must lie in 0..{count - 1}, got {pos[bad]}")
     return out
 
 

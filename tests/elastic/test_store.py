@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from workbench.elastic.shardblob import blob_nbytes
 from workbench.elastic.store import ShardStore, ShardStoreError, build_store
 from workbench.models.encoder import Encoder, EncoderConfig
 
@@ -27,9 +28,9 @@ def test_k_bit_shards_are_about_k_over_32_of_fp32(model, tmp_path):
     store = build_store(model, tmp_path / "s", progress=False)
     params = store.shard_params
     for bits in (2, 3, 4, 5, 6):
-        packed = (params * bits + 7) // 8
         nbytes = store.shard_nbytes(bits)
-        assert packed + 4 * (1 << bits) <= nbytes <= packed + 4 * (1 << bits) + 8 * params // 50
+        assert nbytes == blob_nbytes(params, bits, store.entry(0, 0, bits).outliers)
+        assert blob_nbytes(params, bits) <= nbytes <= blob_nbytes(params, bits, outliers=params // 50)
     assert store.shard_nbytes(32) == 4 * params
 
 

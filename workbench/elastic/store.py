@@ -8,10 +8,8 @@ Layout of a store directory::
     v-<id>/resident.safetensors   embeddings, LayerNorms, biases, classifier (full precision)
 
 Inside ``layer-NN.bin`` the blobs are ordered by bitwidth, then shard, so the m most
-important shards of a layer at one bitwidth are one contiguous read. A k-bit blob is
-``packed indexes | 2^k float32 centroids | int32 outlier positions | float32 outlier
-values``; a 32-bit blob is the shard's raw float32 weights. A shard's weights are its
-:data:`~workbench.models.encoder.SHARD_KEYS` matrices flattened and concatenated.
+important shards of a layer at one bitwidth are one contiguous read. What one blob
+holds, and how, is :mod:`workbench.elastic.shardblob`'s business.
 
 Writes are atomic: a new version is built in a hidden directory, fsynced, renamed, and
 only then does ``CURRENT`` (itself replaced atomically) point to it, so an interrupted
@@ -31,14 +29,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.bitpack import decompress, packed_nbytes
 from workbench.cache import write_json
 from workbench.elastic.quantize import BITWIDTHS, gobo_quantize, inlier_order, outlier_mask
+from workbench.elastic.shardblob import FP32, decode_blob, encode_fp32, flatten_shard, quantized_blob
 from workbench.errors import CorruptArtifactError
 from workbench.models.encoder import SHARD_KEYS, Encoder, EncoderConfig
 
 FORMAT = 1
-FP32 = 32
 
 
 class ShardStoreError(CorruptArtifactError):
@@ -59,15 +56,6 @@ def shard_shapes(cfg: EncoderConfig) -> dict[str, tuple[int, int]]:
     """Shapes of one shard's matrices (torch Linear layout), as in WRX Table 1."""
     d, dh, f = cfg.hidden, cfg.head_dim, cfg.ffn_per_shard
     return {"q": (dh, d), "k": (dh, d), "v": (dh, d), "o": (d, dh), "ffn1": (f, d), "ffn2": (d, f)}
-
-
-def _shard_flat(shard: dict) -> np.ndarray:
-    return np.concatenate([shard[k].detach().cpu().numpy().astype(np.float32).ravel() for k in SHARD_KEYS])
-
-
-def _blob(q) -> bytes:
-    return b"".join([q.packed().tobytes(), q.centroids.astype(np.float32).tobytes(),
-                     q.outlier_pos.astype(np.int32).tobytes(), q.outlier_val.astype(np.float32).tobytes()])
 
 
 def _resident_state(model: Encoder) -> dict[str, torch.Tensor]:
@@ -97,7 +85,7 @@ def build_store(model: Encoder, root: Path, bitwidths=BITWIDTHS, threshold: floa
     layers = []
     for n in tqdm(range(cfg.num_layers), desc="quantizing layers", disable=not progress):
         layer = model.layers[n]
-        flats = [_shard_flat(layer.shard(i)) for i in range(cfg.num_heads)]
+        flats = [flatten_shard(layer.shard(i)) for i in range(cfg.num_heads)]
         per_shard = flats[0].size
         layer_flat = np.concatenate(flats)
         mask = outlier_mask(layer_flat, threshold)
@@ -109,10 +97,10 @@ def build_store(model: Encoder, root: Path, bitwidths=BITWIDTHS, threshold: floa
                 q = None if bits == FP32 else gobo_quantize(layer_flat, bits, threshold, outliers=mask, order=order)
                 for i in range(cfg.num_heads):
                     if q is None:
-                        blob, outliers = flats[i].tobytes(), 0
+                        blob, outliers = encode_fp32(flats[i]), 0
                     else:
                         part = q.select(i * per_shard, (i + 1) * per_shard)
-                        blob, outliers = _blob(part), int(part.outlier_pos.size)
+                        blob, outliers = quantized_blob(part).to_bytes(), int(part.outlier_pos.size)
                     handle.write(blob)
                     entries[i].append({"bits": bits, "offset": offset, "nbytes": len(blob), "outliers": outliers,
                                        "crc32": zlib.crc32(blob)})
@@ -225,19 +213,7 @@ class ShardStore:
 
     def decode(self, blob: bytes, bits: int, out: np.ndarray | None = None, num_threads: int | None = None) -> np.ndarray:
         """A shard blob -> its flat float32 weights, written into ``out`` (the working buffer) if given."""
-        n = self.shard_params
-        out = np.empty(n, dtype=np.float32) if out is None else out
-        raw = np.frombuffer(blob, dtype=np.uint8)
-        if bits == FP32:
-            out[:] = raw.view(np.float32)
-            return out
-        p = packed_nbytes(n, bits)
-        c = (1 << bits) * 4
-        outliers = (raw.size - p - c) // 8
-        centroids = raw[p:p + c].view(np.float32)
-        pos = raw[p + c:p + c + 4 * outliers].view(np.int32)
-        val = raw[p + c + 4 * outliers:].view(np.float32)
-        return decompress(raw[:p], bits, centroids, pos, val, out, num_threads)
+        return decode_blob(blob, self.shard_params, bits, out, num_threads)
 
     def split(self, flat: np.ndarray) -> dict[str, torch.Tensor]:
         """Flat shard weights -> its matrices (views of ``flat``)."""
