@@ -3,7 +3,7 @@ import time
 import pytest
 
 from workbench import devices
-from workbench.devices import DISTILBERT, Emulator, get_profile
+from workbench.devices import DISTILBERT, get_profile, pad_until
 from workbench.errors import UnknownNameError
 
 
@@ -35,14 +35,20 @@ def test_bad_inputs_are_named():
         get_profile("odroid-n2").send_s(100)
 
 
-def test_emulator_pads_work_to_the_profile():
-    slow = devices.with_overrides(get_profile("odroid-n2"), read_bytes_per_s=1e6)
-    started = time.perf_counter()
-    Emulator(slow).read(50_000, started)             # 50 ms on a 1 MB/s device
-    assert time.perf_counter() - started >= 0.05
-    started = time.perf_counter()
-    Emulator(slow).compute(0.0, started - 1.0)       # already slower than the device: no sleep
-    assert time.perf_counter() - started < 0.05
+def test_pad_until_never_returns_before_the_deadline(monkeypatch):
+    real_sleep, asked = time.sleep, []
+
+    def early_sleep(seconds):                         # a sleep that wakes up early, as the OS may
+        asked.append(seconds)
+        real_sleep(seconds / 4)
+
+    monkeypatch.setattr(time, "sleep", early_sleep)
+    deadline = time.perf_counter() + 0.02
+    pad_until(deadline)
+    assert time.perf_counter() >= deadline and len(asked) > 1
+    asked.clear()
+    pad_until(time.perf_counter() - 1.0)              # work already past its deadline: no sleep at all
+    assert asked == []
 
 
 def test_host_profile_is_measured_and_cached(tmp_cache):

@@ -11,9 +11,9 @@ page cache for the file). The presets emulate the papers' platforms: where a
 paper published figures the parameters are fitted to them (``source`` says
 which); the others come from spec sheets and are marked so.
 
-Emulation (``Emulator``) slows real work on this machine to a profile: reads are
-throttled to its bandwidth and compute is padded to its predicted time, so a real
-run here behaves like the device.
+Emulation slows real work on this machine down to a profile: a mechanism times
+each read and each piece of compute and pads it with :func:`pad_until` to the
+profile's predicted seconds, so a real run here takes as long as on the device.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -210,32 +210,12 @@ def get_profile(name: str) -> DeviceProfile:
     return PRESETS[name]
 
 
-class Emulator:
-    """Slow real work on this machine down to a profile's speed.
+def pad_until(deadline_s: float) -> None:
+    """Sleep until ``time.perf_counter()`` reaches ``deadline_s``: emulated work that finished early waits here.
 
-    ``read(nbytes, started)`` sleeps until a read of nbytes that began at ``started``
-    (a ``time.perf_counter()`` value) has taken as long as it would on the device;
-    ``compute(predicted_s, started)`` does the same for compute. Work that is
-    already slower than the device is left as it is (and shows up as such in the
-    measured timeline).
-    """
-
-    def __init__(self, profile: DeviceProfile):
-        self.profile = profile
-
-    @staticmethod
-    def _pad_until(deadline: float) -> None:
-        remaining = deadline - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
-
-    def read(self, nbytes: float, started: float) -> None:
-        self._pad_until(started + self.profile.read_s(nbytes))
-
-    def compute(self, predicted_s: float, started: float) -> None:
-        self._pad_until(started + predicted_s)
-
-
-def with_overrides(profile: DeviceProfile, **changes) -> DeviceProfile:
-    """A variant of ``profile`` (e.g. another read bandwidth) for what-if studies."""
-    return replace(profile, **changes)
+    Work already past its deadline (slower here than on the device) returns at once."""
+    while True:
+        remaining_s = deadline_s - time.perf_counter()
+        if remaining_s <= 0:
+            return
+        time.sleep(remaining_s)

@@ -23,7 +23,7 @@ def test_measured_profile_round_trips(store, tmp_path):
     assert all(v > 0 for v in prof.io_s.values()) and all(v > 0 for v in prof.comp_s)
     assert prof.shard_bytes[32] == 4 * store.shard_params
     again = CostModel.load(prof.save(tmp_path / "p.json"))
-    assert again == prof
+    assert again == prof and again.store_version == store.version and again.repeats == 2
 
 
 def test_preset_profile_uses_real_shard_sizes(store):
@@ -32,15 +32,32 @@ def test_preset_profile_uses_real_shard_sizes(store):
     for bits in prof.bitwidths:
         assert prof.t_io(bits) == pytest.approx(prof.shard_bytes[bits] / dev.read_bytes_per_s)
     assert np.all(np.diff(prof.comp_s) > 0) and prof.source == "emulated"
+    assert prof.title == dev.title and prof.notes == dev.source and prof.store_version == store.version
     with pytest.raises(WorkbenchError, match="unknown device profile 'pixel'"):
         device_cost_model("pixel", store, 16)
 
 
+def tiny(io_s=None, comp_s=(1.0, 1.0)) -> CostModel:
+    return CostModel(device="x", seq_len=8, num_layers=1, num_shards=2, io_s=io_s or {2: 1.0}, comp_s=comp_s,
+                     shard_bytes={2: 1})
+
+
 def test_profile_validation_names_the_problem():
     with pytest.raises(ValueError, match="profile times must be positive"):
-        CostModel("x", 8, 1, 2, {2: 0.0}, [1.0, 1.0], {2: 1})
+        tiny(io_s={2: 0.0})
     with pytest.raises(ValueError, match="one time per width 1..2"):
-        CostModel("x", 8, 1, 2, {2: 1.0}, [1.0], {2: 1})
-    prof = CostModel("x", 8, 1, 2, {2: 1.0}, [1.0, 1.0], {2: 1})
+        tiny(comp_s=[1.0])
+    prof = tiny()
     with pytest.raises(WorkbenchError, match="profile 'x' has no 4-bit shards; it has 2"):
         prof.t_io(4)
+
+
+def test_format_1_profiles_still_load(tmp_path):
+    raw = {**tiny().to_dict(), "format": 1, "extra": {"store": "v-1", "repeats": 3}}
+    for name in ("store_version", "repeats", "title"):
+        del raw[name]
+    old = CostModel.from_dict(raw)
+    assert (old.store_version, old.repeats, old.title) == ("v-1", 3, "") and old.io_s == {2: 1.0}
+    with pytest.raises(WorkbenchError, match="unknown format"):
+        CostModel.from_dict({**raw, "format": 99})
+    assert tiny().replace_bits({2}) == tiny() and tiny().replace_bits(()).bitwidths == ()

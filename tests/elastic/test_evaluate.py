@@ -3,8 +3,9 @@ from workbench.elastic.baselines import METHODS
 
 
 def cell(method, acc, preload, measured=150.0, device="odroid-n2", target=150.0):
-    return CellResult(device, target, method, 3, 4, 6.0, acc, preload, 40.0, preload + 40.0, 149.0, measured,
-                      measured, 5, True, 1.0)
+    return CellResult(device=device, target_ms=target, method=method, n=3, m=4, mean_bits=6.0, accuracy=acc,
+                      preload_mb=preload, resident_mb=40.0, memory_mb=preload + 40.0, predicted_ms=149.0,
+                      measured_ms=measured, measured_max_ms=measured, runs=5, valid=True, plan_ms=1.0)
 
 
 def test_summary_flags_latency_accuracy_and_memory():

@@ -87,6 +87,21 @@ def test_ranking_agreement_of_identical_and_reversed_profiles():
     assert imp.ranking_agreement(p, q)["top_overlap"] == 0.0
 
 
+def test_importance_order_breaks_ties_by_the_secondary_key_then_by_position():
+    importance = np.array([[0.5, 0.9, 0.5], [0.5, 0.1, 0.9]])
+    assert imp.importance_order(importance, 2, 3) == [(0, 1), (1, 2), (0, 0), (0, 2), (1, 0), (1, 1)]
+    loss = np.array([[0.3, 0.0, 0.1], [0.2, 0.0, 0.4]])
+    assert imp.importance_order(importance, 2, 3, tie_break=loss) == [(0, 1), (1, 2), (0, 2), (1, 0), (0, 0),
+                                                                      (1, 1)]
+    assert imp.importance_order(importance, 1, 2) == [(0, 1), (0, 0)]       # the top-left submodel only
+    profile = imp.ShardImportance(importance, loss, 0.1, 2, 32, 10)
+    assert profile.order() == imp.importance_order(importance, 2, 3, tie_break=loss)
+    with pytest.raises(ValueError, match="at least 3 rows and 3 columns, got shape"):
+        imp.importance_order(importance, 3, 3)
+    with pytest.raises(ValueError, match="tie_break holds non-finite values"):
+        imp.importance_order(importance, 2, 3, tie_break=np.full((2, 3), np.nan))
+
+
 def test_prepared_profile_and_bad_dev_size(prepared):
     prof = artifacts.load_importance("sentiment", PRESET)
     assert prof.accuracy.shape == (6, 12) and prof.dev_examples == artifacts.IMPORTANCE_DEV_SIZES["quick"]

@@ -84,7 +84,7 @@ def test_buffer_evicts_top_layers_first_and_feeds_the_next_plan(store, importanc
 def test_whole_model_in_memory_reads_nothing(store, importance, odroid):
     plan = plan_method("PreloadModel-6", odroid, 0.2, importance, 0)
     result = run_pipeline(plan, store, *batch(["fine"]))
-    assert result.loaded == [] and not result.timeline.of_kind("io")
+    assert result.loaded == () and not result.timeline.of_kind("io")
 
 
 def test_missing_layer_file_is_named_and_empty_plans_refused(store, importance, odroid, tmp_path):
@@ -108,16 +108,44 @@ def test_missing_layer_file_is_named_and_empty_plans_refused(store, importance, 
 def test_public_names_as_design_md_gives_them(store, importance, odroid):
     import workbench.elastic as elastic
 
-    n, m = elastic.plan_compute(odroid, 0.2, odroid.num_layers, odroid.num_shards)
-    assert elastic.plan_compute(odroid, 0.2, odroid.num_layers, odroid.num_shards) == (n, m)
+    compute = elastic.plan_compute(odroid, 0.2, odroid.num_layers, odroid.num_shards)
+    n, m = compute.n, compute.m
+    assert compute.found and n * odroid.t_comp(m) <= 0.2
+    assert [(c.n, c.m) for c in compute.candidates if c.chosen] == [(n, m)]
     io = elastic.plan_io(odroid, 0.2, n, m, importance, [(0, 0, 6)])
-    assert io.bits.shape == (n, m) and io.bits[0, 0] == 6 and (io.aib >= -1e-12).all() and io.steps
+    assert io.bits.shape == (n, m) and io.bits[0, 0] == 6 and (io.aib >= -1e-12).all()
+    assert io.steps[0].kind == "init" and np.allclose(io.steps[-1].aib, io.aib)
     plan = elastic.plan(odroid, 0.2, importance, 1e6)
     assert (plan.n, plan.m) == (n, m)
-    logits, timeline = elastic.run_pipeline(plan, store, *batch(["fine"]))
-    assert logits.shape == (1, 2) and timeline.source == "measured"
+    result = elastic.run_pipeline(plan, store, *batch(["fine"]))
+    assert result.logits.shape == (1, 2) and result.timeline.source == "measured"
+    with pytest.raises(TypeError):                          # a RunResult is read by name, not unpacked
+        logits, timeline = result
     with pytest.raises(WorkbenchError, match=r"takes \(plan, store, ids, mask\)"):
         elastic.run_pipeline(store, plan, *batch(["fine"]))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         elastic.nope
-    assert all(getattr(elastic, name) is not None for name in elastic.__all__)
+    exported = {name: getattr(elastic, name) for name in elastic.__all__}    # each resolves in its module
+    assert exported["plan"] is exported["plan_elastic"] and type(compute) is exported["ComputePlan"]
+
+
+def test_run_repeatedly_warms_up_then_cycles_the_inputs():
+    from types import SimpleNamespace
+
+    from workbench.elastic.pipeline import run_repeatedly
+
+    seen = []
+
+    class CountingEngine:
+        def run(self, plan, ids, mask, emulate=None, keep_loaded=True):
+            seen.append((ids, keep_loaded))
+            return SimpleNamespace(latency_s=float(len(seen)))
+
+    reported = []
+    results = run_repeatedly(CountingEngine(), None, [("a", None), ("b", None), ("c", None)], 3, warmup=1,
+                             on_run=lambda r, result: reported.append((r, result.latency_s)))
+    assert seen == [("a", False), ("b", False), ("c", False), ("a", False)]
+    assert [r.latency_s for r in results] == [2.0, 3.0, 4.0] and reported == [(0, 2.0), (1, 3.0), (2, 4.0)]
+    assert len(run_repeatedly(CountingEngine(), None, [("a", None)], 5, should_stop=lambda: len(seen) >= 6)) == 2
+    with pytest.raises(WorkbenchError, match="runs must be >= 1"):
+        run_repeatedly(CountingEngine(), None, [("a", None)], 0)

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from workbench.elastic.planner import ElasticPlan, choose_submodel, plan_elastic, simulate
+from workbench.elastic.planner import ElasticPlan, PlanMode, choose_submodel, plan_compute, plan_elastic, simulate
 from workbench.elastic.costmodel import CostModel
 from workbench.errors import UnknownNameError
 
@@ -29,15 +29,16 @@ def _uniform(n: int, m: int, bits: int) -> np.ndarray:
     return np.full((n, m), int(bits), dtype=int)
 
 
-def _fallback(method: str, cost_model: CostModel, target: float, min_width: int, bits: int, mode: str,
+def _fallback(method: str, cost_model: CostModel, target: float, min_width: int, bits: int, mode: PlanMode,
               memory: int, cp, t0: float) -> ElasticPlan:
     n, m = 1, max(1, min(min_width, cost_model.num_shards))
     b = _uniform(n, m, bits)
     pre = np.full((n, m), mode == "memory")
     tl = simulate(cost_model, b, pre, sequential=mode == "sequential", name=f"{method} {n}x{m}")
-    return ElasticPlan(method, target, n, m, b, pre, [], mode, tl, cp, None, memory, False,
-                       f"no submodel fits {1e3 * target:.0f} ms; running the smallest ({n}x{m})",
-                       time.perf_counter() - t0)
+    return ElasticPlan(method=method, target_s=target, n=n, m=m, bits=b, preloaded=pre, preload=(), mode=mode,
+                       timeline=tl, compute=cp, memory_bytes=memory, valid=False,
+                       reason=f"no submodel fits {1e3 * target:.0f} ms; running the smallest ({n}x{m})",
+                       plan_s=time.perf_counter() - t0)
 
 
 def plan_load_exec(cost_model: CostModel, target_s: float, min_width: int = 3) -> ElasticPlan:
@@ -49,8 +50,8 @@ def plan_load_exec(cost_model: CostModel, target_s: float, min_width: int = 3) -
         return _fallback("Load&Exec", cost_model, cp.target_s, min_width, 32, "sequential", 0, cp, t0)
     b, pre = _uniform(cp.n, cp.m, 32), np.zeros((cp.n, cp.m), bool)
     tl = simulate(cost_model, b, pre, sequential=True, name=f"Load&Exec {cp.n}x{cp.m}")
-    return ElasticPlan("Load&Exec", cp.target_s, cp.n, cp.m, b, pre, [], "sequential", tl, cp,
-                       plan_s=time.perf_counter() - t0)
+    return ElasticPlan(method="Load&Exec", target_s=cp.target_s, n=cp.n, m=cp.m, bits=b, preloaded=pre, preload=(),
+                       mode="sequential", timeline=tl, compute=cp, plan_s=time.perf_counter() - t0)
 
 
 def plan_stdpl(cost_model: CostModel, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
@@ -66,8 +67,8 @@ def plan_stdpl(cost_model: CostModel, target_s: float, bits: int, min_width: int
         return _fallback(method, cost_model, cp.target_s, min_width, bits, "pipeline", 0, cp, t0)
     b, pre = _uniform(cp.n, cp.m, bits), np.zeros((cp.n, cp.m), bool)
     tl = simulate(cost_model, b, pre, name=f"{method} {cp.n}x{cp.m}")
-    return ElasticPlan(method, cp.target_s, cp.n, cp.m, b, pre, [], "pipeline", tl, cp,
-                       plan_s=time.perf_counter() - t0)
+    return ElasticPlan(method=method, target_s=cp.target_s, n=cp.n, m=cp.m, bits=b, preloaded=pre, preload=(),
+                       mode="pipeline", timeline=tl, compute=cp, plan_s=time.perf_counter() - t0)
 
 
 def plan_preload_model(cost_model: CostModel, target_s: float, bits: int, min_width: int = 3) -> ElasticPlan:
@@ -75,15 +76,14 @@ def plan_preload_model(cost_model: CostModel, target_s: float, bits: int, min_wi
     method = f"PreloadModel-{bits}"
     cost_model.t_io(bits)                     # a cost model without this bitwidth fails here, with the name
     memory = cost_model.num_layers * cost_model.num_shards * cost_model.shard_bytes[bits]
-    cp = choose_submodel(lambda n, m: n * cost_model.t_comp(m), target_s, cost_model.num_layers, cost_model.num_shards,
-                         min_width)
+    cp = plan_compute(cost_model, target_s, min_width=min_width)
     if not cp.found:
         return _fallback(method, cost_model, cp.target_s, min_width, bits, "memory", memory, cp, t0)
     b, pre = _uniform(cp.n, cp.m, bits), np.ones((cp.n, cp.m), bool)
-    whole = [(k, i, bits) for k in range(cost_model.num_layers) for i in range(cost_model.num_shards)]
+    whole = tuple((k, i, bits) for k in range(cost_model.num_layers) for i in range(cost_model.num_shards))
     tl = simulate(cost_model, b, pre, name=f"{method} {cp.n}x{cp.m}")
-    return ElasticPlan(method, cp.target_s, cp.n, cp.m, b, pre, whole, "memory", tl, cp, None, memory,
-                       plan_s=time.perf_counter() - t0)
+    return ElasticPlan(method=method, target_s=cp.target_s, n=cp.n, m=cp.m, bits=b, preloaded=pre, preload=whole,
+                       mode="memory", timeline=tl, compute=cp, memory_bytes=memory, plan_s=time.perf_counter() - t0)
 
 
 def plan_method(method: str, cost_model: CostModel, target_s: float, importance, preload_bytes: float,

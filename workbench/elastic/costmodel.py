@@ -1,6 +1,6 @@
 """Hardware profiles for elastic pipelining (WRX section 5.2).
 
-An :class:`CostModel` holds the two functions the planner needs:
+A :class:`CostModel` holds the two functions the planner needs:
 
 - ``t_io(k)``: seconds to read one shard stored at k bits (k = 2..6 and 32);
 - ``t_comp(m)``: seconds to compute one layer with m shards at the padded input
@@ -21,29 +21,33 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from workbench.errors import WorkbenchError
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
+"""Version of the saved JSON; format 1 kept the store version, repeats and title in an ``extra`` dict."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CostModel:
     """``t_io(bits)`` per shard and ``t_comp(m)`` per layer for one device, model and input length."""
-    device: str                      # "host" or a preset name
-    seq_len: int                     # padded input length the compute times hold for
-    num_layers: int                  # N
-    num_shards: int                  # M
-    io_s: dict[int, float]           # bits -> seconds to read one shard
-    comp_s: tuple[float, ...]        # comp_s[m - 1]: seconds for one layer with m shards
-    shard_bytes: dict[int, int]      # bits -> bytes of one shard on disk
-    source: str = "measured"         # "measured" (real runs here) or "emulated" (a preset's figures)
-    notes: str = ""
-    extra: dict = field(default_factory=dict)
+    device: str                                       # "host" or a preset name
+    seq_len: int                                      # padded input length the compute times hold for
+    num_layers: int                                   # N
+    num_shards: int                                   # M
+    io_s: dict[int, float]                            # bits -> seconds to read one shard
+    comp_s: tuple[float, ...]                         # comp_s[m - 1]: seconds for one layer with m shards
+    shard_bytes: dict[int, int]                       # bits -> bytes of one shard on disk
+    source: Literal["measured", "emulated"] = "measured"   # real runs here, or a preset's figures
+    notes: str = ""                                   # how the figures were obtained (e.g. page cache caveats)
+    store_version: str = ""                           # the shard store the sizes and times come from
+    repeats: int = 0                                  # measurements per median ("measured" only)
+    title: str = ""                                   # the device preset's long name ("emulated" only)
 
     def __post_init__(self):
         object.__setattr__(self, "io_s", {int(k): float(v) for k, v in self.io_s.items()})
@@ -79,8 +83,14 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "CostModel":
+        """Read :meth:`to_dict`'s output, format 1 (an ``extra`` dict) included."""
         raw = dict(raw)
-        if raw.pop("format", None) != PROFILE_FORMAT:
+        version = raw.pop("format", None)
+        if version == 1:
+            extra = raw.pop("extra", None) or {}
+            raw.update(store_version=extra.get("store", ""), repeats=extra.get("repeats", 0),
+                       title=extra.get("title", ""))
+        elif version != PROFILE_FORMAT:
             raise WorkbenchError("elastic profile has an unknown format; measure it again")
         return cls(**raw)
 
@@ -102,10 +112,8 @@ class CostModel:
     def replace_bits(self, keep) -> "CostModel":
         """The same profile restricted to the bitwidths in ``keep`` (for what-if studies and tests)."""
         keep = {int(b) for b in keep}
-        return CostModel(self.device, self.seq_len, self.num_layers, self.num_shards,
-                              {k: v for k, v in self.io_s.items() if k in keep}, self.comp_s,
-                              {k: v for k, v in self.shard_bytes.items() if k in keep}, self.source, self.notes,
-                              dict(self.extra))
+        return replace(self, io_s={k: v for k, v in self.io_s.items() if k in keep},
+                       shard_bytes={k: v for k, v in self.shard_bytes.items() if k in keep})
 
 
 def _mean_shard_bytes(store) -> dict[int, int]:
@@ -180,9 +188,9 @@ def measure_cost_model(store, seq_len: int, repeats: int = 5) -> CostModel:
     comp = measure_compute(store, seq_len, repeats)
     notes = ("reads after posix_fadvise(DONTNEED) on the layer file" if dropped else
              "page cache could not be dropped: reads may come from memory")
-    return CostModel("host", seq_len, store.cfg.num_layers, store.cfg.num_heads, io, comp,
-                          _mean_shard_bytes(store), "measured", notes,
-                          {"store": store.version, "repeats": repeats})
+    return CostModel(device="host", seq_len=seq_len, num_layers=store.cfg.num_layers, num_shards=store.cfg.num_heads,
+                     io_s=io, comp_s=comp, shard_bytes=_mean_shard_bytes(store), source="measured", notes=notes,
+                     store_version=store.version, repeats=repeats)
 
 
 def device_cost_model(device: str, store, seq_len: int) -> CostModel:
@@ -197,8 +205,9 @@ def device_cost_model(device: str, store, seq_len: int) -> CostModel:
     nbytes = _mean_shard_bytes(store)
     io = {bits: dev.read_s(b) for bits, b in nbytes.items()}
     comp = [dev.layer_compute_s(m, shape) for m in range(1, cfg.num_heads + 1)]
-    return CostModel(device, seq_len, cfg.num_layers, cfg.num_heads, io, comp, nbytes, "emulated",
-                          dev.source, {"store": store.version, "title": dev.title})
+    return CostModel(device=device, seq_len=seq_len, num_layers=cfg.num_layers, num_shards=cfg.num_heads, io_s=io,
+                     comp_s=comp, shard_bytes=nbytes, source="emulated", notes=dev.source,
+                     store_version=store.version, title=dev.title)
 
 
 def host_cost_model(store, seq_len: int, remeasure: bool = False) -> CostModel:

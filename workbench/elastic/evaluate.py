@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from workbench.elastic.baselines import METHODS, plan_method
-from workbench.elastic.planner import ElasticPlan
+from workbench.elastic.importance import importance_order
 
 PAPER_NAMES = {"Load&Exec": "Load&Exec", "StdPL-2": "StdPL-2bit", "StdPL-6": "StdPL-6bit", "StdPL-32": "StdPL-full",
                "PreloadModel-6": "Preload-6bit", "PreloadModel-32": "Preload-full", "Ours-0MB": "Ours-0MB",
@@ -26,24 +26,25 @@ DEFAULT_PRELOAD_MB = {"host": 1.0, "odroid-n2": 1.0, "jetson-nano": 5.0}
 """The paper's buffers: 1 MB on the Odroid, 5 MB on the Jetson (host: as the Odroid)."""
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class CellResult:
-    device: str
-    target_ms: float
-    method: str
-    n: int
-    m: int
-    mean_bits: float
-    accuracy: float
+    """One (device, target, method) cell of the evaluation: the plan, its accuracy, memory and latency."""
+    device: str                # device profile name
+    target_ms: float           # target latency
+    method: str                # one of baselines.METHODS
+    n: int                     # layers of the planned submodel
+    m: int                     # shards per layer
+    mean_bits: float           # mean bitwidth over the submodel's shards
+    accuracy: float            # dev accuracy of exactly the weights the pipeline loads (0..1)
     preload_mb: float          # shard bytes in memory before the run (buffer, or the whole model)
     resident_mb: float         # embeddings, LayerNorms, biases, classifier
     memory_mb: float           # preload + resident
-    predicted_ms: float
-    measured_ms: float         # median over the runs
-    measured_max_ms: float
-    runs: int
-    valid: bool
-    plan_ms: float
+    predicted_ms: float        # the planner's predicted latency
+    measured_ms: float         # median over the timed runs
+    measured_max_ms: float     # slowest timed run
+    runs: int                  # timed runs (after one warm-up)
+    valid: bool                # the plan meets its method's model of time
+    plan_ms: float             # time the planner took
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -70,24 +71,13 @@ class AccuracyCache:
         return self._memo[key]
 
 
-def measure_latency(engine, plan: ElasticPlan, inputs, emulate, runs: int) -> list[float]:
-    """Seconds of ``runs`` real pipeline runs of ``plan`` (after one warm-up), one input each."""
-    out = []
-    for r in range(runs + 1):
-        ids, mask = inputs[r % len(inputs)]
-        result = engine.run(plan, ids, mask, emulate=emulate, keep_loaded=False)
-        if r:
-            out.append(result.latency_s)
-    return out
-
-
 def evaluate_cells(store, importance, dev, max_length: int, devices=("host", "odroid-n2", "jetson-nano"),
                    targets_ms=(150, 200, 400), methods=METHODS, preload_mb: dict | None = None, runs: int = 5,
                    progress: bool = True) -> list[CellResult]:
     """Plan, evaluate and run every (device, target, method) cell."""
     from tqdm.auto import tqdm
 
-    from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer
+    from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer, run_repeatedly
     from workbench.elastic.costmodel import device_cost_model
     from workbench.models.tokenizer import encoder_tokenizer
 
@@ -106,15 +96,18 @@ def evaluate_cells(store, importance, dev, max_length: int, devices=("host", "od
             for method in methods:
                 plan = plan_method(method, cost_model, target / 1e3, importance, preload_mb.get(device, 1.0) * 1e6)
                 engine.buffer = PreloadBuffer(plan.memory_bytes)
-                runs_done.append((device, target, method, plan, measure_latency(engine, plan, inputs, emulate, runs)))
+                results = run_repeatedly(engine, plan, inputs, runs, emulate=emulate, warmup=1)
+                runs_done.append((device, target, method, plan, [result.latency_s for result in results]))
                 bar.update(1)
     cells = []
     for device, target, method, plan, lat in runs_done:
         acc = accuracy(plan.n, plan.m, plan.bits)
-        cells.append(CellResult(device, float(target), method, plan.n, plan.m, float(plan.bits.mean()), acc,
-                                plan.memory_bytes / 1e6, resident / 1e6, (plan.memory_bytes + resident) / 1e6,
-                                1e3 * plan.predicted_s, 1e3 * float(np.median(lat)), 1e3 * max(lat), len(lat),
-                                plan.valid, 1e3 * plan.plan_s))
+        cells.append(CellResult(device=device, target_ms=float(target), method=method, n=plan.n, m=plan.m,
+                                mean_bits=float(plan.bits.mean()), accuracy=acc, preload_mb=plan.memory_bytes / 1e6,
+                                resident_mb=resident / 1e6, memory_mb=(plan.memory_bytes + resident) / 1e6,
+                                predicted_ms=1e3 * plan.predicted_s, measured_ms=1e3 * float(np.median(lat)),
+                                measured_max_ms=1e3 * max(lat), runs=len(lat), valid=plan.valid,
+                                plan_ms=1e3 * plan.plan_s))
     bar.close()
     return cells
 
@@ -134,8 +127,7 @@ def importance_vs_random(store, importance, dev, max_length: int, submodel=(5, 3
     accuracy = AccuracyCache(store, dev, max_length)
     cost = np.mean([store.entry(k, i, high_bits).nbytes - store.entry(k, i, low_bits).nbytes
                     for k in range(n) for i in range(m)])
-    imp = np.asarray(importance, dtype=float)
-    by_importance = sorted(((k, i) for k in range(n) for i in range(m)), key=lambda ki: (-imp[ki], ki))
+    by_importance = importance_order(importance, n, m)
     rows = []
     for budget in budgets_mb:
         count = min(n * m, int(budget * 1e6 // cost))

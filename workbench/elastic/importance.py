@@ -37,10 +37,33 @@ class ShardImportance:
     dev_examples: int
 
     def order(self) -> list[tuple[int, int]]:
-        """Shards from most to least important: accuracy descending, then loss ascending."""
-        n, m = self.accuracy.shape
-        keys = sorted(((-self.accuracy[a, b], self.loss[a, b], a, b) for a in range(n) for b in range(m)))
-        return [(a, b) for *_, a, b in keys]
+        """Every shard from most to least important (:func:`importance_order`, equal accuracy: lower loss first)."""
+        num_layers, num_shards = self.accuracy.shape
+        return importance_order(self.accuracy, num_layers, num_shards, tie_break=self.loss)
+
+
+def importance_order(importance, num_layers: int, num_shards: int, tie_break=None) -> list[tuple[int, int]]:
+    """The ``(layer, shard)`` pairs of the first ``num_layers`` x ``num_shards`` shards, most important first.
+
+    The one order of the project (the planner's upgrade pass, the Table 7 study,
+    :meth:`ShardImportance.order`): ``importance`` descending; equal importance is
+    broken by ``tie_break`` ascending when given (an array of the same shape, e.g. the
+    ablation's loss, where lower is better), then by layer and shard ascending, so the
+    order never depends on sorting details. Raises ValueError on a matrix too small or
+    holding non-finite values.
+    """
+    keys = [np.asarray(importance, dtype=float)]
+    if tie_break is not None:
+        keys.append(np.asarray(tie_break, dtype=float))
+    for name, matrix in zip(("importance", "tie_break"), keys):
+        if matrix.ndim != 2 or matrix.shape[0] < num_layers or matrix.shape[1] < num_shards:
+            raise ValueError(f"{name} must be a 2-D array with at least {num_layers} rows and {num_shards} "
+                             f"columns, got shape {matrix.shape}")
+        if not np.isfinite(matrix[:num_layers, :num_shards]).all():
+            raise ValueError(f"{name} holds non-finite values")
+    primary, secondary = keys[0], (keys[1] if len(keys) > 1 else None)
+    shards = [(layer, shard) for layer in range(num_layers) for shard in range(num_shards)]
+    return sorted(shards, key=lambda ls: (-primary[ls], 0.0 if secondary is None else secondary[ls], ls))
 
 
 class _Runner:

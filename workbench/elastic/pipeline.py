@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.elastic.planner import ElasticPlan
+from workbench.devices import pad_until
+from workbench.elastic.planner import ElasticPlan, PreloadEntry
 from workbench.elastic.costmodel import CostModel, drop_page_cache
 from workbench.elastic.store import ShardStore
 from workbench.errors import WorkbenchError
@@ -83,17 +84,14 @@ class PreloadBuffer:
         self._blobs.clear()
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True, eq=False)
 class RunResult:
-    """What one execution gives; unpacks as ``logits, timeline``."""
-    logits: torch.Tensor
-    timeline: Timeline
-    latency_s: float
-    loaded: list              # (layer, shard, bits) read from the store in this run
-    evicted: list             # what the buffer dropped afterwards
-
-    def __iter__(self):
-        return iter((self.logits, self.timeline))
+    """What one execution gives (compares by identity, ``eq=False``: ``logits`` is a tensor)."""
+    logits: torch.Tensor                   # (batch, classes)
+    timeline: Timeline                     # measured io, stall, decompress and compute spans
+    latency_s: float                       # seconds from the start of the run to the logits
+    loaded: tuple[PreloadEntry, ...]       # (layer, shard, bits) read from the store in this run
+    evicted: tuple[PreloadEntry, ...]      # what the buffer dropped afterwards
 
 
 class ElasticEngine:
@@ -155,7 +153,7 @@ class ElasticEngine:
                     for i, bits in todo[k]:
                         blobs[i] = self.store.read_blob(k, i, bits)
                         if emulate is not None:
-                            _pad(start + sum(emulate.t_io(b) for j, b in todo[k] if j <= i))
+                            pad_until(start + sum(emulate.t_io(b) for j, b in todo[k] if j <= i))
                     end = time.perf_counter()
                     if todo[k]:
                         spans.append(Span("io", "io", start - t0, end - t0, f"layer {k}",
@@ -199,7 +197,7 @@ class ElasticEngine:
             x = sharded_layer(x, bias, self.resident[k], stack_shards(shards, self.biases[k][:m]),
                               self.cfg.head_dim, self.cfg.layer_norm_eps)
             if emulate is not None:
-                _pad(start + emulate.t_comp(m))
+                pad_until(start + emulate.t_comp(m))
             end = time.perf_counter()
             spans.append(Span("compute", "decompress", start - t0, dec_end - t0, f"layer {k}", {"shards": m}))
             spans.append(Span("compute", "compute", dec_end - t0, end - t0, f"layer {k}", {"shards": m}))
@@ -207,23 +205,15 @@ class ElasticEngine:
         logits = self.model.classify(x, mask)
         latency = time.perf_counter() - t0
         io_thread.join()
-        evicted = self.buffer.trim() if keep_loaded else []
+        evicted = tuple(self.buffer.trim()) if keep_loaded else ()
         timeline = Timeline(tuple(sorted(spans, key=lambda s: (s.start, s.lane))), "measured",
                             name=f"{plan.method} {n}x{m}")
-        return RunResult(logits, timeline, latency, loaded, evicted)
-
-
-def _pad(deadline: float) -> None:
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
+        return RunResult(logits=logits, timeline=timeline, latency_s=latency, loaded=tuple(loaded), evicted=evicted)
 
 
 def run_pipeline(plan: ElasticPlan, store: ShardStore, ids: torch.Tensor, mask: torch.Tensor,
                  engine: ElasticEngine | None = None, emulate: CostModel | None = None) -> RunResult:
-    """Run ``plan`` once on (ids, mask) from ``store`` with a fresh engine (or ``engine``, keeping its buffer).
-
-    ``logits, timeline = run_pipeline(...)`` works: the result unpacks as that pair."""
+    """Run ``plan`` once on (ids, mask) from ``store`` with a fresh engine (or ``engine``, keeping its buffer)."""
     if not isinstance(plan, ElasticPlan) or not isinstance(store, ShardStore):
         raise WorkbenchError("run_pipeline takes (plan, store, ids, mask): got "
                              f"({type(plan).__name__}, {type(store).__name__}, ...)")
