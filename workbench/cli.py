@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
     p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))
-    p.add_argument("--preheat", action="store_true",
-                   help="keep a started kernel per page (faster first load; widgets may not react, see docs)")
+    p.add_argument("--no-preheat", dest="preheat", action="store_false",
+                   help="start each page's kernel on request (by default one kernel per page waits, already run)")
     p.set_defaults(func=_cmd_dashboards)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures (and write them as CSV)")

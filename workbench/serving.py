@@ -7,6 +7,7 @@ a headless browser from reaching outside the machine.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import socket
@@ -30,17 +31,44 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = False) -> list[str]:
+try:
+    from jupyter_server.auth.identity import PasswordIdentityProvider
+except ImportError:                    # serving needs jupyter_server; the engine does not
+    PasswordIdentityProvider = object
+
+
+class XsrfCookieIdentityProvider(PasswordIdentityProvider):
+    """Jupyter's identity provider, plus the ``_xsrf`` cookie on every page Voila serves.
+
+    Voila 0.5.13 renders its pages without touching tornado's ``xsrf_token``, so the
+    browser never gets an ``_xsrf`` cookie, and the page's one POST (``voila/api/shutdown``,
+    sent when the page closes, which reads the token from that cookie) is refused with
+    "'_xsrf' argument missing from POST": a closed page's kernel then lives until it is
+    culled. Reading ``handler.xsrf_token`` sets a random per-browser token, as Jupyter's
+    own pages do; XSRF checks stay on.
+    """
+
+    async def get_user(self, handler):
+        user = super().get_user(handler)
+        if inspect.isawaitable(user):
+            user = await user
+        if user is not None and handler.request.method == "GET":
+            handler.current_user = user          # what the handler's prepare() sets next; the token needs it
+            handler.xsrf_token
+        return user
+
+
+def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
     """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes.
 
-    ``preheat`` keeps one started kernel per dashboard (a faster first load), but with
-    Voila 0.5.13 a preheated page's widgets stop reacting (the server refuses the page's
-    POST for want of an XSRF token), so it is off by default.
+    ``preheat`` keeps one started kernel per dashboard, its notebook already run, so a
+    page shows its figures without waiting for a kernel to start and import the engine.
     """
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+           "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
            "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
     if preheat:
-        cmd += ["--preheat_kernel=True", "--pool_size=1", "--VoilaKernelManager.preheat_denylist=['index.ipynb']"]
+        cmd += ["--preheat_kernel=True", "--pool_size=1"]
     return cmd
 
 
@@ -72,7 +100,7 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
 
 
 @contextmanager
-def voila_server(port: int | None = None, log_path: Path | None = None, preheat: bool = False,
+def voila_server(port: int | None = None, log_path: Path | None = None, preheat: bool = True,
                  env: dict | None = None) -> Iterator[str]:
     """Serve the dashboards on 127.0.0.1 for the block's duration; yields the base URL."""
     port = port or free_port()

@@ -71,7 +71,7 @@ def test_interrupted_run_resumes_to_the_same_result(bbc_store, dev, tmp_path, mo
     monkeypatch.setattr(imp._Runner, "parts", interrupt_in_layer_2)
     with pytest.raises(KeyboardInterrupt):
         imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False, resume_path=saved)
-    assert sorted(json.loads(saved.read_text())) == ["0", "1"]
+    assert sorted(json.loads(saved.read_text())) == ["0", "1", "baseline"]
     monkeypatch.setattr(imp._Runner, "parts", original)
     resumed = imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False, resume_path=saved)
     assert np.array_equal(resumed.accuracy, reference.accuracy) and np.array_equal(resumed.loss, reference.loss)

@@ -18,10 +18,10 @@ import numpy as np
 from workbench.cache import cache_dir, fingerprint
 from workbench.data import SPLITS_DIR, TaskSpec, load_task, task_spec
 from workbench.elastic.costmodel import CostModel, device_cost_model
-from workbench.elastic.finetune import FORMAT_VERSION, ElasticModel, ElasticTrainConfig, train_config, train_elastic
 from workbench.elastic.importance import ShardImportance, measure_importance
 from workbench.elastic.quantize import BITWIDTHS
 from workbench.elastic.store import FORMAT as STORE_FORMAT, ShardStore, ShardStoreError, build_store
+from workbench.elastic.trainconfig import FORMAT_VERSION, ElasticTrainConfig, train_config
 from workbench.errors import WorkbenchError
 from workbench.presets import check_preset, prepare_hint
 
@@ -37,13 +37,13 @@ def _not_prepared(what: str, task: str, preset: str) -> WorkbenchError:
 
 
 def _model_key(cfg: ElasticTrainConfig) -> str:
-    import torch
+    from importlib.metadata import version
 
     from workbench.assets import MINILM
 
     data_sig = json.loads((SPLITS_DIR / f"{cfg.task}.json").read_text())["source_sha256"]
     return fingerprint({"cfg": asdict(cfg), "format": FORMAT_VERSION, "model": f"{MINILM.package}=={MINILM.version}",
-                        "data": data_sig, "torch": torch.__version__})
+                        "data": data_sig, "torch": version("torch")})
 
 
 def model_dir(task: str, preset: str = "full") -> Path:
@@ -52,14 +52,15 @@ def model_dir(task: str, preset: str = "full") -> Path:
     return cache_dir() / "models" / f"elastic-{cfg.task}-{_model_key(cfg)}"
 
 
-def _model_meta(em: ElasticModel) -> dict:
+def _model_meta(em) -> dict:
     return {"task": em.task, "config": asdict(em.config), "accuracy_grid": em.accuracy_grid.tolist(),
             "head_order": em.head_order.tolist(), "train_seconds": em.train_seconds,
             "dev_examples": em.dev_examples, "encoder": asdict(em.encoder.cfg), "losses": list(em.losses),
             "format": FORMAT_VERSION}
 
 
-def _model_from(state: dict, meta: dict) -> ElasticModel:
+def _model_from(state: dict, meta: dict):
+    from workbench.elastic.finetune import ElasticModel
     from workbench.models.encoder import Encoder, EncoderConfig
 
     model = Encoder(EncoderConfig(**meta["encoder"]), len(task_spec(meta["task"]).labels))
@@ -70,8 +71,9 @@ def _model_from(state: dict, meta: dict) -> ElasticModel:
                         losses=tuple(meta["losses"]))
 
 
-def prepare_model(task: str, preset: str = "full", progress: bool = True, force: bool = False) -> ElasticModel:
-    """Train (or load from the cache) the elastic encoder of ``task``."""
+def prepare_model(task: str, preset: str = "full", progress: bool = True, force: bool = False):
+    """Train (or load from the cache) the elastic encoder of ``task`` (an ``ElasticModel``)."""
+    from workbench.elastic.finetune import train_elastic
     from workbench.train.checkpoints import cached_checkpoint
 
     def build():
@@ -83,8 +85,8 @@ def prepare_model(task: str, preset: str = "full", progress: bool = True, force:
     return _model_from(state, meta)
 
 
-def load_model(task: str, preset: str = "full") -> ElasticModel:
-    """The prepared elastic encoder of ``task`` (verified)."""
+def load_model(task: str, preset: str = "full"):
+    """The prepared elastic encoder of ``task`` (verified; an ``ElasticModel``)."""
     from workbench.train.checkpoints import is_checkpoint, load_checkpoint
 
     path = model_dir(task, preset)
@@ -211,7 +213,7 @@ class ElasticContext:
 def load_context(task: str, device: str, preset: str = "full") -> ElasticContext:
     """The prepared store, importance and the device's cost model for ``task`` (the one loader CLI, UI, bench use)."""
     spec = task_spec(task)
-    store = load_store(task, preset)
+    store = load_store(task, preset, verify=False)          # every shard read checks its own CRC32
     return ElasticContext(task=spec, device=device, preset=preset, store=store,
                           cost_model=device_cost_model(device, store, spec.max_length),
                           importance=load_importance(task, preset))

@@ -17,14 +17,11 @@ from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from workbench.cache import write_json
 from workbench.data import Split
 from workbench.elastic.store import ShardStore
 from workbench.progress import ProgressBar
-from workbench.models.encoder import sharded_layer, stack_shards
 
 
 @dataclass(frozen=True)
@@ -80,70 +77,95 @@ class _Runner:
         self.high_bits = high_bits
 
     def parts(self, n: int, raised: int | None = None) -> dict:
+        from workbench.models.encoder import stack_shards
+
         shards = list(self.low[n])
         if raised is not None:
             shards[raised] = self.store.shard_weights(n, raised, self.high_bits)
         return stack_shards(shards, self.biases[n])
 
     def layer(self, x, bias, n, parts):
+        from workbench.models.encoder import sharded_layer
+
         return sharded_layer(x, bias, self.resident[n], parts, self.cfg.head_dim, self.cfg.layer_norm_eps)
 
 
-@torch.no_grad()
+def _from_record(done: dict, num_layers: int, low_bits: int, high_bits: int, dev_examples: int) -> ShardImportance:
+    acc = np.array([[a for a, _ in done[str(n)]] for n in range(num_layers)])
+    loss = np.array([[l for _, l in done[str(n)]] for n in range(num_layers)])
+    return ShardImportance(acc, loss, done["baseline"], low_bits, high_bits, dev_examples)
+
+
 def measure_importance(store: ShardStore, dev: Split, max_length: int, low_bits: int | None = None,
                        high_bits: int = 32, batch_size: int = 64, resume_path: Path | None = None,
                        progress: bool = True) -> ShardImportance:
-    """Run (or resume) the ablation over every shard of ``store`` on ``dev``."""
+    """Run (or resume) the ablation over every shard of ``store`` on ``dev``.
+
+    With ``resume_path``, each finished layer (and the all-low baseline) is saved there,
+    so an interrupted run resumes at the next layer, and a finished one is read back
+    without loading the model at all.
+    """
+    low_bits = min(b for b in store.bitwidths) if low_bits is None else low_bits
+    N = store.cfg.num_layers
+    done = json.loads(resume_path.read_text()) if resume_path is not None and resume_path.exists() else {}
+    if "baseline" in done and all(str(n) in done for n in range(N)):
+        return _from_record(done, N, low_bits, high_bits, len(dev))
+    done = _ablate(store, dev, max_length, low_bits, high_bits, batch_size, resume_path, done, progress)
+    return _from_record(done, N, low_bits, high_bits, len(dev))
+
+
+def _ablate(store, dev, max_length, low_bits, high_bits, batch_size, resume_path, done, progress) -> dict:
+    import torch
+    import torch.nn.functional as F
+
     from workbench.models.tokenizer import encoder_tokenizer
 
-    low_bits = min(b for b in store.bitwidths) if low_bits is None else low_bits
-    cfg = store.cfg
-    N, M = cfg.num_layers, cfg.num_heads
-    done = json.loads(resume_path.read_text()) if resume_path is not None and resume_path.exists() else {}
-    runner = _Runner(store, low_bits, high_bits)
-    model = runner.low_model
-    tok = encoder_tokenizer(max_length)
-    by_length = sorted(range(len(dev)), key=lambda j: (len(dev.texts[j]), j))     # less padding per batch
-    batches = []
-    for s in range(0, len(dev), batch_size):
-        rows = by_length[s:s + batch_size]
-        ids, mask = tok([dev.texts[j] for j in rows])
-        batches.append((model.embed(ids), model.attn_bias(mask), mask, torch.from_numpy(dev.labels[rows])))
-    low_parts = [runner.parts(n) for n in range(N)]
-    inputs = [[x for x, *_ in batches]]                 # inputs[n][b]: layer n's input in the all-low model
-    for n in range(N):
-        inputs.append([runner.layer(x, bias, n, low_parts[n]) for x, (_, bias, *_r) in zip(inputs[n], batches)])
+    N, M = store.cfg.num_layers, store.cfg.num_heads
+    with torch.no_grad():
+        runner = _Runner(store, low_bits, high_bits)
+        model = runner.low_model
+        tok = encoder_tokenizer(max_length)
+        by_length = sorted(range(len(dev)), key=lambda j: (len(dev.texts[j]), j))     # less padding per batch
+        batches = []
+        for s in range(0, len(dev), batch_size):
+            rows = by_length[s:s + batch_size]
+            ids, mask = tok([dev.texts[j] for j in rows])
+            batches.append((model.embed(ids), model.attn_bias(mask), mask, torch.from_numpy(dev.labels[rows])))
+        low_parts = [runner.parts(n) for n in range(N)]
+        inputs = [[x for x, *_ in batches]]                 # inputs[n][b]: layer n's input in the all-low model
+        for n in range(N):
+            inputs.append([runner.layer(x, bias, n, low_parts[n]) for x, (_, bias, *_r) in zip(inputs[n], batches)])
 
-    def evaluate(start: int, first_out: list) -> tuple[float, float]:
-        correct, loss = 0, 0.0
-        for b, (_, bias, mask, y) in enumerate(batches):
-            x = first_out[b]
-            for n in range(start + 1, N):
-                x = runner.layer(x, bias, n, low_parts[n])
-            logits = model.classify(x, mask)
-            correct += int((logits.argmax(-1) == y).sum())
-            loss += float(F.cross_entropy(logits, y, reduction="sum"))
-        return correct / len(dev), loss / len(dev)
+        def evaluate(start: int, first_out: list) -> tuple[float, float]:
+            correct, loss = 0, 0.0
+            for b, (_, bias, mask, y) in enumerate(batches):
+                x = first_out[b]
+                for n in range(start + 1, N):
+                    x = runner.layer(x, bias, n, low_parts[n])
+                logits = model.classify(x, mask)
+                correct += int((logits.argmax(-1) == y).sum())
+                loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            return correct / len(dev), loss / len(dev)
 
-    baseline = evaluate(N - 1, inputs[N])[0]
-    bar = ProgressBar(total=N * M, desc="shard importance", enabled=progress)
-    for n in range(N):
-        if str(n) in done:
-            bar.update(M)
-            continue
-        row = []
-        for i in range(M):
-            parts = runner.parts(n, raised=i)
-            out = [runner.layer(x, bias, n, parts) for x, (_, bias, *_r) in zip(inputs[n], batches)]
-            row.append(evaluate(n, out))
-            bar.update(1)
-        done[str(n)] = row
-        if resume_path is not None:
-            write_json(resume_path, done)               # resume point
-    bar.close()
-    acc = np.array([[a for a, _ in done[str(n)]] for n in range(N)])
-    loss = np.array([[l for _, l in done[str(n)]] for n in range(N)])
-    return ShardImportance(acc, loss, baseline, low_bits, high_bits, len(dev))
+        done["baseline"] = evaluate(N - 1, inputs[N])[0]
+        bar = ProgressBar(total=N * M, desc="shard importance", enabled=progress)
+        for n in range(N):
+            if str(n) in done:
+                bar.update(M)
+                continue
+            row = []
+            for i in range(M):
+                parts = runner.parts(n, raised=i)
+                out = [runner.layer(x, bias, n, parts) for x, (_, bias, *_r) in zip(inputs[n], batches)]
+                row.append(evaluate(n, out))
+                bar.update(1)
+            done[str(n)] = row
+            if resume_path is not None:
+                write_json(resume_path, done)               # resume point
+        bar.close()
+    if resume_path is not None:
+        write_json(resume_path, done)
+    return done
 
 
 def profile_importance(store: ShardStore, dev: Split, max_length: int, **kwargs) -> np.ndarray:

@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from workbench.cache import write_json
 from workbench.elastic.quantize import BITWIDTHS, gobo_quantize, inlier_order, outlier_mask
 from workbench.elastic.shardblob import FP32, decode_blob, encode_fp32, flatten_shard, quantized_blob
 from workbench.errors import CorruptArtifactError
-from workbench.models.encoder import SHARD_KEYS, Encoder, EncoderConfig
+from workbench.models.config import SHARD_KEYS, EncoderConfig
 
 FORMAT = 1
 
@@ -217,11 +216,13 @@ class ShardStore:
 
     def split(self, flat: np.ndarray) -> dict[str, torch.Tensor]:
         """Flat shard weights -> its matrices (views of ``flat``)."""
+        import torch
+
         out, start = {}, 0
         for key in SHARD_KEYS:
             shape = self.shapes[key]
             size = shape[0] * shape[1]
-            out[key] = torch.from_numpy(flat[start:start + size]).view(*shape)
+            out[key] = torch.from_numpy(flat[start:start + size]).view(*shape)   # a view: no copy
             start += size
         return out
 
@@ -238,6 +239,10 @@ class ShardStore:
 
     def model_with_bits(self, bits: np.ndarray) -> Encoder:
         """An :class:`Encoder` whose shard (n, i) holds the store's ``bits[n, i]`` version."""
+        import torch
+
+        from workbench.models.encoder import Encoder
+
         bits = np.asarray(bits)
         model = Encoder(self.cfg, self.manifest["num_classes"])
         model.load_state_dict(self.resident_state(), strict=False)

@@ -1,0 +1,44 @@
+"""The encoder's shape, kept apart from torch so that planning and the dashboards' first figures
+need no torch import (what a shard store's manifest and the planner read)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SHARD_KEYS = ("q", "k", "v", "o", "ffn1", "ffn2")
+"""Per-shard weight matrices, in the order the shard store keeps them."""
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """The shape of an encoder (MiniLM by default): sizes per layer and the number of layers and heads."""
+    vocab_size: int = 30522
+    hidden: int = 384            # d
+    num_layers: int = 6          # N
+    num_heads: int = 12          # M: one shard per head
+    ffn: int = 1536              # d_ff
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+    @property
+    def ffn_per_shard(self) -> int:
+        return self.ffn // self.num_heads
+
+    @property
+    def shard_params(self) -> int:
+        """Weights in one shard: 4 attention blocks of d x d/M plus 2 FFN blocks of d x d_ff/M."""
+        return 4 * self.hidden * self.head_dim + 2 * self.hidden * self.ffn_per_shard
+
+    @classmethod
+    def from_hf_json(cls, path: Path) -> "EncoderConfig":
+        raw = json.loads(Path(path).read_text())
+        return cls(vocab_size=raw["vocab_size"], hidden=raw["hidden_size"],
+                   num_layers=raw["num_hidden_layers"], num_heads=raw["num_attention_heads"],
+                   ffn=raw["intermediate_size"], max_positions=raw["max_position_embeddings"],
+                   type_vocab_size=raw["type_vocab_size"], layer_norm_eps=raw["layer_norm_eps"])
