@@ -2,7 +2,9 @@
 
 Per dashboard (the overview and every registered mechanism's page), printed:
 
-- ``cold_s``: from navigation to the page's probe figure drawn for the first time;
+- ``cold_s``: from navigation to the page's probe figure drawn for the first time (by
+  default the server preheats: one kernel per page waits with its notebook already run,
+  as `workbench dashboards` serves; ``--no-preheat`` measures a kernel started on request);
 - ``redraw_median_ms`` / ``redraw_p95_ms``: from a key press on the probe slider (the
   handle focused; ArrowRight and ArrowLeft in turn, so the value stays in range) until
   the probe figure is redrawn in the page (its ``data-revision`` moved on and
@@ -63,11 +65,16 @@ def run(args: list[str]) -> list[dict]:
     add_preset_argument(parser)
     parser.add_argument("--changes", type=int, default=24, help="control changes timed per page (at least 20)")
     parser.add_argument("--pages", nargs="*", help="pages to measure (default: every dashboard)")
-    parser.add_argument("--preheat", action="store_true", help="serve with preheated kernels")
+    parser.add_argument("--no-preheat", dest="preheat", action="store_false",
+                        help="start each page's kernel on request (what a page costs without a waiting kernel)")
+    parser.add_argument("--pool-wait-s", type=float, default=40.0,
+                        help="with preheating, seconds to let the server start and run its waiting kernels first")
     opts = parser.parse_args(args)
     pages = [d for d in dashboards() if not opts.pages or d.page in opts.pages]
     rows = []
     with voila_server(preheat=opts.preheat, env={"WORKBENCH_PRESET": opts.preset}) as base, chromium() as browser:
+        if opts.preheat:
+            time.sleep(opts.pool_wait_s)
         for dashboard in pages:
             row = measure_page(browser, base, dashboard, opts.changes)
             print(f"{dashboard.page}: first figure {row['cold_s']:.1f} s after navigation; control change -> "
