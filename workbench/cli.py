@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 
@@ -17,6 +18,16 @@ from workbench.errors import WorkbenchError
 
 def _cmd_prepare(args) -> int:
     from workbench.prepare import prepare
+    from workbench.prepare_job import log_path, run_job, start_background
+
+    if args.job:
+        return run_job(args.preset)
+    if args.background:
+        state = start_background(args.preset)
+        print({"ready": f"every step of the {args.preset} preset is ready already",
+               "running": "a prepare is running on this cache already",
+               "started": f"started; its log: {log_path(args.preset)}"}[state])
+        return 0
 
     report = prepare(args.preset, args.tasks or None, force=args.force, progress=not args.quiet,
                      measure_host=not args.no_host)
@@ -35,15 +46,29 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_dashboards(args) -> int:
-    from workbench.serving import DASHBOARDS_DIR, free_port, voila_command
+    from workbench.prepare_job import log_path, start_background
+    from workbench.serving import DASHBOARDS_DIR, free_port, stop_group, voila_command
 
     port = args.port or free_port()
     cmd = voila_command(port, preheat=args.preheat)
+    if not args.no_prepare:
+        state = start_background(args.preset)
+        if state != "ready":
+            print(f"workbench dashboards: the {args.preset} prepare is running in the background "
+                  f"({'started now' if state == 'started' else 'started elsewhere'}; log {log_path(args.preset)}); "
+                  f"the gallery shows its progress and each page works once its artifacts are ready", flush=True)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
+    proc = subprocess.Popen(cmd, cwd=DASHBOARDS_DIR, start_new_session=True,
+                            env={**os.environ, "WORKBENCH_PRESET": args.preset})
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupted)
     try:
-        return subprocess.call(cmd, cwd=DASHBOARDS_DIR)
+        return proc.wait()
     except KeyboardInterrupt:
+        stop_group(proc)                       # the server and what it started stop together
         return 0
 
 
@@ -68,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="retrain even when a cached model exists")
     p.add_argument("--no-host", action="store_true", help="skip measuring the host's device profile")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--background", action="store_true",
+                   help="run the whole prepare as a detached job (what `workbench dashboards` starts); "
+                        "its progress shows in the gallery")
+    p.add_argument("--job", action="store_true", help=argparse.SUPPRESS)     # the detached job itself
     p.set_defaults(func=_cmd_prepare)
 
     p = sub.add_parser("info", help="models, tasks, cache, mechanisms and device profiles")
@@ -77,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
+    add_preset_argument(p)
+    p.add_argument("--no-prepare", action="store_true",
+                   help="do not start the background prepare of missing artifacts")
     p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))
     p.add_argument("--no-preheat", dest="preheat", action="store_false",
                    help="start each page's kernel on request (by default one kernel per page waits, already run)")

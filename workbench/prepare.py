@@ -10,6 +10,7 @@ batches (the test suite uses it).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from workbench.cache import cache_dir, write_json
@@ -67,7 +68,12 @@ def _perplexity(preset, progress, force) -> str:
     ids = decoder_tokenizer().encode(heldout_text())
     window = 512 if preset == "full" else 64
     ppl = load_decoder().perplexity(ids[: 2 * window + 1], window=window)
+    write_json(_perplexity_path(preset), {"perplexity": ppl, "window": window, "windows": 2})
     return f"held-out perplexity {ppl:.2f} (2 windows of {window} tokens)"
+
+
+def _perplexity_path(preset: str):
+    return cache_dir() / "results" / f"decoder-perplexity-{preset}.json"
 
 
 def _host(preset, progress, force) -> str:
@@ -89,7 +95,8 @@ SHARED_STEPS: tuple[PrepareStep, ...] = (
     PrepareStep(name="decoder conversion", run=_decoder, ready=_decoder_ready, estimate_s={"full": 13, "quick": 13}),
 )
 LAST_STEPS: tuple[PrepareStep, ...] = (
-    PrepareStep(name="decoder held-out perplexity", run=_perplexity, ready=lambda preset: True,
+    PrepareStep(name="decoder held-out perplexity", run=_perplexity,
+                ready=lambda preset: _decoder_ready(preset) and _perplexity_path(preset).exists(),
                 estimate_s={"full": 8, "quick": 2}),
     PrepareStep(name="host profile", run=_host, ready=_host_ready, estimate_s={"full": 10, "quick": 10}),
 )
@@ -119,14 +126,23 @@ class PrepareReport:
 
 
 def prepare(preset: str = "full", tasks: list[str] | None = None, force: bool = False,
-            progress: bool = True, measure_host: bool = True, on_step=None) -> PrepareReport:
-    """Run every step in order; ``on_step(name, state)`` hears "running" and "done" (the background job's status)."""
+            progress: bool = True, measure_host: bool = True, on_step=None, hold_lock: bool = True) -> PrepareReport:
+    """Run every step in order, holding the cache's prepare lock (unless the caller holds it).
+
+    ``on_step(name, state)`` hears "running" and "done" (the background job's status file).
+    """
     from workbench.data import task_spec
+    from workbench.prepare_job import prepare_lock
 
     for t in tasks or ():
         task_spec(t)
     cache_dir()
-    report = PrepareReport(check_preset(preset))
+    with prepare_lock() if hold_lock else nullcontext():
+        return _run_steps(check_preset(preset), tasks, force, progress, measure_host, on_step)
+
+
+def _run_steps(preset, tasks, force, progress, measure_host, on_step) -> PrepareReport:
+    report = PrepareReport(preset)
     for step in steps(preset, tasks, measure_host):
         if progress:
             print(f"[prepare] {step.name} ...", flush=True)

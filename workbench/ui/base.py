@@ -57,6 +57,17 @@ def error_html(exc: BaseException) -> str:
 class Panel(widgets.VBox):
     """Base class: subclasses build controls and figure slots, then implement ``_refresh``."""
 
+    dashboard_page = ""       # the Voila page this panel is (its Dashboard in the mechanism registry)
+
+    @classmethod
+    def page(cls, preset: str | None = None, **kwargs) -> widgets.Widget:
+        """The panel as its dashboard shows it: the prepare progress of what it needs until that is ready."""
+        from workbench.mechanisms import dashboards
+        from workbench.ui.preparing import prepared_page
+
+        board = next(d for d in dashboards() if d.page == cls.dashboard_page)
+        return prepared_page(lambda: cls(preset, **kwargs), board.requires, board.title, preset)
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.message = widgets.HTML(value="", layout=widgets.Layout(min_height="0px"))

@@ -30,6 +30,8 @@ picks the largest submodel whose compute fits (<b>compute planning</b>), then sp
 class ElasticPanel(Panel):
     """Controls -> ``plan_elastic`` -> five figures; a button runs the plan for real."""
 
+    dashboard_page = "elastic.ipynb"
+
     def __init__(self, preset: str | None = None, task: str = "sentiment", device: str = "odroid-n2",
                  target_ms: float = 200.0, preload_mb: float = 1.0):
         super().__init__()

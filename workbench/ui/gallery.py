@@ -7,6 +7,7 @@ import html
 import ipywidgets as widgets
 
 from workbench.presets import default_preset, prepare_hint
+from workbench.ui.preparing import PrepareStatus
 
 CARD_STYLE = ("border:1px solid #d0d7e2;border-radius:6px;padding:8px 12px;margin:6px 0;background:#fbfcfe")
 COMING_STYLE = ("border:1px dashed #d0d7e2;border-radius:6px;padding:6px 12px;margin:6px 0;color:#6b7280")
@@ -20,10 +21,11 @@ class Gallery(widgets.VBox):
         self.preset = preset or default_preset()
         self.cards = widgets.HTML()
         self.refresh()
+        self.status = PrepareStatus(self.preset, on_ready=self.refresh)
         self.children = [widgets.HTML(
             "<h2 style='margin:4px 0'>Edge transformer workbench</h2><p style='margin:2px 0 8px 0'>Live views of the "
             "inference systems the workbench implements. Each page starts its own kernel; move a control and the "
-            "engine re-plans and the figures redraw.</p>"), self.cards]
+            "engine re-plans and the figures redraw.</p>"), self.cards, self.status]
 
     def refresh(self) -> None:
         from workbench.mechanisms import dashboards, planned

@@ -27,6 +27,8 @@ profile to see what one layer costs there.</p>
 class OverviewPanel(Panel):
     """Task -> accuracy grid; device profile + layer shape + bitwidth -> per-layer IO and compute times."""
 
+    dashboard_page = "overview.ipynb"
+
     def __init__(self, preset: str | None = None):
         super().__init__()
         self.preset = preset or default_preset()

@@ -1,0 +1,120 @@
+"""The background prepare: one lock per cache, a status file with each step's state, stopped jobs seen as such."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workbench import prepare as prepare_module
+from workbench import prepare_job
+from workbench.errors import WorkbenchError
+from workbench.mechanisms import PrepareStep
+
+
+def fake_steps(log, ready=()):
+    def run(name):
+        def step(preset, progress, force):
+            from workbench.progress import progress_bar
+
+            with progress_bar(total=4, desc=f"{name} work", enabled=False) as bar:
+                for _ in range(4):
+                    bar.update(1)
+            log.append(name)
+            return f"{name} made"
+        return step
+    return [PrepareStep(name=n, run=run(n), ready=lambda preset, n=n: n in ready or n in log,
+                        estimate_s={"quick": 10.0}) for n in ("one", "two")]
+
+
+def test_the_lock_refuses_a_second_prepare_and_names_the_holder(tmp_cache):
+    with prepare_job.prepare_lock():
+        assert prepare_job.lock_held()
+        with pytest.raises(WorkbenchError, match=r"another `workbench prepare` is running on this cache \(pid \d+\)"):
+            with prepare_job.prepare_lock():
+                pass
+    assert not prepare_job.lock_held()
+
+
+def test_the_lock_is_held_across_processes(tmp_cache):
+    code = ("import time\nfrom workbench.prepare_job import prepare_lock\n"
+            "with prepare_lock():\n    print('held', flush=True)\n    time.sleep(30)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert prepare_job.lock_held()
+        with pytest.raises(WorkbenchError, match=f"pid {holder.pid}"):
+            prepare_module.prepare("quick")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not prepare_job.lock_held()
+
+
+def test_a_job_writes_each_steps_state_and_progress(tmp_cache, monkeypatch):
+    log = []
+    monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: fake_steps(log))
+    seen = []
+    original = prepare_job.StatusWriter.on_step
+
+    def spy(self, name, state):
+        original(self, name, state)
+        seen.append({s["name"]: s["state"] for s in json.loads(self.path.read_text())["steps"]})
+    monkeypatch.setattr(prepare_job.StatusWriter, "on_step", spy)
+    assert prepare_job.run_job("quick") == 0
+    assert log == ["one", "two"]
+    assert seen[0] == {"one": "running", "two": "pending"} and seen[1] == {"one": "done", "two": "pending"}
+    status = prepare_job.read_status("quick")
+    assert status["state"] == "done" and [s["state"] for s in status["steps"]] == ["done", "done"]
+    assert status["steps"][1]["progress"] == {"desc": "two work", "done": 4, "total": 4,
+                                              "elapsed_s": status["steps"][1]["progress"]["elapsed_s"]}
+
+
+def test_a_failed_job_says_why_and_a_killed_one_reads_as_stopped(tmp_cache, monkeypatch):
+    def boom(preset, progress, force):
+        raise WorkbenchError("disk full")
+    steps = [PrepareStep(name="bad", run=boom, ready=lambda preset: False)]
+    monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: steps)
+    with pytest.raises(WorkbenchError):
+        prepare_job.run_job("quick")
+    status = prepare_job.read_status("quick")
+    assert status["state"] == "failed" and status["error"] == "WorkbenchError: disk full"
+    assert status["steps"][0]["state"] == "failed"
+    status["state"] = "running"                                  # as a job killed mid-way leaves it
+    prepare_job.status_path("quick").write_text(json.dumps(status))
+    assert prepare_job.read_status("quick")["state"] == "stopped"
+
+
+def test_start_background_does_nothing_when_ready_or_locked(tmp_cache, monkeypatch):
+    monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True:
+                        fake_steps([], ready=("one", "two")))
+    assert prepare_job.start_background("quick") == "ready"
+    with prepare_job.prepare_lock():
+        assert prepare_job.start_background("quick") == "running"
+
+
+def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypatch):
+    from workbench.ui.preparing import PrepareStatus, prepared_page
+
+    log = []
+    monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: fake_steps(log))
+    built = []
+    page = prepared_page(lambda: built.append(1) or __import__("ipywidgets").Label("the page"), ("one", "two"),
+                         "A page", "quick")
+    status = page.children[1]
+    assert isinstance(status, PrepareStatus) and built == []
+    assert "2 prepare step(s) missing" in status.view.value and "workbench prepare --preset quick" in status.view.value
+    with prepare_job.prepare_lock():
+        writer = prepare_job.StatusWriter("quick", fake_steps(log))
+        writer.on_step("one", "running")
+        status.refresh()
+        assert "Preparing the quick preset in the background: 0 of 2 steps ready" in status.view.value
+        assert "<tr class='wb-step' data-state='running'><td style='padding:2px 10px;border-bottom:1px solid " \
+               "#e5e7eb;text-align:left'>one</td>" in status.view.value
+        log.append("one")
+        writer.on_step("one", "done")
+        status.refresh()
+        assert "1 of 2 steps ready" in status.view.value and built == []
+        log.append("two")
+        status.refresh()
+    assert built == [1] and page.children[0].value == "the page"

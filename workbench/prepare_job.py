@@ -1,0 +1,181 @@
+"""`workbench prepare` as a background job: one per cache, its state in a status file the gallery reads.
+
+``workbench dashboards`` serves at once and starts the full prepare in the background
+(:func:`start_background`): a detached ``workbench prepare --job`` process whose output
+goes to a log and whose state (each step pending, running, done or failed; the running
+step's progress; when it started) is rewritten atomically in ``status.json`` at most
+twice a second. Every prepare, in a terminal or in the background, holds the cache's
+lock (:func:`prepare_lock`) for its whole run, so two servers (or a server and a
+terminal) never prepare into one cache at once. An interrupted job resumes where it
+stopped: finished steps are cached, the importance ablation resumes per layer, and a
+fine-tuning that was cut short starts that step again.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from workbench.cache import cache_dir, write_json
+from workbench.errors import WorkbenchError
+
+WRITE_EVERY_S = 0.5
+
+
+def job_dir(preset: str) -> Path:
+    return cache_dir() / "prepare-job" / preset
+
+
+def status_path(preset: str) -> Path:
+    return job_dir(preset) / "status.json"
+
+
+def log_path(preset: str) -> Path:
+    return job_dir(preset) / "log.txt"
+
+
+def _lock_path() -> Path:
+    return cache_dir() / "prepare.lock"
+
+
+@contextmanager
+def prepare_lock() -> Iterator[None]:
+    """Hold the cache's prepare lock, or fail at once naming the process that holds it."""
+    path = _lock_path()
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise WorkbenchError(f"another `workbench prepare` is running on this cache ({holder}); wait for it to "
+                             f"finish (the gallery shows its progress) or stop it") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        yield
+    finally:
+        handle.seek(0)
+        handle.truncate()
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def lock_held() -> bool:
+    """Is a prepare running on this cache now (in any process)?"""
+    try:
+        with open(_lock_path(), "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+
+
+class StatusWriter:
+    """Keeps ``status.json`` up to date while a prepare runs (steps, the running step's progress)."""
+
+    def __init__(self, preset: str, steps):
+        self.path = status_path(preset)
+        self.status = {"preset": preset, "pid": os.getpid(), "state": "running", "started": time.time(),
+                       "updated": time.time(), "error": None, "log": str(log_path(preset)),
+                       "steps": [{"name": s.name, "state": "ready" if s.ready(preset) else "pending",
+                                  "estimate_s": s.estimate_s.get(preset), "seconds": None, "progress": None}
+                                 for s in steps]}
+        self._written = 0.0
+        self.write(force=True)
+
+    def _step(self, name: str) -> dict:
+        return next(s for s in self.status["steps"] if s["name"] == name)
+
+    def on_step(self, name: str, state: str) -> None:
+        step = self._step(name)
+        if state == "running":
+            step.update(state="running", started=time.time(), progress=None)
+        else:
+            step.update(state=state, seconds=time.time() - step.get("started", time.time()))
+        self.write(force=True)
+
+    def on_progress(self, desc: str, done: int, total: int, elapsed_s: float) -> None:
+        running = [s for s in self.status["steps"] if s["state"] == "running"]
+        if running:
+            running[0]["progress"] = {"desc": desc, "done": done, "total": total, "elapsed_s": elapsed_s}
+        self.write(force=done >= total)
+
+    def finish(self, error: BaseException | None) -> None:
+        self.status["state"] = "done" if error is None else "failed"
+        if error is not None:
+            self.status["error"] = f"{type(error).__name__}: {error}"
+            for step in self.status["steps"]:
+                if step["state"] == "running":
+                    step["state"] = "failed"
+        self.write(force=True)
+
+    def write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._written < WRITE_EVERY_S:
+            return
+        self._written = now
+        self.status["updated"] = time.time()
+        write_json(self.path, self.status)
+
+
+def read_status(preset: str) -> dict | None:
+    """The last status a job wrote for ``preset`` (None if no job ever ran); "running" with no lock held
+    reads as "stopped" (the job was killed)."""
+    try:
+        status = json.loads(status_path(preset).read_text())
+    except (OSError, ValueError):
+        return None
+    if status.get("state") == "running" and not lock_held():
+        status["state"] = "stopped"
+    return status
+
+
+def run_job(preset: str) -> int:
+    """The body of ``workbench prepare --job``: the full prepare, reporting to the status file."""
+    from workbench.prepare import prepare, steps
+    from workbench.progress import listen
+
+    with prepare_lock():                         # before any status is written: a second job changes nothing
+        writer = StatusWriter(preset, steps(preset))
+        try:
+            with listen(writer.on_progress):
+                report = prepare(preset, progress=True, on_step=writer.on_step, hold_lock=False)
+        except BaseException as exc:
+            writer.finish(exc)
+            raise
+        writer.finish(None)
+    print(report.summary(), flush=True)
+    return 0
+
+
+def start_background(preset: str) -> str:
+    """Start ``workbench prepare --job`` detached unless a prepare runs or every step is ready.
+
+    Returns what happened: "ready", "running" (someone else's job) or "started".
+    """
+    from workbench.prepare import steps
+
+    if lock_held():
+        return "running"
+    if all(s.ready(preset) for s in steps(preset)):
+        return "ready"
+    job_dir(preset).mkdir(parents=True, exist_ok=True)
+    log = open(log_path(preset), "a")
+    log.write(f"\n=== workbench prepare --preset {preset} --job, started {time.ctime()} ===\n")
+    log.flush()
+    subprocess.Popen([sys.executable, "-m", "workbench.cli", "prepare", "--preset", preset, "--job"],
+                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log.close()
+    return "started"

@@ -1,0 +1,160 @@
+"""What a page shows while `workbench prepare` is still building what it needs.
+
+:class:`PrepareStatus` lists prepare steps with their state (ready, running with its
+percent and time left, waiting, failed), read from the background job's status file
+and from the steps' own readiness checks, and reads them again every second while
+anything is missing. :func:`prepared_page` shows that list in place of a dashboard
+whose artifacts are not ready, and builds the dashboard in the same place as soon as
+they are: a page opened during the prepare works without a reload (and a reload works
+too).
+"""
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+from typing import Callable
+
+import ipywidgets as widgets
+
+from workbench.presets import default_preset, prepare_hint
+from workbench.ui.base import error_html
+
+POLL_S = 1.0
+TABLE_STYLE = "border-collapse:collapse;font-size:13px;margin:4px 0"
+CELL = "padding:2px 10px;border-bottom:1px solid #e5e7eb;text-align:left"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def describe_steps(preset: str, names: list[str] | None, ready: dict[str, bool], status: dict | None) -> list[dict]:
+    """One row per step: name, state, percent (running step), seconds left (running or waiting)."""
+    from workbench.prepare import steps
+
+    by_name = {s["name"]: s for s in (status or {}).get("steps", [])}
+    job_state = (status or {}).get("state")
+    rows = []
+    for step in steps(preset):
+        if names is not None and step.name not in names:
+            continue
+        entry = by_name.get(step.name, {})
+        estimate = step.estimate_s.get(preset) or 0.0
+        if ready.get(step.name):
+            rows.append({"name": step.name, "state": "ready", "percent": 100.0, "left_s": 0.0})
+        elif entry.get("state") == "running" and job_state == "running":
+            elapsed = time.time() - entry.get("started", time.time())
+            progress = entry.get("progress") or {}
+            fraction = min(0.99, elapsed / estimate) if estimate else 0.0     # 100% only once done
+            detail = ""
+            if progress.get("total"):
+                detail = f"{progress['desc']}: {progress['done']} of {progress['total']}"
+            rows.append({"name": step.name, "state": "running", "percent": 100 * fraction, "detail": detail,
+                         "left_s": max(0.0, estimate - elapsed)})
+        elif entry.get("state") == "failed" or job_state in ("failed", "stopped"):
+            rows.append({"name": step.name, "state": "not ready", "percent": 0.0, "left_s": estimate})
+        else:
+            rows.append({"name": step.name, "state": "waiting", "percent": 0.0, "left_s": estimate})
+    return rows
+
+
+class PrepareStatus(widgets.VBox):
+    """The state of prepare steps (all, or ``names``), kept current while any is missing."""
+
+    def __init__(self, preset: str | None = None, names: list[str] | None = None,
+                 on_ready: Callable[[], None] | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.names = names
+        self.on_ready = on_ready
+        self.view = widgets.HTML()
+        self.children = [self.view]
+        self._ready: dict[str, bool] = {}
+        self.all_ready = False
+        self.refresh()
+        if not self.all_ready:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                loop = asyncio.get_event_loop()
+            except RuntimeError:
+                return                      # no loop (a plain script): call refresh() yourself
+        loop.call_later(POLL_S, self._tick)
+
+    def _tick(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:            # shown in the page: a status file being replaced, or a bug
+            self.view.value = error_html(exc)
+        if not self.all_ready:
+            self._schedule()
+
+    def refresh(self) -> bool:
+        """Read readiness and the job's status again and redraw; True when every step is ready."""
+        from workbench.prepare import steps
+        from workbench.prepare_job import read_status
+
+        for step in steps(self.preset):
+            if (self.names is None or step.name in self.names) and not self._ready.get(step.name):
+                self._ready[step.name] = step.ready(self.preset)     # artifacts do not disappear: checked until true
+        status = read_status(self.preset)
+        rows = describe_steps(self.preset, self.names, self._ready, status)
+        was_ready, self.all_ready = self.all_ready, all(r["state"] == "ready" for r in rows)
+        self.view.value = self._html(rows, status)
+        if self.all_ready and not was_ready and self.on_ready is not None:
+            self.on_ready()
+        return self.all_ready
+
+    def _html(self, rows: list[dict], status: dict | None) -> str:
+        missing = [r for r in rows if r["state"] != "ready"]
+        if not missing:
+            return (f"<div class='wb-prepare wb-prepare-ready'>All {len(rows)} prepare steps of the "
+                    f"{html.escape(self.preset)} preset are ready.</div>")
+        state = (status or {}).get("state")
+        left = sum(r["left_s"] for r in missing)
+        if state == "running":
+            head = (f"Preparing the {html.escape(self.preset)} preset in the background: {len(rows) - len(missing)} "
+                    f"of {len(rows)} steps ready, about {_minutes(left)} left. Log: "
+                    f"<code>{html.escape(str(status.get('log', '')))}</code>")
+        elif state in ("failed", "stopped"):
+            reason = html.escape(status.get("error") or "the job was stopped")
+            head = (f"The background prepare {state} ({reason}); run <code>{html.escape(prepare_hint(self.preset))}"
+                    f"</code> to finish it (it resumes where it stopped).")
+        else:
+            head = (f"{len(missing)} prepare step(s) missing; run <code>{html.escape(prepare_hint(self.preset))}"
+                    f"</code> or start <code>workbench dashboards</code>, which prepares in the background.")
+        cells = []
+        for r in rows:
+            bar = (f"<progress max='100' value='{r['percent']:.0f}' style='width:120px'></progress> "
+                   f"{r['percent']:.0f}%" if r["state"] == "running" else "")
+            left_text = _minutes(r["left_s"]) if r["state"] in ("running", "waiting") and r["left_s"] else ""
+            cells.append(f"<tr class='wb-step' data-state='{r['state']}'><td style='{CELL}'>{html.escape(r['name'])}"
+                         f"</td><td style='{CELL}'>{r['state']}</td><td style='{CELL}'>{bar}</td>"
+                         f"<td style='{CELL}'>{left_text}</td><td style='{CELL}'><small>"
+                         f"{html.escape(r.get('detail', ''))}</small></td></tr>")
+        return (f"<div class='wb-prepare'><p style='margin:4px 0'>{head}</p><table style='{TABLE_STYLE}'>"
+                f"<tr><th style='{CELL}'>step</th><th style='{CELL}'>state</th><th style='{CELL}'>progress</th>"
+                f"<th style='{CELL}'>time left</th><th style='{CELL}'></th></tr>{''.join(cells)}</table></div>")
+
+
+def prepared_page(build: Callable[[], widgets.Widget], requires: tuple[str, ...], title: str,
+                  preset: str | None = None) -> widgets.Widget:
+    """``build()`` if every step in ``requires`` is ready; else the steps' progress, replaced by ``build()``
+    in place once they are."""
+    from workbench.prepare import steps
+
+    preset = preset or default_preset()
+    if all(s.ready(preset) for s in steps(preset) if s.name in requires):
+        return build()
+    page = widgets.VBox()
+    intro = widgets.HTML(f"<h2 style='margin:4px 0'>{html.escape(title)}</h2><p style='margin:2px 0'>This page "
+                         "needs artifacts that are still being prepared; it appears here by itself when they "
+                         "are ready.</p>")
+    page.children = [intro, PrepareStatus(preset, list(requires), on_ready=lambda: setattr(page, "children",
+                                                                                           [build()]))]
+    return page
