@@ -3,18 +3,15 @@ import time
 
 from tests.browser.conftest import assert_figures_visible
 from tests.conftest import PRESET
-from workbench.elastic.artifacts import load_importance
 from workbench.elastic.planner import plan_elastic
-from workbench.elastic.costmodel import device_cost_model
-from workbench.elastic.artifacts import load_store
+from workbench.elastic.artifacts import load_context
 
 PAGE_TIMEOUT_MS = 180_000
 
 
 def engine_plan(target_ms):
-    store = load_store("sentiment", PRESET)
-    return plan_elastic(device_cost_model("odroid-n2", store, 64), target_ms / 1e3,
-                        load_importance("sentiment", PRESET).accuracy, 1e6)
+    ctx = load_context("sentiment", "odroid-n2", PRESET)
+    return plan_elastic(ctx.cost_model, target_ms / 1e3, ctx.importance.accuracy, 1e6)
 
 
 def test_target_slider_replans_gantt_and_submodel(voila_server, page):

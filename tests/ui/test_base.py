@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.errors import WorkbenchError
+from workbench.ui import base
 from workbench.ui.base import SETTLE_S, BackgroundRun, Panel
 
 
@@ -17,6 +18,12 @@ def in_event_loop(coro):
     running by another test (Playwright's) is in the way."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture
+def as_in_a_kernel(monkeypatch):
+    """Background runs hand work to a thread and post back to the running loop, as inside a kernel."""
+    monkeypatch.setattr(base, "kernel_loop", asyncio.get_running_loop)
 
 
 class Echo(Panel):
@@ -117,7 +124,7 @@ class Runner(Panel):
         self.done.append((result, cancelled, threading.current_thread().name))
 
 
-def test_background_run_reports_progress_on_the_loop_and_counts_runs():
+def test_background_run_reports_progress_on_the_loop_and_counts_runs(as_in_a_kernel):
     panel = Runner(steps=4)
     panel.release.set()
 
@@ -135,7 +142,7 @@ def test_background_run_reports_progress_on_the_loop_and_counts_runs():
     assert panel.runner.bar.layout.visibility == "hidden" and panel.message.value == ""
 
 
-def test_cancel_stops_the_work_and_a_second_start_is_refused_while_running():
+def test_cancel_stops_the_work_and_a_second_start_is_refused_while_running(as_in_a_kernel):
     panel = Runner(steps=1000)
 
     async def go():
@@ -159,7 +166,7 @@ def test_cancel_stops_the_work_and_a_second_start_is_refused_while_running():
 def test_errors_of_background_work_show_beside_its_button(error, shown):
     panel = Runner(steps=1, fail=error)
     panel.release.set()
-    panel.runner.button.click()                     # no event loop here: runs at once in this thread
+    panel.runner.button.click()                     # not in a kernel: runs at once in this thread
     assert shown in panel.runner.message.value and panel.message.value == ""
     assert panel.done == [] and "failed" in panel.runner.status.value
 
@@ -174,3 +181,9 @@ def test_figures_are_redrawn_in_place_by_one_view_per_slot():
     assert view.figure["layout"]["title"]["text"] == "two" and view.figure["data"][0]["y"] == [3]
     assert panel.figures["f"] is view.last and first.layout.title.text == "one"
     assert view.library is panel.figure_slot("g").library          # plotly.js shipped once per kernel
+
+
+def test_outside_a_kernel_a_registered_loop_is_not_used():
+    async def check():
+        return base.kernel_loop()
+    assert in_event_loop(check()) is None           # a running loop, but no kernel: work runs inline

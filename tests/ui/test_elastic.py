@@ -1,18 +1,15 @@
 import base64
 import json
 
-from workbench.elastic.artifacts import load_importance
 from workbench.elastic.planner import plan_elastic
-from workbench.elastic.costmodel import device_cost_model
-from workbench.elastic.artifacts import load_store
+from workbench.elastic.artifacts import load_context
 from workbench.ui import ElasticPanel
 from tests.conftest import PRESET
 
 
 def expected_plan(task, device, target_ms, preload_mb):
-    store = load_store(task, PRESET)
-    return plan_elastic(device_cost_model(device, store, 64 if task == "sentiment" else 128), target_ms / 1e3,
-                        load_importance(task, PRESET).accuracy, preload_mb * 1e6)
+    ctx = load_context(task, device, PRESET)
+    return plan_elastic(ctx.cost_model, target_ms / 1e3, ctx.importance.accuracy, preload_mb * 1e6)
 
 
 def test_controls_replan_and_redraw(prepared):

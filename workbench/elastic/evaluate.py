@@ -20,7 +20,7 @@ from workbench.elastic.importance import importance_order
 PAPER_NAMES = {"Load&Exec": "Load&Exec", "StdPL-2": "StdPL-2bit", "StdPL-6": "StdPL-6bit", "StdPL-32": "StdPL-full",
                "PreloadModel-6": "Preload-6bit", "PreloadModel-32": "Preload-full", "Ours-0MB": "Ours-0MB",
                "Ours": "Ours"}
-"""Our method names -> the names in the paper's tables (``../shared/reference/wrx_table*.csv``)."""
+"""Our method names -> the names in the paper's tables (``data/reference/wrx_table*.csv``)."""
 
 DEFAULT_PRELOAD_MB = {"host": 1.0, "odroid-n2": 1.0, "jetson-nano": 5.0}
 """The paper's buffers: 1 MB on the Odroid, 5 MB on the Jetson (host: as the Odroid)."""

@@ -43,6 +43,25 @@ log = logging.getLogger("workbench.ui")
 Update = Callable[[], None]
 
 
+def kernel_loop() -> asyncio.AbstractEventLoop | None:
+    """The running Jupyter kernel's event loop, where widget changes belong; None outside a kernel.
+
+    Outside a kernel (scripts, tests) an event loop may still be registered as running
+    (Playwright's sync API leaves one) without anyone serving it, so a loop alone is no
+    sign that callbacks posted to it will run.
+    """
+    try:
+        from ipykernel.kernelbase import Kernel
+    except ImportError:
+        return None
+    if not Kernel.initialized():
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def error_html(exc: BaseException) -> str:
     """How an exception reads in a page: a user error as its message, anything else as an internal error."""
     if isinstance(exc, WorkbenchError):
@@ -197,7 +216,7 @@ class BackgroundRun(widgets.HBox):
     event loop, where widgets may change. Errors go to the owning panel's message slot
     for ``work`` (user errors inline; anything else as an internal error, logged). The
     state shared by the two threads (the running flag and the counter) is guarded by a
-    lock. Without an event loop (a plain Python session, the tests) the work runs at
+    lock. Outside a Jupyter kernel (a plain Python session, the tests) the work runs at
     once, in the calling thread.
     """
 
@@ -233,10 +252,7 @@ class BackgroundRun(widgets.HBox):
                 self.panel.report(self.work, WorkbenchError("a run is already in progress; cancel it or wait for it"))
                 return
             handle = self._handle = RunHandle(self)
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+        self._loop = kernel_loop()
         self._started = time.monotonic()
         self.button.disabled = True
         self.bar.value, self.bar.max = 0, 1
