@@ -157,8 +157,11 @@ class ElasticPanel(Panel):
         key = (self.task.value, plan.n, plan.m, plan.bits.tobytes(), plan.preloaded.tobytes())
         self.show_if_changed("importance", key,
                              lambda: importance_plan_figure(ctx.importance.accuracy, plan if plan.found else None))
-        if plan.compute is not None:
-            self.show_figure("candidates", candidates_figure(plan.compute))
+        if plan.compute is not None:             # depends on the target and device only, not on the buffer
+            compute = plan.compute
+            key = (self.task.value, self.device.value, compute.target_s, compute.n, compute.m,
+                   tuple((r.n, r.m) for r in plan.rejected))      # rejections depend on the buffer
+            self.show_if_changed("candidates", key, lambda: candidates_figure(compute))
         self._redraw_aib()
         self._redraw_gantt()
         self._redraw_memory()
