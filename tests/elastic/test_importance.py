@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 import shutil
 import zlib
 
@@ -9,6 +10,7 @@ from workbench.data import load_task
 from workbench.elastic import importance as imp
 from workbench.elastic import artifacts
 from workbench.elastic.artifacts import prepare_store
+from workbench.elastic.shardblob import parse_blob
 from workbench.elastic.store import ShardStore
 from workbench.errors import WorkbenchError
 from tests.conftest import PRESET
@@ -36,10 +38,12 @@ def _damaged_copy(store: ShardStore, root, layer: int, shard: int) -> ShardStore
     entry = next(e for e in manifest["layers"][layer]["shards"][shard] if e["bits"] == low)
     path = root / store.version / manifest["layers"][layer]["file"]
     data = bytearray(path.read_bytes())
-    start = entry["offset"] + (store.shard_params * low + 7) // 8
-    centroids = np.frombuffer(bytes(data[start:start + 4 * (1 << low)]), np.float32) * -40.0
-    data[start:start + centroids.nbytes] = centroids.astype(np.float32).tobytes()
-    entry["crc32"] = zlib.crc32(bytes(data[entry["offset"]:entry["offset"] + entry["nbytes"]]))
+    start, end = entry["offset"], entry["offset"] + entry["nbytes"]
+    parts = parse_blob(bytes(data[start:end]), store.shard_params, low)
+    damaged = replace(parts, centroids=parts.centroids * -40.0).to_bytes()
+    assert len(damaged) == entry["nbytes"]
+    data[start:end] = damaged
+    entry["crc32"] = zlib.crc32(damaged)
     path.write_bytes(bytes(data))
     manifest_path.write_text(json.dumps(manifest))
     return ShardStore.open(root)
