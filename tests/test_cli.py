@@ -123,3 +123,45 @@ def test_profile_device_saves_json(prepared, tmp_path):
     assert out.returncode == 0, out.stderr
     saved = json.loads((tmp_path / "p.json").read_text())
     assert saved["device"] == "jetson-nano" and sorted(map(int, saved["io_s"])) == [2, 3, 4, 5, 6, 32]
+
+
+def test_sigterm_stops_the_server_and_the_background_prepare_it_started(tmp_path):
+    import os
+    import signal
+    import socket
+    import time
+
+    from workbench.serving import free_port, wait_for_http
+
+    cache = tmp_path / "cache"
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "workbench.cli", "dashboards", "--preset", "quick", "--port",
+                               str(port), "--no-preheat"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "WORKBENCH_CACHE": str(cache)})
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/voila/render/index.ipynb", server, 120)
+        status = cache / "prepare-job" / "quick" / "status.json"
+        deadline = time.monotonic() + 60
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        job_pid = json.loads(status.read_text())["pid"]
+        os.kill(job_pid, 0)                                   # the job runs
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, out
+    assert "the quick prepare is running in the background (started now" in out
+    assert "stopping the background prepare; it resumes where it stopped next time" in out
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "the server still listens"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(job_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"the background prepare (pid {job_pid}) still runs")

@@ -88,9 +88,9 @@ def test_a_failed_job_says_why_and_a_killed_one_reads_as_stopped(tmp_cache, monk
 def test_start_background_does_nothing_when_ready_or_locked(tmp_cache, monkeypatch):
     monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True:
                         fake_steps([], ready=("one", "two")))
-    assert prepare_job.start_background("quick") == "ready"
+    assert prepare_job.start_background("quick") == ("ready", None)
     with prepare_job.prepare_lock():
-        assert prepare_job.start_background("quick") == "running"
+        assert prepare_job.start_background("quick") == ("running", None)
 
 
 def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypatch):

@@ -23,7 +23,7 @@ def _cmd_prepare(args) -> int:
     if args.job:
         return run_job(args.preset)
     if args.background:
-        state = start_background(args.preset)
+        state, _ = start_background(args.preset)
         print({"ready": f"every step of the {args.preset} preset is ready already",
                "running": "a prepare is running on this cache already",
                "started": f"started; its log: {log_path(args.preset)}"}[state])
@@ -51,8 +51,9 @@ def _cmd_dashboards(args) -> int:
 
     port = args.port or free_port()
     cmd = voila_command(port, preheat=args.preheat)
+    job = None
     if not args.no_prepare:
-        state = start_background(args.preset)
+        state, job = start_background(args.preset)
         if state != "ready":
             print(f"workbench dashboards: the {args.preset} prepare is running in the background "
                   f"({'started now' if state == 'started' else 'started elsewhere'}; log {log_path(args.preset)}); "
@@ -69,6 +70,10 @@ def _cmd_dashboards(args) -> int:
         return proc.wait()
     except KeyboardInterrupt:
         stop_group(proc)                       # the server and what it started stop together
+        if job is not None and job.poll() is None:
+            print("workbench dashboards: stopping the background prepare; it resumes where it stopped next time",
+                  flush=True)
+            stop_group(job)
         return 0
 
 

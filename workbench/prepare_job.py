@@ -159,23 +159,25 @@ def run_job(preset: str) -> int:
     return 0
 
 
-def start_background(preset: str) -> str:
+def start_background(preset: str) -> tuple[str, subprocess.Popen | None]:
     """Start ``workbench prepare --job`` detached unless a prepare runs or every step is ready.
 
-    Returns what happened: "ready", "running" (someone else's job) or "started".
+    Returns what happened, "ready", "running" (someone else's job) or "started", and
+    the started job's process (its own process group: :func:`workbench.serving.stop_group`
+    stops it; it resumes where it stopped when started again).
     """
     from workbench.prepare import steps
 
     if lock_held():
-        return "running"
+        return "running", None
     if all(s.ready(preset) for s in steps(preset)):
-        return "ready"
+        return "ready", None
     job_dir(preset).mkdir(parents=True, exist_ok=True)
     log = open(log_path(preset), "a")
     log.write(f"\n=== workbench prepare --preset {preset} --job, started {time.ctime()} ===\n")
     log.flush()
-    subprocess.Popen([sys.executable, "-m", "workbench.cli", "prepare", "--preset", preset, "--job"],
-                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    job = subprocess.Popen([sys.executable, "-m", "workbench.cli", "prepare", "--preset", preset, "--job"],
+                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.close()
-    return "started"
+    return "started", job
