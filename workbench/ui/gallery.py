@@ -30,14 +30,17 @@ class Gallery(widgets.VBox):
     def refresh(self) -> None:
         from workbench.mechanisms import dashboards, planned
         from workbench.prepare import steps
+        from workbench.prepare_job import read_status
 
         ready = {s.name: s.ready(self.preset) for s in steps(self.preset)}
+        status = read_status(self.preset)
+        how = ("being prepared in the background, see below" if status and status.get("state") == "running"
+               else f"<code>{html.escape(prepare_hint(self.preset))}</code>")
         parts = []
         for d in dashboards():
             missing = [name for name in d.requires if not ready.get(name, False)]
             state = ("<span class='wb-ready'>ready</span>" if not missing else
-                     f"<span class='wb-not-ready'>waiting for {html.escape(', '.join(missing))} "
-                     f"(<code>{html.escape(prepare_hint(self.preset))}</code>)</span>")
+                     f"<span class='wb-not-ready'>waiting for {html.escape(', '.join(missing))} ({how})</span>")
             parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
                          f"{html.escape(d.title)}</b></a> &middot; {state}<br><small>{html.escape(d.summary)}</small>"
                          f"</div>")
