@@ -2,7 +2,6 @@ import json
 import subprocess
 import sys
 
-from workbench import cli
 
 
 def run_cli(*args, env=None):

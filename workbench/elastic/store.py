@@ -25,6 +25,7 @@ import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,11 @@ from workbench.elastic.quantize import BITWIDTHS, gobo_quantize, inlier_order, o
 from workbench.elastic.shardblob import FP32, decode_blob, encode_fp32, flatten_shard, quantized_blob
 from workbench.errors import CorruptArtifactError
 from workbench.models.config import SHARD_KEYS, EncoderConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from workbench.models.encoder import Encoder
 
 FORMAT = 1
 

@@ -17,10 +17,7 @@ shards, and shards decompressed from disk by the elastic pipeline.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
