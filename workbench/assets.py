@@ -72,6 +72,18 @@ def bbc_dir() -> Path:
     return path
 
 
+def movie_reviews_path() -> Path:
+    """Where the extracted movie-review sentences live in the cache (present or not)."""
+    return cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt"
+
+
+def converted_decoder_path() -> Path:
+    """Where the shipped decoder, converted once to float32 safetensors, lives in the cache (present or not).
+
+    Here rather than in ``workbench.models.decoder`` so that readiness checks need no torch."""
+    return cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32"
+
+
 def movie_reviews_file(download: bool = True) -> Path:
     """The 10,605 rated Rotten Tomatoes snippets from the vaderSentiment source distribution.
 
@@ -79,7 +91,7 @@ def movie_reviews_file(download: bool = True) -> Path:
     file is extracted into the cache.
     """
     name, version = VADER_SDIST
-    target = cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt"
+    target = movie_reviews_path()
     if target.exists():
         if sha256_file(target) == MOVIE_REVIEWS_SHA256:
             return target

@@ -182,11 +182,18 @@ def measure_read_bandwidth(megabytes: int = 64, directory: Path | None = None) -
     return megabytes * (1 << 20) / float(np.median(samples))
 
 
+def host_profile_path() -> Path:
+    """Where the measured host profile is cached (present or not)."""
+    from workbench.cache import cache_dir
+
+    return cache_dir() / "profiles" / "host.json"
+
+
 def host_profile(remeasure: bool = False) -> DeviceProfile:
     """The measured ``host`` profile, cached in the cache directory (about 10 s to measure)."""
-    from workbench.cache import cache_dir, write_json
+    from workbench.cache import write_json
 
-    path = cache_dir() / "profiles" / "host.json"
+    path = host_profile_path()
     if path.exists() and not remeasure:
         try:
             return DeviceProfile(**json.loads(path.read_text()))

