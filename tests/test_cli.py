@@ -5,7 +5,8 @@ import sys
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)             # a command that hangs fails the test
 
 
 def test_info_lists_models_tasks_mechanisms_and_device_profiles(prepared):
@@ -122,6 +123,28 @@ def test_profile_device_saves_json(prepared, tmp_path):
     assert out.returncode == 0, out.stderr
     saved = json.loads((tmp_path / "p.json").read_text())
     assert saved["device"] == "jetson-nano" and sorted(map(int, saved["io_s"])) == [2, 3, 4, 5, 6, 32]
+
+
+def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
+    import os
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run_cli("dashboards", "--preset", "quick", "--port", str(port),
+                      env={**os.environ, "WORKBENCH_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"workbench: error: port {port} on 127.0.0.1 is in use; stop what serves there " \
+                                 f"or pass another --port"
+    assert not (tmp_path / "cache" / "prepare-job").exists()          # no background prepare was started
+
+
+def test_voila_is_told_not_to_move_to_another_port():
+    from workbench.serving import voila_command
+
+    assert "--Voila.port_retries=0" in voila_command(8999)
 
 
 def test_sigterm_stops_the_server_and_the_background_prepare_it_started(tmp_path):

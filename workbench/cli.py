@@ -47,9 +47,9 @@ def _cmd_info(args) -> int:
 
 def _cmd_dashboards(args) -> int:
     from workbench.prepare_job import log_path, start_background
-    from workbench.serving import DASHBOARDS_DIR, free_port, stop_group, voila_command
+    from workbench.serving import DASHBOARDS_DIR, check_port_free, free_port, stop_group, voila_command
 
-    port = args.port or free_port()
+    port = check_port_free(args.port) if args.port else free_port()
     cmd = voila_command(port, preheat=args.preheat)
     job = None
     if not args.no_prepare:
@@ -67,14 +67,16 @@ def _cmd_dashboards(args) -> int:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        return proc.wait()
+        returncode = proc.wait()
     except KeyboardInterrupt:
-        stop_group(proc)                       # the server and what it started stop together
+        stop_group(proc)                       # the server and its kernels stop together
+        returncode = 0
+    finally:                                   # however the server ended, the job it started ends with it
         if job is not None and job.poll() is None:
             print("workbench dashboards: stopping the background prepare; it resumes where it stopped next time",
                   flush=True)
             stop_group(job)
-        return 0
+    return returncode
 
 
 def _cmd_bench(args) -> int:

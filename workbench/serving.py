@@ -31,6 +31,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def check_port_free(port: int, host: str = "127.0.0.1") -> int:
+    """``port`` if nothing listens on it, else an error that names it (Voila would move to another port)."""
+    from workbench.errors import WorkbenchError
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise WorkbenchError(f"port {port} on {host} is in use; stop what serves there or pass another "
+                                 f"--port") from None
+    return port
+
+
 try:
     from jupyter_server.auth.identity import PasswordIdentityProvider
 except ImportError:                    # serving needs jupyter_server; the engine does not
@@ -65,7 +78,7 @@ def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = T
     page shows its figures without waiting for a kernel to start and import the engine.
     """
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-           "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
+           "--Voila.port_retries=0", "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
            "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
     if preheat:
         cmd += ["--preheat_kernel=True", "--pool_size=1"]
