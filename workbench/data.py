@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.resources import shipped
 
-SPLITS_DIR = Path(__file__).resolve().parent.parent / "data" / "splits"
+SPLITS_DIR = shipped("splits")
 SPLIT_NAMES = ("train", "dev", "test")
 
 

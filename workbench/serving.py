@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
+from workbench.resources import shipped
+
+DASHBOARDS_DIR = shipped("dashboards")
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic")

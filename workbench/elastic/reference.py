@@ -6,11 +6,11 @@ the same two devices. Compare shapes, rankings and ratios, not absolute numbers.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "data" / "reference"
+from workbench.resources import shipped
+
+REFERENCE_DIR = shipped("reference")
 PLATFORMS = {"odroid-n2": "odroid-n2-cpu", "jetson-nano": "jetson-nano-gpu"}
 
 
