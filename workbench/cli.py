@@ -12,8 +12,8 @@ import signal
 import subprocess
 import sys
 
+from workbench.argtypes import Parser, existing_folder, tcp_port
 from workbench.errors import WorkbenchError
-
 
 
 def _cmd_prepare(args) -> int:
@@ -47,7 +47,7 @@ def _cmd_info(args) -> int:
 
 def _cmd_dashboards(args) -> int:
     from workbench.prepare_job import log_path, start_background
-    from workbench.serving import DASHBOARDS_DIR, check_port_free, free_port, stop_group, voila_command
+    from workbench.serving import DASHBOARDS_DIR, check_port_free, free_port, stop_group, voila_command, voila_env
 
     port = check_port_free(args.port) if args.port else free_port()
     cmd = voila_command(port, preheat=args.preheat)
@@ -61,7 +61,7 @@ def _cmd_dashboards(args) -> int:
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
     proc = subprocess.Popen(cmd, cwd=DASHBOARDS_DIR, start_new_session=True,
-                            env={**os.environ, "WORKBENCH_PRESET": args.preset})
+                            env=voila_env({"WORKBENCH_PRESET": args.preset}))
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt
@@ -79,6 +79,16 @@ def _cmd_dashboards(args) -> int:
     return returncode
 
 
+def _cmd_lab(args) -> int:
+    from workbench.serving import check_port_free, default_lab_root, free_port, lab_command
+
+    port = check_port_free(args.port) if args.port else free_port()
+    cmd = lab_command(port, args.root or default_lab_root())
+    print(f"workbench lab: JupyterLab on http://127.0.0.1:{port}/lab (the URL with its token follows; Ctrl-C stops "
+          f"it and its kernels)", flush=True)
+    os.execvpe(cmd[0], cmd, {**os.environ, "WORKBENCH_PRESET": args.preset})
+
+
 def _cmd_bench(args) -> int:
     from workbench.bench import run_benchmark
 
@@ -91,12 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.mechanisms import mechanisms
     from workbench.presets import add_preset_argument
 
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    from workbench.data import TASKS
+    from workbench.devices import profile_names
+
+    parser = Parser(prog="workbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("prepare", help="convert models, fine-tune, build stores, measure (cached by inputs)")
     add_preset_argument(p)
-    p.add_argument("--tasks", nargs="*", help="tasks to prepare (default: all)")
+    p.add_argument("--tasks", nargs="*", choices=list(TASKS), help="tasks to prepare (default: all)")
     p.add_argument("--force", action="store_true", help="retrain even when a cached model exists")
     p.add_argument("--no-host", action="store_true", help="skip measuring the host's device profile")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -109,17 +122,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="models, tasks, cache, mechanisms and device profiles")
     add_preset_argument(p)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--device", help="show one device profile's per-layer compute and load times")
+    p.add_argument("--device", choices=profile_names(),
+                   help="show one device profile's per-layer compute and load times")
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("dashboards", help="serve the Voila dashboard gallery on 127.0.0.1")
     add_preset_argument(p)
     p.add_argument("--no-prepare", action="store_true",
                    help="do not start the background prepare of missing artifacts")
-    p.add_argument("--port", type=int, default=int(os.environ.get("WORKBENCH_PORT", "8866")))
+    p.add_argument("--port", type=tcp_port, default=os.environ.get("WORKBENCH_PORT", "8866"),
+                   help="port on 127.0.0.1 (default 8866, or $WORKBENCH_PORT; 0 picks a free one)")
     p.add_argument("--no-preheat", dest="preheat", action="store_false",
                    help="start each page's kernel on request (by default one kernel per page waits, already run)")
     p.set_defaults(func=_cmd_dashboards)
+
+    p = sub.add_parser("lab", help="JupyterLab on 127.0.0.1 with the tutorials and labs, same environment")
+    add_preset_argument(p)
+    p.add_argument("--port", type=tcp_port, default=8888, help="port on 127.0.0.1 (default 8888; 0 picks a free one)")
+    p.add_argument("--root", type=existing_folder,
+                   help="folder JupyterLab opens (default: the tutorials and labs in a clone, else this folder)")
+    p.set_defaults(func=_cmd_lab)
 
     p = sub.add_parser("bench", help="run a benchmark and print its figures (and write them as CSV)")
     p.add_argument("name", choices=sorted(benchmarks()), metavar="NAME",
@@ -146,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("workbench: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

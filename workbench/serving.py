@@ -73,6 +73,19 @@ class XsrfCookieIdentityProvider(PasswordIdentityProvider):
         return user
 
 
+TEMPLATE = "workbench"
+TEMPLATE_ROOT = Path(__file__).resolve().parent / "share"
+"""A Jupyter data folder holding ``voila/templates/workbench``: Voila's lab template without its
+CDN links, so a page makes no request beyond 127.0.0.1 (on ``JUPYTER_PATH`` for the server)."""
+
+
+def voila_env(extra: dict | None = None) -> dict:
+    """The environment of a Voila server: this one, with the workbench template findable."""
+    env = {**os.environ, **(extra or {})}
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(TEMPLATE_ROOT), env.get("JUPYTER_PATH", "")) if p)
+    return env
+
+
 def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
     """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes.
 
@@ -81,9 +94,27 @@ def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = T
     """
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
            "--Voila.port_retries=0", "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
+           f"--template={TEMPLATE}",
            "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
     if preheat:
         cmd += ["--preheat_kernel=True", "--pool_size=1"]
+    return cmd
+
+
+def default_lab_root() -> Path:
+    """The repository's notebooks/ folder (tutorials and labs) in a clone; the current folder otherwise."""
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    return notebooks if notebooks.is_dir() else Path.cwd()
+
+
+def lab_command(port: int, root: Path, token: str | None = None) -> list[str]:
+    """JupyterLab on 127.0.0.1 over ``root`` (`workbench lab`, `make lab`); ``token=""`` turns the token off
+    (tests), ``None`` keeps Jupyter's own random one (printed in the log with the URL)."""
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}", "--allow-root",
+           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if token is not None:
+        cmd += [f"--IdentityProvider.token={token}"]
     return cmd
 
 
@@ -121,7 +152,7 @@ def voila_server(port: int | None = None, log_path: Path | None = None, preheat:
     port = port or free_port()
     log = open(log_path, "w") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(voila_command(port, preheat=preheat), cwd=DASHBOARDS_DIR, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})})
+                            stderr=subprocess.STDOUT, start_new_session=True, env=voila_env(env))
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_http(f"{base}/voila/render/index.ipynb", proc)

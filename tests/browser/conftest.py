@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -31,16 +32,30 @@ def browser():
         yield b
 
 
+LOCAL_SCHEMES = ("data", "blob", "about")
+
+
+def outside(url: str) -> bool:
+    """A request that leaves this machine's loopback server."""
+    parts = urlsplit(url)
+    return parts.scheme not in LOCAL_SCHEMES and parts.hostname != "127.0.0.1"
+
+
 @pytest.fixture
 def page(browser, request):
+    """A fresh browser page; every request it makes is recorded (``page.outside_requests``: those that left
+    127.0.0.1, which fail the test), and a failed test leaves a full-page screenshot in test-artifacts/."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 1600})
     pg = ctx.new_page()
+    pg.outside_requests = []
+    pg.on("request", lambda r: pg.outside_requests.append(r.url) if outside(r.url) else None)
     yield pg
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
         ARTIFACTS.mkdir(exist_ok=True)
         pg.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
     ctx.close()
+    assert not pg.outside_requests, f"the page fetched from outside 127.0.0.1: {pg.outside_requests}"
 
 
 @pytest.hookimpl(hookwrapper=True)

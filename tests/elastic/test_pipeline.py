@@ -55,7 +55,7 @@ def test_pipeline_logits_equal_the_batch_evaluation_of_the_same_weights(store, i
 
 def test_measured_timeline_has_every_lane_and_exports(store, importance, odroid, tmp_path):
     plan = plan_elastic(odroid, 0.2, importance, 0)
-    result = run_pipeline(plan, store, *batch(["a quietly moving film"]))
+    result = run_pipeline(plan, store, *batch(["a quietly moving film"]), emulate=odroid)
     tl = result.timeline
     assert tl.source == "measured" and result.latency_s >= tl.end * 0.999
     for kind in ("io", "decompress", "compute"):
@@ -63,6 +63,22 @@ def test_measured_timeline_has_every_lane_and_exports(store, importance, odroid,
     assert len(result.loaded) == plan.n * plan.m
     trace = json.loads(tl.save_chrome_trace(tmp_path / "run.json").read_text())
     assert {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"io", "decompress", "compute"}
+    processes = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
+    assert processes == ["odroid-n2 emulated on this host (measured)"]      # not "host": the run was padded
+    host_run = run_pipeline(plan, store, *batch(["a quietly moving film"]), emulate=None)
+    assert {s.device for s in host_run.timeline.spans} == {"host"} and host_run.emulated == ""
+
+
+def test_a_run_checks_itself_against_its_prediction(store, importance, odroid):
+    plan = plan_elastic(odroid, 0.2, importance, 0)
+    ElasticEngine.runs_in_process = 0
+    engine = ElasticEngine(store, PreloadBuffer(0))
+    first, second = (engine.run(plan, *batch(["a quietly moving film"]), emulate=odroid) for _ in range(2))
+    assert first.first_in_process and not second.first_in_process and first.emulated == "odroid-n2"
+    check = second.check(plan)
+    assert check.predicted_s == plan.predicted_s and check.measured_s == second.latency_s
+    assert check.missed == (abs(second.latency_s / plan.predicted_s - 1) > 0.2)
+    assert "first run" in " ".join(first.check(plan).causes) and "first run" not in " ".join(check.causes)
 
 
 def test_buffer_evicts_top_layers_first_and_feeds_the_next_plan(store, importance, odroid):

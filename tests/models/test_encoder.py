@@ -81,3 +81,17 @@ def test_bad_submodel_is_named(encoder, kwargs, message):
     ids, mask = encoder_tokenizer()(TEXTS[:1])
     with pytest.raises(ValueError, match=message):
         encoder.hidden_states(ids, mask, **kwargs)
+
+
+def test_user_text_is_refused_when_empty_and_its_truncation_counted():
+    from workbench.errors import WorkbenchError
+
+    tok = encoder_tokenizer(64)
+    for empty in ("", "   ", "\n\t"):
+        with pytest.raises(WorkbenchError, match="the text is empty"):
+            tok.encode_text(empty, pad_to=64)
+    short = tok.encode_text("a gripping film", pad_to=64)
+    assert (short.kept, short.given, short.truncated, short.note()) == (5, 5, False, "")
+    long = tok.encode_text("film " * 500, pad_to=64)                  # 500 word tokens + [CLS] + [SEP]
+    assert (long.kept, long.given) == (64, 502) and long.ids.shape == (1, 64)
+    assert long.note() == "note: the text was cut to its first 64 of 502 tokens (the model reads at most 64)"

@@ -49,6 +49,33 @@ def test_run_for_real_overlays_the_measurement_and_exports(prepared):
     assert trace["otherData"]["source"] == "measured"
 
 
+def test_a_run_that_misses_its_prediction_says_so_beside_the_number(prepared, monkeypatch):
+    from workbench.prediction import PredictionCheck
+
+    panel = ElasticPanel(PRESET, device="jetson-nano", target_ms=150)
+    panel.runs.value = 1
+    missed = PredictionCheck(measured_s=0.9, predicted_s=0.15, causes=("busy host (load average 3.0 on 2 cores)",))
+    monkeypatch.setattr("workbench.elastic.pipeline.RunResult.check", lambda self, plan: missed)
+    panel.runner.button.click()
+    assert "wb-miss" in panel.run_info.value and "500 % above the predicted 150 ms" in panel.run_info.value
+    assert "busy host (load average 3.0 on 2 cores)" in panel.run_info.value
+    within = PredictionCheck(measured_s=0.151, predicted_s=0.15)
+    monkeypatch.setattr("workbench.elastic.pipeline.RunResult.check", lambda self, plan: within)
+    panel.runner.button.click()
+    assert "wb-miss" not in panel.run_info.value
+
+
+def test_pages_say_when_they_show_quick_prepared_artifacts(prepared):
+    from workbench.presets import preset_notice
+    from workbench.ui import Gallery
+
+    for widget in (ElasticPanel.page("quick"), Gallery("quick")):
+        notice = widget.children[0]
+        assert "wb-preset-notice" in notice.value and "workbench prepare" in notice.value
+    assert preset_notice("full") == ""
+    assert all("wb-preset-notice" not in getattr(w, "value", "") for w in Gallery("full").children)
+
+
 def test_missing_store_shows_inline_with_the_command_that_builds_it(prepared, tmp_cache):
     panel = ElasticPanel(PRESET)
     assert "wb-error" in panel.message.value and "workbench prepare --preset quick" in panel.message.value

@@ -1,6 +1,8 @@
 """Benchmarks behind `workbench bench NAME`: they print measured figures and write CSV results.
 
-Each benchmark is a module exposing ``run(args: list[str])`` that returns rows
+Each benchmark is a module exposing ``parser()`` (a ``workbench.argtypes.Parser`` of its
+options, so `workbench bench NAME --help` and bad values behave like every other command)
+and ``run(args: list[str])`` that returns rows
 (``list[dict]``) or named tables of rows (``dict[str, list[dict]]``); each table is
 printed and saved to ``<cache>/results/<name>.csv`` (``<name>-<table>.csv`` for named ones).
 """
@@ -33,6 +35,14 @@ def benchmarks() -> dict[str, str]:
     return found
 
 
+def bench_parser(name: str):
+    """The option parser of benchmark ``name``."""
+    known = benchmarks()
+    if name not in known:
+        raise UnknownNameError("benchmark", name, known)
+    return importlib.import_module(known[name]).parser()
+
+
 def print_table(rows: list[dict]) -> None:
     if not rows:
         print("(no rows)")
@@ -59,6 +69,9 @@ def run_benchmark(name: str, args: list[str] | None = None) -> dict[str, list[di
     known = benchmarks()
     if name not in known:
         raise UnknownNameError("benchmark", name, known)
+    from workbench.presets import print_preset_notice
+
+    print_preset_notice(getattr(bench_parser(name).parse_args(list(args or [])), "preset", "full"))
     result = importlib.import_module(known[name]).run(list(args or []))
     tables = result if isinstance(result, dict) else {"": result}
     for table, rows in tables.items():

@@ -14,7 +14,6 @@ The server side of the same change (re-plan and build the figures) is ``bench ui
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -56,20 +55,28 @@ def measure_page(browser, base: str, dashboard, changes: int) -> dict:
         context.close()
 
 
-def run(args: list[str]) -> list[dict]:
+def parser():
+    from workbench.argtypes import Parser, count, non_negative
     from workbench.mechanisms import dashboards
     from workbench.presets import add_preset_argument
+
+    p = Parser(prog="workbench bench browser")
+    add_preset_argument(p)
+    p.add_argument("--changes", type=count(20), default=24, help="control changes timed per page (at least 20)")
+    p.add_argument("--pages", nargs="*", choices=[d.page for d in dashboards()],
+                   help="pages to measure (default: every dashboard)")
+    p.add_argument("--no-preheat", dest="preheat", action="store_false",
+                   help="start each page's kernel on request (what a page costs without a waiting kernel)")
+    p.add_argument("--pool-wait-s", type=non_negative("s"), default=40.0,
+                   help="with preheating, seconds to let the server start and run its waiting kernels first")
+    return p
+
+
+def run(args: list[str]) -> list[dict]:
+    from workbench.mechanisms import dashboards
     from workbench.serving import chromium, voila_server
 
-    parser = argparse.ArgumentParser(prog="workbench bench browser")
-    add_preset_argument(parser)
-    parser.add_argument("--changes", type=int, default=24, help="control changes timed per page (at least 20)")
-    parser.add_argument("--pages", nargs="*", help="pages to measure (default: every dashboard)")
-    parser.add_argument("--no-preheat", dest="preheat", action="store_false",
-                        help="start each page's kernel on request (what a page costs without a waiting kernel)")
-    parser.add_argument("--pool-wait-s", type=float, default=40.0,
-                        help="with preheating, seconds to let the server start and run its waiting kernels first")
-    opts = parser.parse_args(args)
+    opts = parser().parse_args(args)
     pages = [d for d in dashboards() if not opts.pages or d.page in opts.pages]
     rows = []
     with voila_server(preheat=opts.preheat, env={"WORKBENCH_PRESET": opts.preset}) as base, chromium() as browser:

@@ -9,31 +9,37 @@ error of the dev accuracy), and the memory ratios to PreloadModel-32 and -6.
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
+
+from workbench.argtypes import Parser, count, positive
+from workbench.data import TASKS
+from workbench.devices import profile_names
+from workbench.presets import add_preset_argument
+
+
+def parser() -> Parser:
+    p = Parser(prog="workbench bench elastic")
+    p.add_argument("--task", default="sentiment", choices=list(TASKS))
+    add_preset_argument(p)
+    p.add_argument("--devices", nargs="+", default=["host", "odroid-n2", "jetson-nano"], choices=profile_names())
+    p.add_argument("--targets", nargs="+", type=positive("ms"), default=[150, 200, 400],
+                   help="target latencies (ms)")
+    p.add_argument("--runs", type=count(1), default=5, help="measured pipeline runs per cell (after a warm-up)")
+    p.add_argument("--eval-size", type=count(1), help="dev examples for accuracy (default: the whole split)")
+    p.add_argument("--seeds", type=count(1), default=5, help="random orders in the Table 7 analogue")
+    p.add_argument("--table7-tasks", nargs="+", default=["sentiment", "bbc"], choices=list(TASKS),
+                   help="tasks of the Table 7 analogue (the paper averages over its benchmarks)")
+    p.add_argument("--table7-only", action="store_true", help="skip the cells (Tables 5 and 6)")
+    return p
 
 
 def run(args: list[str]) -> dict[str, list[dict]]:
     from workbench.data import load_task, task_spec
     from workbench.elastic import evaluate as ev
-    from workbench.elastic.artifacts import load_importance
+    from workbench.elastic.artifacts import load_importance, prepare_store
     from workbench.elastic.costmodel import device_cost_model
-    from workbench.elastic.artifacts import prepare_store
-    from workbench.presets import add_preset_argument
 
-    parser = argparse.ArgumentParser(prog="workbench bench elastic")
-    parser.add_argument("--task", default="sentiment")
-    add_preset_argument(parser)
-    parser.add_argument("--devices", nargs="+", default=["host", "odroid-n2", "jetson-nano"])
-    parser.add_argument("--targets", nargs="+", type=float, default=[150, 200, 400], help="target latencies (ms)")
-    parser.add_argument("--runs", type=int, default=5, help="measured pipeline runs per cell (after a warm-up)")
-    parser.add_argument("--eval-size", type=int, help="dev examples for accuracy (default: the whole split)")
-    parser.add_argument("--seeds", type=int, default=5, help="random orders in the Table 7 analogue")
-    parser.add_argument("--table7-tasks", nargs="+", default=["sentiment", "bbc"],
-                        help="tasks of the Table 7 analogue (the paper averages over its benchmarks)")
-    parser.add_argument("--table7-only", action="store_true", help="skip the cells (Tables 5 and 6)")
-    opts = parser.parse_args(args)
+    opts = parser().parse_args(args)
     if opts.table7_only:
         table7 = _table7(opts, ev, load_task, task_spec, load_importance, prepare_store)
         return {"table7": table7}

@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 
+def parser():
+    from workbench.argtypes import Parser
+
+    return Parser(prog="workbench bench host", description=__doc__.splitlines()[0].split(": ", 1)[1])
+
+
 def run(args: list[str]) -> list[dict]:
     from workbench.devices import DISTILBERT, MINILM, measure_layer_times, measure_read_bandwidth
 
+    parser().parse_args(args)
     rows = []
     for label, shape in (("minilm", MINILM), ("distilbert", DISTILBERT)):
         for m, t in enumerate(measure_layer_times(shape, repeats=7), start=1):

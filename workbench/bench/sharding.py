@@ -18,7 +18,6 @@ Tables:
 """
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import time
 from contextlib import contextmanager
@@ -179,20 +178,28 @@ def storage_rows(task: str, preset: str, eval_size: int | None, progress: bool) 
     return rows
 
 
+def parser():
+    from workbench import bitpack
+    from workbench.argtypes import Parser, count
+    from workbench.data import TASKS
+    from workbench.presets import add_preset_argument
+
+    p = Parser(prog="workbench bench sharding")
+    p.add_argument("--task", default="sentiment", choices=list(TASKS))
+    add_preset_argument(p)
+    p.add_argument("--repeats", type=count(1), default=9)
+    p.add_argument("--eval-size", type=count(1), help="dev examples for the accuracy column (default: the whole split)")
+    p.add_argument("--skip-accuracy", action="store_true")
+    p.add_argument("--load", type=count(0), default=bitpack.default_threads(),
+                   help="busy-loop processes for the loaded columns (default: one per core)")
+    return p
+
+
 def run(args: list[str]) -> dict[str, list[dict]]:
     from workbench import bitpack
     from workbench.elastic.artifacts import prepare_store
-    from workbench.presets import add_preset_argument
 
-    parser = argparse.ArgumentParser(prog="workbench bench sharding")
-    parser.add_argument("--task", default="sentiment")
-    add_preset_argument(parser)
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--eval-size", type=int, help="dev examples for the accuracy column (default: the whole split)")
-    parser.add_argument("--skip-accuracy", action="store_true")
-    parser.add_argument("--load", type=int, default=bitpack.default_threads(),
-                        help="busy-loop processes for the loaded columns (default: one per core)")
-    opts = parser.parse_args(args)
+    opts = parser().parse_args(args)
     kernels = "AVX2" if bitpack.SIMD else "portable"
     print(f"cores available: {bitpack.default_threads()}; decompression kernels: {kernels}")
     tables = {}

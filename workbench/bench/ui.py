@@ -7,20 +7,26 @@ figure widget. Printed: median and 95th percentile per control (target: median
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from workbench.argtypes import Parser
+from workbench.devices import profile_names
+from workbench.presets import add_preset_argument
+
+
+def parser() -> Parser:
+    p = Parser(prog="workbench bench ui")
+    add_preset_argument(p)
+    p.add_argument("--device", default="odroid-n2", choices=profile_names())
+    return p
+
 
 def run(args: list[str]) -> list[dict]:
-    from workbench.presets import add_preset_argument
     from workbench.ui.elastic import ElasticPanel
 
-    parser = argparse.ArgumentParser(prog="workbench bench ui")
-    add_preset_argument(parser)
-    parser.add_argument("--device", default="odroid-n2")
-    opts = parser.parse_args(args)
+    opts = parser().parse_args(args)
     panel = ElasticPanel(opts.preset, device=opts.device)
     rows = []
     sweeps = {"target": (panel.target, [float(v) for v in range(60, 1001, 20)]),

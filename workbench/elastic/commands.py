@@ -11,10 +11,10 @@ import json
 import sys
 import time
 
-from workbench.argtypes import count, non_negative, positive, writable_file
+from workbench.argtypes import count, non_negative, positive, text, writable_file
 from workbench.data import TASKS
 from workbench.devices import profile_names
-from workbench.presets import add_preset_argument
+from workbench.presets import add_preset_argument, print_preset_notice
 
 
 def format_grid(grid, scale: float = 100.0, fmt: str = "{:5.1f}") -> list[str]:
@@ -34,6 +34,7 @@ def _profile_importance(args) -> int:
     started = time.perf_counter()
     try:
         imp = prepare_importance(args.task, args.preset, args.dev_size, args.seed, progress=not args.quiet)
+        print_preset_notice(args.preset)
     except KeyboardInterrupt:
         print("\ninterrupted: finished layers are saved; run the same command again to resume", file=sys.stderr)
         return 130
@@ -68,6 +69,7 @@ def _profile_costs(args) -> int:
 
     spec = task_spec(args.task)
     store = load_store(args.task, args.preset)
+    print_preset_notice(args.preset)
     costs = (host_cost_model(store, spec.max_length, remeasure=args.remeasure) if args.device == "host"
              else device_cost_model(args.device, store, spec.max_length))
     if args.out:
@@ -133,7 +135,9 @@ def _print_plan(plan) -> None:
 def _plan(args) -> int:
     from workbench.elastic.artifacts import load_context
 
-    plan = _plan_for(args, load_context(args.task, args.device, args.preset))
+    ctx = load_context(args.task, args.device, args.preset)
+    print_preset_notice(args.preset)
+    plan = _plan_for(args, ctx)
     if args.json:
         print(json.dumps({"method": plan.method, "n": plan.n, "m": plan.m, "bits": plan.bits.tolist(),
                           "preloaded": plan.preloaded.tolist(), "predicted_ms": 1e3 * plan.predicted_s,
@@ -152,18 +156,25 @@ def _run(args) -> int:
     from workbench.models.tokenizer import encoder_tokenizer
 
     ctx = load_context(args.task, args.device, args.preset)
+    print_preset_notice(args.preset)
     plan = _plan_for(args, ctx)
     _print_plan(plan)
     if not plan.found:
         return 1
     engine = ElasticEngine(ctx.store, PreloadBuffer(plan.memory_bytes))
-    inputs = [encoder_tokenizer(ctx.task.max_length)([args.text], pad_to=ctx.task.max_length)]
+    encoded = encoder_tokenizer(ctx.task.max_length).encode_text(args.text, pad_to=ctx.task.max_length)
+    if encoded.truncated:
+        print(encoded.note())
+    inputs = [(encoded.ids, encoded.mask)]
 
     def report(r, result):
         probs = result.logits.softmax(-1)[0]
         print(f"run {r + 1}: {ctx.task.labels[int(probs.argmax())]!r} (p={float(probs.max()):.2f}); measured "
               f"{1e3 * result.latency_s:.1f} ms, predicted {1e3 * plan.predicted_s:.1f} ms, "
               f"stalls {1e3 * result.timeline.busy('stall'):.1f} ms")
+        note = result.check(plan).note()
+        if note:
+            print(f"  note: {note}")
 
     results = run_repeatedly(engine, plan, inputs, args.repeat, emulate=None if args.device == "host"
                              else ctx.cost_model, on_run=report)
@@ -194,6 +205,7 @@ def configure_plan(parser: argparse.ArgumentParser) -> None:
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
     _plan_arguments(parser)
-    parser.add_argument("--text", default="A gripping, beautifully acted film.")
+    parser.add_argument("--text", type=text, default="A gripping, beautifully acted film.",
+                        help="text to classify (cut to the task's token limit, which is then stated)")
     parser.add_argument("--repeat", type=count(1), default=3)
     parser.set_defaults(func=_run)

@@ -92,6 +92,15 @@ class RunResult:
     latency_s: float                       # seconds from the start of the run to the logits
     loaded: tuple[PreloadEntry, ...]       # (layer, shard, bits) read from the store in this run
     evicted: tuple[PreloadEntry, ...]      # what the buffer dropped afterwards
+    first_in_process: bool = False         # the process's first run (imports and kernels still warming up)
+    emulated: str = ""                     # the device preset the run was padded to ('' on the host)
+
+    def check(self, plan: ElasticPlan):
+        """This run against ``plan``'s prediction (``workbench.prediction``): a note when it misses by > 20 %."""
+        from workbench.prediction import check_prediction
+
+        return check_prediction(self.timeline, plan.timeline, self.latency_s, plan.predicted_s,
+                                first_run=self.first_in_process, emulated=self.emulated)
 
 
 class ElasticEngine:
@@ -113,6 +122,9 @@ class ElasticEngine:
         self.work = np.empty((self.cfg.num_heads, store.shard_params), np.float32)    # working buffer
         self.num_threads = num_threads
 
+    runs_in_process = 0
+    """Runs of every engine in this process, to tell the first (slow: kernels warm up) from the rest."""
+
     def resident_bytes(self) -> int:
         """Bytes of everything kept in memory besides shards (embeddings, LayerNorms, biases, head)."""
         return int(sum(v.numel() * v.element_size() for v in self.store.resident_state().values()))
@@ -130,6 +142,9 @@ class ElasticEngine:
         if not plan.found:
             raise WorkbenchError(f"cannot run an empty plan: {plan.reason}")
         n, m = plan.n, plan.m
+        first = ElasticEngine.runs_in_process == 0
+        ElasticEngine.runs_in_process += 1
+        device = "host" if emulate is None else f"{emulate.device} emulated on this host"
         self.prepare_buffer(plan)
         if cold:
             for layer in range(self.cfg.num_layers):
@@ -157,7 +172,8 @@ class ElasticEngine:
                     end = time.perf_counter()
                     if todo[k]:
                         spans.append(Span("io", "io", start - t0, end - t0, f"layer {k}",
-                                          {"shards": len(todo[k]), "bytes": sum(len(b) for b in blobs.values())}))
+                                          {"shards": len(todo[k]), "bytes": sum(len(b) for b in blobs.values())},
+                                          device))
                     arrivals.put((k, blobs))
             except BaseException as exc:                      # surfaced in the calling thread
                 failure.append(exc)
@@ -179,7 +195,8 @@ class ElasticEngine:
                 ready[got] = blobs
             waited = time.perf_counter()
             if waited - wait_start > 50e-6 and todo[k]:
-                spans.append(Span("compute", "stall", wait_start - t0, waited - t0, f"wait for layer {k}"))
+                spans.append(Span("compute", "stall", wait_start - t0, waited - t0, f"wait for layer {k}",
+                                  device=device))
             start = time.perf_counter()
             shards = []
             for i in range(m):
@@ -199,8 +216,8 @@ class ElasticEngine:
             if emulate is not None:
                 pad_until(start + emulate.t_comp(m))
             end = time.perf_counter()
-            spans.append(Span("compute", "decompress", start - t0, dec_end - t0, f"layer {k}", {"shards": m}))
-            spans.append(Span("compute", "compute", dec_end - t0, end - t0, f"layer {k}", {"shards": m}))
+            spans.append(Span("compute", "decompress", start - t0, dec_end - t0, f"layer {k}", {"shards": m}, device))
+            spans.append(Span("compute", "compute", dec_end - t0, end - t0, f"layer {k}", {"shards": m}, device))
             del ready[k]
         logits = self.model.classify(x, mask)
         latency = time.perf_counter() - t0
@@ -208,7 +225,8 @@ class ElasticEngine:
         evicted = tuple(self.buffer.trim()) if keep_loaded else ()
         timeline = Timeline(tuple(sorted(spans, key=lambda s: (s.start, s.lane))), "measured",
                             name=f"{plan.method} {n}x{m}")
-        return RunResult(logits=logits, timeline=timeline, latency_s=latency, loaded=tuple(loaded), evicted=evicted)
+        return RunResult(logits=logits, timeline=timeline, latency_s=latency, loaded=tuple(loaded), evicted=evicted,
+                         first_in_process=first, emulated="" if emulate is None else emulate.device)
 
 
 def run_pipeline(plan: ElasticPlan, store: ShardStore, ids: torch.Tensor, mask: torch.Tensor,

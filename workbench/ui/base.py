@@ -73,6 +73,32 @@ def error_html(exc: BaseException) -> str:
             f"{html.escape(trace)}</pre></details></div>")
 
 
+NOTICE_STYLE = ("background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;padding:4px 10px;margin:2px 0 6px 0;"
+                "color:#6b4e16;font-size:13px")
+
+
+def preset_notice_html(preset: str | None = None) -> str:
+    """The quick-preset line (``workbench.presets.preset_notice``) as HTML; '' for the full preset."""
+    from workbench.presets import default_preset, preset_notice
+
+    text = preset_notice(preset or default_preset())
+    return f"<div class='wb-preset-notice' style='{NOTICE_STYLE}'>{html.escape(text)}</div>" if text else ""
+
+
+def preset_notice_widget(preset: str | None = None) -> widgets.HTML | None:
+    """The quick-preset line as a widget (``None`` for the full preset)."""
+    notice = preset_notice_html(preset)
+    return widgets.HTML(notice) if notice else None
+
+
+def show_preset_notice(preset: str | None = None) -> None:
+    """In a notebook: display the quick-preset line, or nothing for the full preset."""
+    from IPython.display import HTML, display
+
+    if preset_notice_html(preset):
+        display(HTML(preset_notice_html(preset)))
+
+
 class Panel(widgets.VBox):
     """Base class: subclasses build controls and figure slots, then implement ``_refresh``."""
 
@@ -85,7 +111,9 @@ class Panel(widgets.VBox):
         from workbench.ui.preparing import prepared_page
 
         board = next(d for d in dashboards() if d.page == cls.dashboard_page)
-        return prepared_page(lambda: cls(preset, **kwargs), board.requires, board.title, preset)
+        page = prepared_page(lambda: cls(preset, **kwargs), board.requires, board.title, preset)
+        notice = preset_notice_widget(preset)
+        return page if notice is None else widgets.VBox([notice, page])
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -220,11 +220,14 @@ class ElasticPanel(Panel):
             return
         latencies = [r.latency_s for r in results]
         self.measured = results[-1].timeline
+        note = results[-1].check(plan).note()
         self.run_info.value = (
             f"<span class='wb-run-info'>{len(results)} real run(s){' (cancelled)' if cancelled else ''}: median "
             f"{1e3 * float(np.median(latencies)):.1f} ms, last {1e3 * latencies[-1]:.1f} ms "
             f"(predicted {1e3 * plan.predicted_s:.1f} ms); stalls in the last run "
-            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {', '.join(outcome['labels'][:5])}</span>")
+            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {', '.join(outcome['labels'][:5])}</span>"
+            + (f"<br><span class='wb-miss' style='color:#9a3412'>Last run: {html.escape(note)}.</span>"
+               if note else ""))
         self._redraw_gantt()
 
     def _export(self) -> None:

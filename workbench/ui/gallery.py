@@ -7,6 +7,7 @@ import html
 import ipywidgets as widgets
 
 from workbench.presets import default_preset, prepare_hint
+from workbench.ui.base import preset_notice_widget
 from workbench.ui.preparing import PrepareStatus
 
 CARD_STYLE = ("border:1px solid #d0d7e2;border-radius:6px;padding:8px 12px;margin:6px 0;background:#fbfcfe")
@@ -22,7 +23,8 @@ class Gallery(widgets.VBox):
         self.cards = widgets.HTML()
         self.status = PrepareStatus(self.preset, on_ready=self.refresh)
         self.refresh()
-        self.children = [widgets.HTML(
+        notice = preset_notice_widget(self.preset)
+        self.children = ([notice] if notice else []) + [widgets.HTML(
             "<h2 style='margin:4px 0'>Edge transformer workbench</h2><p style='margin:2px 0 8px 0'>Live views of the "
             "inference systems the workbench implements. Each page starts its own kernel; move a control and the "
             "engine re-plans and the figures redraw.</p>"), self.cards, self.status]
