@@ -2,6 +2,10 @@ import json
 import subprocess
 import sys
 
+from pathlib import Path
+
+import pytest
+
 from workbench.presets import preset_notice
 
 
@@ -157,7 +161,26 @@ def test_voila_is_told_not_to_move_to_another_port():
     assert "--Voila.port_retries=0" in voila_command(8999)
 
 
-def test_sigterm_stops_the_server_and_the_background_prepare_it_started(tmp_path):
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (read from /proc)."""
+    from pathlib import Path
+
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_path, signum):
     import os
     import signal
     import socket
@@ -168,17 +191,32 @@ def test_sigterm_stops_the_server_and_the_background_prepare_it_started(tmp_path
     cache = tmp_path / "cache"
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "workbench.cli", "dashboards", "--preset", "quick", "--port",
-                               str(port), "--no-preheat"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "WORKBENCH_CACHE": str(cache)})
     try:
         wait_for_http(f"http://127.0.0.1:{port}/voila/render/index.ipynb", server, 120)
+        def kernels():
+            found = []
+            for p in descendants(server.pid):
+                try:
+                    if b"ipykernel_launcher" in Path(f"/proc/{p}/cmdline").read_bytes():
+                        found.append(p)
+                except OSError:
+                    pass
+            return found
+
+        deadline = time.monotonic() + 120                     # preheated: one kernel per page starts
+        while time.monotonic() < deadline and not kernels():
+            time.sleep(0.5)
+        assert kernels(), "no preheated kernel started"
+        below = descendants(server.pid)                       # voila, its kernels, the prepare job
         status = cache / "prepare-job" / "quick" / "status.json"
         deadline = time.monotonic() + 60
         while not status.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         job_pid = json.loads(status.read_text())["pid"]
         os.kill(job_pid, 0)                                   # the job runs
-        server.send_signal(signal.SIGTERM)
+        server.send_signal(getattr(signal, signum))          # as `kill PID` or Ctrl-C would
         out, _ = server.communicate(timeout=60)
     finally:
         if server.poll() is None:
@@ -197,3 +235,7 @@ def test_sigterm_stops_the_server_and_the_background_prepare_it_started(tmp_path
         time.sleep(0.2)
     else:
         raise AssertionError(f"the background prepare (pid {job_pid}) still runs")
+    time.sleep(1)
+    alive = [p for p in below if Path(f"/proc/{p}").exists() and "zombie" not in
+             Path(f"/proc/{p}/status").read_text(errors="replace").lower()]
+    assert alive == [], f"still running after {signum}: {alive}"

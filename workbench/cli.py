@@ -38,9 +38,12 @@ def _cmd_prepare(args) -> int:
 def _cmd_info(args) -> int:
     from workbench.info import print_device, print_info
 
+    from workbench.presets import print_preset_notice
+
     if args.device:
         print_device(args.device)
     else:
+        print_preset_notice(args.preset)
         print_info(args.preset, as_json=args.json)
     return 0
 
