@@ -102,7 +102,9 @@ class FigureView(anywidget.AnyWidget):
     _esm = _VIEW_ESM
     _css = ".wb-figure { width: 100%; min-width: 0; } .wb-figure-plot { width: 100%; }"
     figure = traitlets.Dict().tag(sync=True)
-    config = traitlets.Dict({"displaylogo": False, "responsive": True}).tag(sync=True)
+    config = traitlets.Dict({"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": [
+        "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
+        "hoverClosestCartesian", "hoverCompareCartesian"]}).tag(sync=True)
     height = traitlets.Int(DEFAULT_HEIGHT_PX).tag(sync=True)
     revision = traitlets.Int(0).tag(sync=True)          # bumped with every new figure; the browser redraws on it
     name = traitlets.Unicode("").tag(sync=True)         # the panel's slot name, as data-name in the page

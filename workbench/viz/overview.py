@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.viz.style import TEMPLATE
+from workbench.viz.style import MARGIN, TEMPLATE
 
 from workbench.devices import DeviceProfile, LayerShape
 
@@ -21,7 +21,7 @@ def accuracy_grid_figure(grid: np.ndarray, title: str = "Dev accuracy of every n
         hovertemplate="depth n=%{y}, width m=%{x}<br>accuracy %{z:.1f}%<extra></extra>"))
     fig.update_layout(
         template=TEMPLATE, title=title, xaxis_title="width m (shards per layer)", yaxis_title="depth n (layers)",
-        margin={"t": 50, "l": 60, "r": 20, "b": 50}, height=360)
+        margin=MARGIN, height=380)
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(dtick=1)
     return fig
@@ -41,6 +41,6 @@ def layer_times_figure(profile: DeviceProfile, shape: LayerShape, bits: int) -> 
     fig.update_layout(
         template=TEMPLATE, barmode="group", title=f"{profile.title}: one layer (d={shape.hidden}, T={shape.seq_len})",
         xaxis_title="shards per layer m", yaxis_title="time per layer (ms)", height=360,
-        margin={"t": 50, "l": 60, "r": 20, "b": 50}, legend={"orientation": "h", "y": 1.12})
+        margin=MARGIN)
     fig.update_xaxes(dtick=1)
     return fig
