@@ -5,6 +5,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.conftest import PRESET
+from workbench.presets import preset_notice
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for d in ("notebooks", "dashboards") for p in (REPO / d).rglob("*.ipynb")
                    if ".ipynb_checkpoints" not in p.parts)
@@ -24,3 +27,6 @@ def test_notebook_executes(path, prepared):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     assert not any("wb-error" in str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    if path.parent.name != "dashboards" and preset_notice(PRESET):     # pages: the browser tests look for it
+        first = next(c for c in nb.cells if c.cell_type == "code")
+        assert "wb-preset-notice" in str(first.outputs), "the quick-preset line is missing from the first cell"

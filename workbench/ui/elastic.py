@@ -182,8 +182,7 @@ class ElasticPanel(Panel):
         targets = sorted({r["target_ms"] for r in rows if r["device"] == device})
         if not targets:
             self.show_if_changed("memory", (self.task.value, device, None), lambda: accuracy_memory_figure(
-                [], self.target.value, device,
-                title="Accuracy vs memory: run `workbench bench elastic` to fill this view"))
+                [], self.target.value, device, title="Accuracy vs memory"))
             return
         nearest = min(targets, key=lambda t: abs(t - self.target.value))
         self.show_if_changed("memory", (self.task.value, device, nearest, len(rows)), lambda: accuracy_memory_figure(
