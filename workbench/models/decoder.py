@@ -108,11 +108,14 @@ class DecoderLayer(nn.Module):
         v = self.v(h).view(T, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
         return rotary(k, positions, cfg.rope_theta), v
 
-    def forward(self, x, positions, k_ctx, v_ctx, ctx_positions):
+    def forward(self, x, positions, k_ctx, v_ctx, ctx_positions, attn_columns: torch.Tensor | None = None):
         """x (T, d) new tokens at ``positions``; k_ctx/v_ctx (kv_heads, S, dh) include them.
 
         Causal by absolute position: token t attends to every cached slot whose
-        position is <= t's position.
+        position is <= t's position. With ``attn_columns`` (S,), the attention
+        probabilities are computed explicitly and their column sums over heads and
+        the new rows are added to it (what the KV-cache service's information
+        density needs).
         """
         cfg, T = self.cfg, x.shape[0]
         h = rms_norm(x, self.attn_norm, cfg.rms_eps)
@@ -121,7 +124,13 @@ class DecoderLayer(nn.Module):
         k = k_ctx.repeat_interleave(group, 0)                               # (H, S, dh)
         v = v_ctx.repeat_interleave(group, 0)
         allowed = ctx_positions[None, :] <= positions[:, None]             # (T, S)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None])
+        if attn_columns is None:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None])
+        else:
+            scores = (q @ k.transpose(1, 2)) / cfg.head_dim ** 0.5
+            probs = scores.masked_fill(~allowed[None], float("-inf")).softmax(-1)       # (H, T, S)
+            attn_columns += probs.sum((0, 1))
+            attn = probs @ v
         x = x + self.o(attn.transpose(0, 1).reshape(T, -1))
         h = rms_norm(x, self.ffn_norm, cfg.rms_eps)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -139,8 +148,12 @@ class Decoder(nn.Module):
         return rms_norm(x, self.norm, self.cfg.rms_eps) @ self.embed.weight.T   # tied embeddings
 
     @torch.no_grad()
-    def forward_tokens(self, ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Append tokens ``ids`` (T,) to ``cache`` and return their logits (T, vocab)."""
+    def forward_tokens(self, ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
+                       attn_columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Append tokens ``ids`` (T,) to ``cache`` and return their logits (T, vocab).
+
+        ``attn_columns`` (cache length after the call,), if given, accumulates the attention
+        the new tokens pay to every cached slot, summed over layers, heads and new tokens."""
         T, start = ids.shape[0], cache.length
         if start + T > cache.capacity:
             raise ValueError(f"KV cache holds {cache.capacity} tokens; {start} used, {T} more requested")
@@ -154,7 +167,8 @@ class Decoder(nn.Module):
             k, v = layer.project_kv(x, positions)
             cache.k[n, :, start:start + T] = k
             cache.v[n, :, start:start + T] = v
-            x = layer(x, positions, cache.k[n, :, : start + T], cache.v[n, :, : start + T], ctx_pos)
+            x = layer(x, positions, cache.k[n, :, : start + T], cache.v[n, :, : start + T], ctx_pos,
+                      None if attn_columns is None else attn_columns[: start + T])
         cache.length = start + T
         return self.logits(x)
 

@@ -1,0 +1,142 @@
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import bitpack
+from workbench.errors import WorkbenchError
+from workbench.kvcache.chunks import ChunkData, ChunkedKV, chunk_nbytes, encode_chunk, recompress
+from workbench.kvcache.density import assign_levels, context_info, information_density
+from workbench.kvcache.engine import run_call
+from workbench.models.decoder import KVCache, decoder_tokenizer, load_decoder
+
+SHAPE = (3, 2, 2, 16, 8)
+
+
+def test_quantization_error_is_bounded_by_half_a_step_and_bytes_add_up():
+    rng = np.random.default_rng(0)
+    kv = rng.standard_normal(SHAPE).astype(np.float32) * 3
+    kv[0, 0, 0, :, 0] = 1.25                                      # a constant channel
+    raw = encode_chunk(kv, 32)
+    assert np.array_equal(raw.to_array(), kv) and raw.nbytes == kv.nbytes
+    for bits in (8, 4, 2):
+        q = encode_chunk(kv, bits)
+        step = q.step.astype(np.float32)
+        err = np.abs(q.to_array() - kv)
+        assert (err <= step / 2 + 1e-3 * np.abs(kv).max()).all(), bits
+        assert q.nbytes == chunk_nbytes(SHAPE, bits)
+        assert q.to_array()[0, 0, 0, :, 0] == pytest.approx(1.25, abs=1e-3)
+        back = ChunkData.from_bytes(q.to_bytes())
+        assert np.array_equal(back.to_array(), q.to_array()) and back.bits == bits
+    assert chunk_nbytes(SHAPE, 2) < chunk_nbytes(SHAPE, 4) < chunk_nbytes(SHAPE, 8) < chunk_nbytes(SHAPE, 32)
+
+
+def test_sub_byte_codes_are_packed_by_the_extension_as_the_numpy_reference_packs_them():
+    rng = np.random.default_rng(1)
+    kv = rng.standard_normal(SHAPE).astype(np.float32)
+    for bits in (4, 2):
+        q = encode_chunk(kv, bits)
+        codes = bitpack.unpack_bits_reference(q.payload, int(np.prod(SHAPE)), bits)
+        assert np.array_equal(bitpack.pack_bits_reference(codes, bits), q.payload)
+
+
+def test_lower_levels_are_made_from_the_eight_bit_chunk():
+    kv = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)
+    q8 = encode_chunk(kv, 8)
+    assert recompress(q8, 8) is q8
+    assert np.array_equal(recompress(q8, 4).to_array(), encode_chunk(q8.to_array(), 4).to_array())
+
+
+def test_bad_bits_and_shapes_are_named():
+    with pytest.raises(WorkbenchError, match="32 \\(raw\\), 8, 4 or 2 bits, got 3"):
+        encode_chunk(np.zeros(SHAPE, np.float32), 3)
+    with pytest.raises(WorkbenchError, match="got shape \\(2, 3\\)"):
+        encode_chunk(np.zeros((2, 3), np.float32), 8)
+
+
+def test_density_of_the_papers_figure_6_token():
+    # "You are a good boy": column "a" receives 0.3 (its own row), 0.5 ("good") and 0.1 ("boy").
+    a = np.array([[1.0, 0, 0, 0, 0],
+                  [0.6, 0.4, 0, 0, 0],
+                  [0.3, 0.4, 0.3, 0, 0],
+                  [0.2, 0.2, 0.5, 0.1, 0],
+                  [0.3, 0.3, 0.1, 0.2, 0.1]])
+    per_token = information_density(a[None, None], chunk_size=1)
+    assert per_token[2] == pytest.approx(0.3)
+    assert per_token.tolist() == pytest.approx([2.4 / 5, 1.3 / 4, 0.3, 0.3 / 2, 0.1])
+    assert information_density(np.stack([a, a])[None], chunk_size=2).tolist() == pytest.approx(
+        [(2.4 / 5 + 1.3 / 4) / 2, (0.3 + 0.15) / 2, 0.1])
+
+
+def brute_force(density, levels, ratio):
+    best = None
+    for combo in itertools.product(levels, repeat=len(density)):
+        total = sum(combo) / 8
+        if total > ratio * len(density) + 1e-9:
+            continue
+        key = (-round(ratio * len(density) - total, 9), round(context_info(density, combo), 12))
+        best = key if best is None or key > best else best
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_assign_levels_meets_the_ratio_keeps_density_order_and_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 8))
+    density = rng.random(n) ** 3
+    ratio = float(rng.choice([0.25, 0.4, 0.5, 0.6, 0.75, 1.0]))
+    bits = assign_levels(density, (8, 4, 2), ratio)
+    assert bits.mean() / 8 <= ratio + 1e-9
+    for i, j in itertools.permutations(range(n), 2):
+        if density[i] > density[j]:
+            assert bits[i] >= bits[j]
+    got = (-round(ratio * n - bits.sum() / 8, 9), round(context_info(density, bits), 12))
+    assert got == brute_force(density, (8, 4, 2), ratio)
+
+
+def test_assign_levels_hits_half_exactly_and_refuses_unreachable_ratios():
+    bits = assign_levels(np.linspace(1, 0, 32), (8, 4, 2), 0.5)
+    assert bits.mean() == 4.0 and bits[0] == 8 and bits[-1] == 2
+    with pytest.raises(WorkbenchError, match="outside what levels"):
+        assign_levels([0.1, 0.2], (8, 4, 2), 0.2)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    return load_decoder()
+
+
+def test_chunked_generation_equals_plain_generation_over_several_calls(decoder):
+    tok = decoder_tokenizer()
+    prompts = [tok.chat("Name three rivers in Europe."), tok.encode(" And one in Africa?"), tok.encode(" Thanks.")]
+    ctx = ChunkedKV.for_decoder(decoder.cfg, chunk_size=16)
+    plain = KVCache.empty(decoder.cfg, 512)
+    pending: list[int] = []
+    for prompt in prompts:
+        ours = run_call(decoder, ctx, prompt, max_new_tokens=12, bits=32).output_ids
+        logits = decoder.forward_tokens(torch.tensor(pending + prompt), plain)
+        ref = []
+        for _ in range(12):
+            ref.append(int(logits[-1].argmax()))
+            if len(ref) == 12:
+                break
+            logits = decoder.forward_tokens(torch.tensor(ref[-1:]), plain)
+        pending = ref[-1:]
+        assert ours == ref
+    assert len(ctx.tokens) == plain.length and ctx.num_chunks == -(-plain.length // 16)
+    assert np.allclose(ctx.to_array()[:, 0], plain.k[:, :, :plain.length].numpy(), atol=1e-4)   # explicit vs fused attention
+    density = ctx.chunk_density(decoder.cfg.num_layers * decoder.cfg.num_heads)
+    assert density.shape == (ctx.num_chunks,) and (density > 0).all() and (density <= 1).all()
+
+
+def test_eight_bit_chunks_keep_the_continuation_of_a_short_call(decoder):
+    tok = decoder_tokenizer()
+    prompt = tok.encode("The capital of France is Paris. The capital of Italy is")
+    raw, q8 = (ChunkedKV.for_decoder(decoder.cfg) for _ in range(2))
+    run_call(decoder, raw, prompt, max_new_tokens=1, bits=32)
+    run_call(decoder, q8, prompt, max_new_tokens=1, bits=8)
+    follow = tok.encode(" The capital of Spain is")
+    assert tok.decode(run_call(decoder, q8, follow, 3, bits=8).output_ids) == \
+        tok.decode(run_call(decoder, raw, follow, 3, bits=32).output_ids)
+    assert q8.nbytes() == sum(chunk_nbytes(c.shape, 8) for c in q8.chunks) < raw.nbytes() / 2

@@ -1,0 +1,225 @@
+"""A context's KV cache in chunks: ``chunk_size`` tokens each, spanning every layer.
+
+A chunk is the unit the service compresses, swaps and recomputes. Its data is the K and V of
+its tokens in all layers, an array (layers, 2, kv_heads, tokens, head_dim), held either raw
+(float32, ``bits == 32``) or by channel-wise linear quantization at 8, 4 or 2 bits: every
+channel (layer, K or V, head, feature) gets its own minimum and step over the chunk's tokens,
+stored as float16, and the integer codes below 8 bits are bit-packed by the Cython extension
+(``workbench.bitpack``). Lower levels are made from the 8-bit chunk ("further" compression, as
+in LLMS), never from the float original, which the service no longer holds.
+
+The token ids of every chunk stay in memory with the context (the paper's memory-resident
+fragment), so a chunk that is not in memory can be recomputed from its text.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from workbench import bitpack
+from workbench.errors import WorkbenchError
+
+FLOAT_BITS = 32
+LEVELS: tuple[int, ...] = (8, 4, 2)
+"""Compression levels (bits per value): the 8-bit base and the two further ones."""
+CHUNK_SIZE = 16
+
+
+def check_bits(bits: int) -> int:
+    if bits not in (FLOAT_BITS, *LEVELS):
+        raise WorkbenchError(f"a chunk is held at 32 (raw), 8, 4 or 2 bits, got {bits}")
+    return bits
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkData:
+    """K and V of one chunk, raw or quantized; ``shape`` is (layers, 2, kv_heads, tokens, head_dim)."""
+    bits: int
+    shape: tuple[int, ...]
+    payload: np.ndarray                     # float32 values (raw) or uint8 codes, bit-packed below 8 bits
+    low: np.ndarray | None = None           # (layers, 2, kv_heads, 1, head_dim) float16 channel minimum
+    step: np.ndarray | None = None          # same shape, float16 channel step
+
+    @property
+    def tokens(self) -> int:
+        return self.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the chunk occupies: its payload plus, when quantized, the per-channel minimum and step."""
+        extra = 0 if self.low is None else self.low.nbytes + self.step.nbytes
+        return int(self.payload.nbytes + extra)
+
+    def to_array(self) -> np.ndarray:
+        """The chunk's K and V as float32 (layers, 2, kv_heads, tokens, head_dim)."""
+        if self.bits == FLOAT_BITS:
+            return self.payload.reshape(self.shape)
+        count = int(np.prod(self.shape))
+        codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
+        return (codes.reshape(self.shape).astype(np.float32) * self.step.astype(np.float32)
+                + self.low.astype(np.float32))
+
+    def to_bytes(self) -> bytes:
+        """A self-describing serialization (NumPy's .npz, no pickle) for the swap store."""
+        buffer = io.BytesIO()
+        arrays = {"meta": np.array([self.bits, *self.shape], dtype=np.int64), "payload": self.payload}
+        if self.low is not None:
+            arrays.update(low=self.low, step=self.step)
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ChunkData:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            meta = z["meta"].tolist()
+            return cls(bits=int(meta[0]), shape=tuple(int(v) for v in meta[1:]), payload=z["payload"].copy(),
+                       low=z["low"].copy() if "low" in z.files else None,
+                       step=z["step"].copy() if "step" in z.files else None)
+
+
+def encode_chunk(kv: np.ndarray, bits: int) -> ChunkData:
+    """Hold ``kv`` (layers, 2, kv_heads, tokens, head_dim) raw (32) or quantized channel-wise (8/4/2 bits)."""
+    check_bits(bits)
+    kv = np.ascontiguousarray(kv, dtype=np.float32)
+    if kv.ndim != 5:
+        raise WorkbenchError(f"a chunk is (layers, 2, kv_heads, tokens, head_dim), got shape {kv.shape}")
+    if bits == FLOAT_BITS:
+        return ChunkData(bits=bits, shape=kv.shape, payload=kv.reshape(-1).copy())
+    top = (1 << bits) - 1
+    low = kv.min(axis=3, keepdims=True).astype(np.float16)
+    high = kv.max(axis=3, keepdims=True)
+    span = high - low.astype(np.float32)
+    step = np.where(span > 0, span / top, 1.0).astype(np.float16)
+    step = np.where(step.astype(np.float32) > 0, step, np.float16(1.0))             # an underflowed step
+    codes = np.rint((kv - low.astype(np.float32)) / step.astype(np.float32))
+    codes = np.clip(codes, 0, top).astype(np.uint8).reshape(-1)
+    payload = codes if bits == 8 else bitpack.pack_bits(codes, bits)
+    return ChunkData(bits=bits, shape=kv.shape, payload=payload, low=low, step=step)
+
+
+def recompress(chunk: ChunkData, bits: int) -> ChunkData:
+    """The chunk at another level, from the values it holds now (8 -> 4 or 2; equal bits: itself)."""
+    return chunk if bits == chunk.bits else encode_chunk(chunk.to_array(), bits)
+
+
+def chunk_nbytes(shape: tuple[int, ...], bits: int) -> int:
+    """Bytes of a chunk of ``shape`` at ``bits`` without building it (memory accounting, planning)."""
+    count = int(np.prod(shape))
+    if check_bits(bits) == FLOAT_BITS:
+        return 4 * count
+    channels = count // shape[3]
+    payload = count if bits == 8 else bitpack.packed_nbytes(count, bits)
+    return int(payload + 2 * 2 * channels)
+
+
+@dataclass(eq=False)
+class ChunkedKV:
+    """One context: its token ids (always in memory), its chunks' data (``None`` where not in memory)
+    and the attention its tokens received, for information density.
+
+    Chunk ``i`` holds tokens ``i * chunk_size`` up to ``(i + 1) * chunk_size``; the last one may be shorter.
+    """
+    layers: int
+    kv_heads: int
+    head_dim: int
+    chunk_size: int = CHUNK_SIZE
+    tokens: list[int] = field(default_factory=list)
+    chunks: list[ChunkData | None] = field(default_factory=list)
+    attn_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))     # per token: attention received
+    attn_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))    # per token: rows that could attend
+    pending: list[int] = field(default_factory=list)                      # generated, not yet fed back (no K/V)
+
+    @classmethod
+    def for_decoder(cls, cfg, chunk_size: int = CHUNK_SIZE) -> ChunkedKV:
+        if chunk_size < 1:
+            raise WorkbenchError(f"a chunk holds at least one token, got chunk size {chunk_size}")
+        return cls(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, chunk_size)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    def span(self, i: int) -> tuple[int, int]:
+        """Token range [start, end) of chunk ``i``."""
+        start = i * self.chunk_size
+        return start, min(start + self.chunk_size, len(self.tokens))
+
+    def chunk_tokens(self, i: int) -> list[int]:
+        start, end = self.span(i)
+        return self.tokens[start:end]
+
+    def missing(self) -> list[int]:
+        return [i for i, c in enumerate(self.chunks) if c is None]
+
+    def levels(self) -> list[int | None]:
+        return [None if c is None else c.bits for c in self.chunks]
+
+    def nbytes(self) -> int:
+        """Bytes of the chunks in memory."""
+        return sum(c.nbytes for c in self.chunks if c is not None)
+
+    def to_array(self) -> np.ndarray:
+        """Every chunk's K and V, float32 (layers, 2, kv_heads, tokens, head_dim); all must be in memory."""
+        if self.missing():
+            raise WorkbenchError(f"chunks {self.missing()} are not in memory; load or recompute them first")
+        if not self.chunks:
+            return np.zeros((self.layers, 2, self.kv_heads, 0, self.head_dim), np.float32)
+        return np.concatenate([c.to_array() for c in self.chunks], axis=3)
+
+    def to_cache(self, cfg, extra: int = 0):
+        """A decoder ``KVCache`` holding this context, with room for ``extra`` more tokens."""
+        import torch
+
+        from workbench.models.decoder import KVCache
+
+        n = len(self.tokens)
+        cache = KVCache.empty(cfg, n + extra)
+        if n:
+            kv = torch.from_numpy(self.to_array())
+            cache.k[:, :, :n] = kv[:, 0]
+            cache.v[:, :, :n] = kv[:, 1]
+            cache.positions[:n] = torch.arange(n)
+        cache.length = n
+        return cache
+
+    def absorb(self, cache, new_tokens: list[int], attn_columns=None, bits: int = 8) -> list[int]:
+        """Take the tokens a call added (``new_tokens``, already in ``cache`` after this context's own)
+        into chunks at ``bits``; returns the indices of the chunks that changed (the open tail and new ones).
+
+        ``attn_columns`` (the cache length,): attention the call's new tokens paid to every slot.
+        """
+        old = len(self.tokens)
+        if cache.length != old + len(new_tokens):
+            raise WorkbenchError(f"the cache holds {cache.length} tokens, expected {old} + {len(new_tokens)}")
+        self.tokens.extend(int(t) for t in new_tokens)
+        n = len(self.tokens)
+        self.attn_sum = np.concatenate([self.attn_sum, np.zeros(n - old)])
+        self.attn_rows = np.concatenate([self.attn_rows, np.zeros(n - old)])
+        if attn_columns is not None:
+            self.attn_sum += np.asarray(attn_columns, dtype=np.float64)[:n]
+            self.attn_rows += (np.arange(old, n)[None, :] >= np.arange(n)[:, None]).sum(1)
+        first = old // self.chunk_size
+        changed = list(range(first, -(-n // self.chunk_size)))
+        k = cache.k[:, :, :n].numpy()
+        v = cache.v[:, :, :n].numpy()
+        for i in changed:
+            start, end = self.span(i)
+            data = encode_chunk(np.stack([k[:, :, start:end], v[:, :, start:end]], axis=1), bits)
+            if i < len(self.chunks):
+                self.chunks[i] = data
+            else:
+                self.chunks.append(data)
+        return changed
+
+    def token_density(self, heads_times_layers: int) -> np.ndarray:
+        """Per token: the mean attention it received (equation 1 before the chunk average)."""
+        rows = np.maximum(self.attn_rows, 1)
+        return self.attn_sum / rows / heads_times_layers
+
+    def chunk_density(self, heads_times_layers: int) -> np.ndarray:
+        """Per chunk: the mean of its tokens' density (LLMS equation 1)."""
+        per_token = self.token_density(heads_times_layers)
+        return np.array([per_token[slice(*self.span(i))].mean() if self.span(i)[1] > self.span(i)[0] else 0.0
+                         for i in range(self.num_chunks)])

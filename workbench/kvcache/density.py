@@ -1,0 +1,84 @@
+"""Tolerance-aware compression: how much a chunk can be compressed, and which level each chunk gets.
+
+Information density (LLMS equation 1): a token that the tokens after it attend to strongly carries
+information. Its density is the mean of its column of the causal attention matrix over the rows
+that can attend to it (itself and every later token), averaged over heads and layers; a chunk's
+density is the mean over its tokens.
+
+Level assignment (equation 3, read for its stated intent): denser chunks keep more bits, and the
+context's mean compression ratio (bits / 8) meets the global ratio as exactly as the chunk count
+allows without exceeding it. Among the level counts that do, the one keeping the most information
+(sum of density x ratio, densest chunks at the highest level) wins. The equation as printed weights
+by 1 / ratio, which would reward compressing dense chunks hardest; that is not what the paper means.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+BASE_BITS = 8
+
+
+def information_density(attn: np.ndarray, chunk_size: int) -> np.ndarray:
+    """Per-chunk density from causal attention probabilities ``attn`` (..., R, C) with R == C tokens;
+    the leading axes (layers, heads) are averaged."""
+    attn = np.asarray(attn, dtype=np.float64)
+    if attn.ndim < 2 or attn.shape[-1] != attn.shape[-2]:
+        raise WorkbenchError(f"attention must end in (tokens, tokens), got shape {attn.shape}")
+    if chunk_size < 1:
+        raise WorkbenchError(f"a chunk holds at least one token, got chunk size {chunk_size}")
+    n = attn.shape[-1]
+    per_column = attn.reshape(-1, n, n).mean(0).sum(0) / (n - np.arange(n))       # rows col..n-1 can attend
+    return np.array([per_column[s:s + chunk_size].mean() for s in range(0, n, chunk_size)])
+
+
+def _ratios(levels) -> np.ndarray:
+    return np.asarray(levels, dtype=np.float64) / BASE_BITS
+
+
+def assign_levels(density, levels=(8, 4, 2), global_ratio: float = 0.5) -> np.ndarray:
+    """Bits per chunk: the densest chunks at the highest level, the mean ratio as close to ``global_ratio``
+    as the chunk count allows (never above it), the kept information (sum density x ratio) maximal.
+
+    Ties in density keep chunk order (earlier chunks first)."""
+    density = np.asarray(density, dtype=np.float64)
+    levels = sorted({int(b) for b in levels}, reverse=True)
+    if not levels or any(b < 1 or b > BASE_BITS for b in levels):
+        raise WorkbenchError(f"levels are bit widths from 1 to {BASE_BITS}, got {levels}")
+    ratios = _ratios(levels)
+    if not ratios[-1] - 1e-12 <= global_ratio <= ratios[0] + 1e-12:
+        raise WorkbenchError(f"a global ratio of {global_ratio:g} is outside what levels {levels} can reach "
+                             f"({ratios[-1]:g} to {ratios[0]:g})")
+    n = len(density)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(-density, kind="stable")
+    best = None
+    for counts in _compositions(n, len(levels)):
+        total = float(np.dot(counts, ratios))
+        if total > global_ratio * n + 1e-9:
+            continue
+        per_chunk = np.repeat(ratios, counts)
+        info = float(np.dot(density[order], per_chunk))
+        key = (-round(global_ratio * n - total, 9), info)
+        if best is None or key > best[0]:
+            best = (key, counts)
+    bits = np.empty(n, dtype=np.int64)
+    bits[order] = np.repeat(levels, best[1])
+    return bits
+
+
+def _compositions(n: int, parts: int):
+    """Every way to write n as an ordered sum of ``parts`` non-negative counts."""
+    if parts == 1:
+        yield (n,)
+        return
+    for first in range(n, -1, -1):
+        for rest in _compositions(n - first, parts - 1):
+            yield (first, *rest)
+
+
+def context_info(density, bits) -> float:
+    """Information kept: sum over chunks of density x (bits / 8)."""
+    return float(np.dot(np.asarray(density, dtype=np.float64), np.asarray(bits, dtype=np.float64) / BASE_BITS))

@@ -1,0 +1,57 @@
+"""One LLM call on a chunked context: the chunks become the decoder's KV cache, the prompt and the
+greedy continuation run on it, and the tokens the call added go back into chunks.
+
+The last generated token has no K/V yet (it was never fed back): it waits in ``ctx.pending`` and
+goes first into the next call, as it would in one uninterrupted conversation.
+
+The decoder sees exactly the values the chunks hold (raw, or dequantized from their level), so a
+context kept raw continues exactly as the plain decoder would; the attention the new tokens pay to
+every earlier token is accumulated for information density.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.kvcache.chunks import ChunkedKV
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallResult:
+    output_ids: list[int]         # generated token ids (the stop token included when it was produced)
+    changed_chunks: list[int]     # chunks the call wrote (the old tail and the new ones)
+    prompt_tokens: int
+
+
+@torch.no_grad()
+def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int = 16,
+             stop_ids: tuple[int, ...] = (), bits: int = 8, max_context: int | None = None) -> CallResult:
+    """Append ``prompt_ids`` to ``ctx``, decode greedily up to ``max_new_tokens``, store the new tokens'
+    K/V as chunks at ``bits``. Every chunk of ``ctx`` must be in memory."""
+    if not prompt_ids:
+        raise WorkbenchError("the prompt is empty")
+    if max_new_tokens < 0:
+        raise WorkbenchError(f"max_new_tokens must be 0 or more, got {max_new_tokens}")
+    limit = max_context or model.cfg.max_positions
+    grown = len(ctx.tokens) + len(ctx.pending) + len(prompt_ids) + max_new_tokens
+    if grown > limit:
+        raise WorkbenchError(f"the context would grow to {grown} "
+                             f"tokens, beyond its limit of {limit}; start a new context or delete this one")
+    first = list(ctx.pending) + list(prompt_ids)
+    cache = ctx.to_cache(model.cfg, extra=len(first) + max_new_tokens)
+    columns = torch.zeros(cache.capacity, dtype=torch.float32)
+    logits = model.forward_tokens(torch.tensor(first), cache, attn_columns=columns)
+    out: list[int] = []
+    added = first
+    for _ in range(max_new_tokens):
+        nxt = int(logits[-1].argmax())
+        out.append(nxt)
+        if nxt in stop_ids or len(out) == max_new_tokens:
+            break
+        logits = model.forward_tokens(torch.tensor([nxt]), cache, attn_columns=columns)
+        added.append(nxt)
+    changed = ctx.absorb(cache, added, columns[: cache.length].numpy(), bits=bits)
+    ctx.pending = out[-1:]
+    return CallResult(output_ids=out, changed_chunks=changed, prompt_tokens=len(prompt_ids))
