@@ -47,6 +47,7 @@ def _fake(name="fake"):
     return ran, Mechanism(name=name, title=f"{name.title()} mechanism", paper="a test",
                           prepare_steps=lambda preset: [step],
                           commands=(Command(name="go", help="go somewhere", configure=configure),),
+                          servers=(Command(name=f"{name}-svc", help="serve something", configure=configure),),
                           benchmarks={f"{name}-bench": "workbench.bench.host"},
                           dashboard=Dashboard(page="fake.ipynb", title="Fake page", summary="one line",
                                               requires=(f"{name} step",), probe_control="x", probe_figure="f"))
@@ -61,6 +62,7 @@ def test_a_registered_mechanism_reaches_prepare_cli_bench_and_gallery(monkeypatc
     monkeypatch.setattr(registry, "mechanisms", lambda: (*registry.load_registered(registry.REGISTERED), fake))
     assert "fake step" in [s.name for s in prepare.steps("quick")]
     assert cli.main(["fake", "go", "--x", "7"]) == 0 and ran == [7]
+    assert cli.main(["serve", "fake-svc", "--x", "3"]) == 0 and ran == [7, 3]
     assert benchmarks()["fake-bench"] == "workbench.bench.host"
     cards = Gallery("quick").cards.value
     assert "<a href='fake.ipynb'><b>Fake page</b></a>" in cards and "waiting for fake step" in cards

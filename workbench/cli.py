@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options (NAME --help lists them)")
     p.set_defaults(func=_cmd_bench)
 
+    servers = [s for m in mechanisms() for s in m.servers]
+    if servers:
+        serve = sub.add_parser("serve", help="run a mechanism's service: " + ", ".join(s.name for s in servers))
+        kinds = serve.add_subparsers(dest="server", required=True, metavar="SERVICE")
+        for server in servers:
+            server.configure(kinds.add_parser(server.name, help=server.help))
+
     for mechanism in mechanisms():
         group = sub.add_parser(mechanism.name, help=mechanism.title)
         commands = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")

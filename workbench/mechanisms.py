@@ -2,7 +2,7 @@
 
 Each mechanism package (``workbench.elastic``, later ``workbench.kvcache``, ...) has a
 module ``mechanism.py`` whose ``MECHANISM`` says what it brings: prepare steps, CLI
-commands (``workbench <name> ...``), benchmarks (``workbench bench NAME``), its dashboard
+commands (``workbench <name> ...``), services (``workbench serve <name>``), benchmarks (``workbench bench NAME``), its dashboard
 (a gallery card and the Voila page) and its notebooks. ``workbench prepare``, the CLI,
 ``workbench bench`` and the gallery are built from :func:`mechanisms`, so adding a
 mechanism adds its package and one line to :data:`REGISTERED`.
@@ -78,6 +78,7 @@ class Mechanism:
     prepare_steps: Callable[[str], list[PrepareStep]] = lambda preset: []
     commands: tuple[Command, ...] = ()
     benchmarks: dict[str, str] = field(default_factory=dict)      # bench name -> module with run(args)
+    servers: tuple[Command, ...] = ()           # ``workbench serve <name>``: long-running services it offers
     dashboard: Dashboard | None = None
     notebooks: tuple[Notebook, ...] = ()
 
