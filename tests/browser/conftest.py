@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -65,16 +66,60 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{report.when}", report)
 
 
+SEEN_JS = """el => {
+    // The part of el a person can see: its box cut by every ancestor that clips it (overflow other than
+    // visible, on el's chain of containing blocks: an absolutely placed box escapes unpositioned ancestors,
+    // a fixed one all of them; body and html hand their overflow to the viewport) and by the viewport; and
+    // whether el itself is what shows at the centre of that part.
+    const box = el.getBoundingClientRect();
+    let [left, top, right, bottom] = [box.left, box.top, box.right, box.bottom];
+    let why = '';
+    let mode = getComputedStyle(el).position;
+    for (let a = el.parentElement; a; a = a.parentElement) {
+        const style = getComputedStyle(a);
+        if (style.display === 'none' || style.visibility === 'hidden' || style.opacity === '0')
+            return {width: 0, height: 0, hit: false, why: 'an ancestor is hidden'};
+        const contains = mode === 'fixed' ? false : mode === 'absolute' ? style.position !== 'static' : true;
+        if (contains) mode = style.position;
+        const root = a === document.body || a === document.documentElement;
+        if (contains && !root && (style.overflowX !== 'visible' || style.overflowY !== 'visible')) {
+            const r = a.getBoundingClientRect();
+            left = Math.max(left, r.left); top = Math.max(top, r.top);
+            right = Math.min(right, r.right); bottom = Math.min(bottom, r.bottom);
+            if (!why && (right - left < 1 || bottom - top < 1))
+                why = `(clipped by ${a.tagName.toLowerCase()}.${[...a.classList].join('.')}, ` +
+                      `${Math.round(r.width)} x ${Math.round(r.height)} px at y ${Math.round(r.top)}; ` +
+                      `the element is at y ${Math.round(box.top)}, ${Math.round(box.height)} px high)`;
+        }
+    }
+    left = Math.max(left, 0); top = Math.max(top, 0);
+    right = Math.min(right, window.innerWidth); bottom = Math.min(bottom, window.innerHeight);
+    const width = Math.max(0, right - left), height = Math.max(0, bottom - top);
+    const at = width && height ? document.elementFromPoint((left + right) / 2, (top + bottom) / 2) : null;
+    return {width, height, hit: !!at && (el === at || el.contains(at)), why};
+}"""
+
+
+def assert_seen(locator, label: str, min_px: int = 200, settle_s: float = 3.0) -> None:
+    """``locator``'s element shows at least ``min_px`` x ``min_px`` on screen once scrolled to: its box cut by
+    every clipping ancestor and the viewport, and nothing else drawn over its centre. (A size read from the
+    element alone passes a figure whose container is 0 px tall with overflow hidden.) Scrolling and layout
+    get ``settle_s`` to finish."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        locator.scroll_into_view_if_needed()
+        seen = locator.evaluate(SEEN_JS)
+        if (seen["width"] >= min_px and seen["height"] >= min_px and seen["hit"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert seen["width"] >= min_px and seen["height"] >= min_px, \
+        f"{label} shows {seen['width']:.0f} x {seen['height']:.0f} px {seen['why']}".rstrip()
+    assert seen["hit"], f"{label}: something else is drawn over its centre"
+
+
 def assert_figures_visible(page, names, min_px: int = 200, timeout_ms: int = 180_000) -> None:
-    """Each named figure is drawn, and seen: at least ``min_px`` high and wide, inside the viewport once
-    scrolled to (a figure clipped to 0 px by its container fails here)."""
+    """Each named figure slot is drawn (its plot rendered at the current revision) and seen (``assert_seen``)."""
     for name in names:
-        figure = page.locator(f".wb-figure[data-name='{name}'][data-revision] .main-svg").first
-        figure.wait_for(timeout=timeout_ms)
-        figure.scroll_into_view_if_needed()
-        box = figure.bounding_box()
-        viewport = page.viewport_size
-        assert box is not None, f"figure {name!r} has no box"
-        assert box["height"] >= min_px and box["width"] >= min_px, f"figure {name!r} is {box['width']}x{box['height']} px"
-        assert 0 <= box["y"] and box["y"] + min_px <= viewport["height"], f"figure {name!r} is outside the viewport: {box}"
-        assert figure.is_visible(), f"figure {name!r} is hidden"
+        slot = page.locator(f".wb-figure[data-name='{name}'][data-revision]").first
+        slot.locator(".main-svg").first.wait_for(timeout=timeout_ms)
+        assert_seen(slot, f"figure {name!r}", min_px)

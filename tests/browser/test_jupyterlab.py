@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.conftest import ARTIFACTS, assert_figures_visible
+from tests.browser.conftest import ARTIFACTS, assert_figures_visible, assert_seen
 from workbench.serving import free_port, lab_command, stop_group, wait_for_http
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -20,13 +20,17 @@ def jupyterlab(prepared, tmp_path_factory):
     """JupyterLab on 127.0.0.1 over a copy of notebooks/ (running cells must not rewrite the repository's)."""
     root = tmp_path_factory.mktemp("lab")
     subprocess.run(["cp", "-r", f"{NOTEBOOKS}/.", str(root)], check=True)
+    settings = tmp_path_factory.mktemp("lab-settings")       # no "news" prompt drawn over the notebook
+    news = settings / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
     log = open(ARTIFACTS / "jupyterlab.log", "w")
     proc = subprocess.Popen(
         lab_command(port, root, token="") + ["--LabApp.expose_app_in_browser=True"], cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "WORKBENCH_PRESET": os.environ.get("WORKBENCH_PRESET", "quick"),
-             "JUPYTER_CONFIG_DIR": str(root / ".jupyter-config")})
+             "JUPYTER_CONFIG_DIR": str(root / ".jupyter-config"), "JUPYTERLAB_SETTINGS_DIR": str(settings)})
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_http(f"{base}/lab", proc, timeout_s=120)
@@ -73,11 +77,9 @@ def test_tutorial_runs_in_jupyterlab_with_figures_and_widgets(jupyterlab, page):
     assert len(with_figures) == 4, f"cells with a Plotly figure: {with_figures}"
     for index in with_figures:
         page.evaluate("i => window.jupyterapp.shell.currentWidget.content.scrollToItem(i, 'start')", index)
-        figure = page.locator(f".jp-Cell[data-windowed-list-index='{index}'] .js-plotly-plot .main-svg").first
-        figure.wait_for(timeout=60_000)
-        figure.scroll_into_view_if_needed()
-        box = figure.bounding_box()
-        assert box is not None and box["height"] >= 200 and box["width"] >= 200, f"cell {index}: {box}"
+        figure = page.locator(f".jp-Cell[data-windowed-list-index='{index}'] .js-plotly-plot").first
+        figure.locator(".main-svg").first.wait_for(timeout=60_000)
+        assert_seen(figure, f"the figure of cell {index}")
 
     assert_figures_visible(page, ["importance", "candidates", "aib", "gantt", "memory"], timeout_ms=120_000)
     slider = page.locator(".widget-slider", has=page.locator("label", has_text="Target (ms)"))
