@@ -1,0 +1,233 @@
+import json
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.kvcache.lifecycle import DROP, KILL, SWAP_OUT, MemoryBudgetError
+from workbench.kvcache.service import (PRESETS, ContextLimitError, CtxStub, FairLock, LLMService, ServiceConfig,
+                                       StubError)
+from workbench.models.decoder import decoder_tokenizer, load_decoder
+
+NEW = 4
+SYSTEM = "Be brief."
+A_PROMPTS = ("Name a color.", "And another?")
+B_PROMPT = "Say hi."
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_decoder()
+
+
+def test_another_apps_stub_is_refused_and_stubs_are_secrets_kept_hashed(tmp_path, model):
+    svc = LLMService(model, tmp_path)
+    a, b = svc.bind("notes"), svc.bind("mail")
+    stub, other = a.new_ctx(SYSTEM), a.new_ctx()
+    assert len(stub.token) >= 40 and stub.token != other.token
+    with pytest.raises(StubError, match="belongs to another app"):
+        b.call(stub, "hello", NEW)
+    with pytest.raises(StubError, match="belongs to another app"):
+        b.delete(stub)
+    with pytest.raises(StubError, match="unknown context stub"):
+        a.call(CtxStub(stub.token[:-1] + "x"), "hello", NEW)
+    svc.close()
+    assert stub.token.encode() not in b"".join(p.read_bytes() for p in tmp_path.glob("index.sqlite3*"))
+    svc = LLMService(model, tmp_path)                      # stubs outlive the service
+    a, b = svc.bind("notes"), svc.bind("mail")
+    with pytest.raises(StubError, match="belongs to another app"):
+        b.call(stub, "hello", NEW)
+    a.delete(stub)
+    with pytest.raises(StubError, match="unknown context stub"):
+        a.delete(stub)
+    svc.close()
+
+
+def test_an_app_holds_at_most_its_limit_of_contexts(tmp_path, model):
+    with LLMService(model, tmp_path, max_contexts_per_app=2) as svc:
+        a, b = svc.bind("a"), svc.bind("b")
+        first = a.new_ctx()
+        a.new_ctx()
+        with pytest.raises(ContextLimitError, match="app 'a' holds 2 contexts.*delete one"):
+            a.new_ctx()
+        b.new_ctx()                                        # the limit is per app
+        a.delete(first)
+        a.new_ctx()
+
+
+def test_a_context_larger_than_the_whole_budget_is_refused_and_left_as_it_was(tmp_path, model):
+    with LLMService(model, tmp_path, memory_budget_bytes=100_000) as svc:
+        a = svc.bind("a")
+        stub = a.new_ctx(SYSTEM)
+        with pytest.raises(MemoryBudgetError, match="more than the whole memory budget of 100000 bytes; a served "
+                                                    "context is never evicted"):
+            a.call(stub, A_PROMPTS[0], NEW)
+        [ctx] = svc.snapshot()["contexts"]
+        assert ctx["tokens"] == 0 and ctx["calls"] == 0 and svc.evictions == []
+
+
+def test_configurations_and_presets_are_checked():
+    with pytest.raises(UnknownNameError, match="unknown compression 'int3'"):
+        ServiceConfig(compression="int3")
+    with pytest.raises(WorkbenchError, match="outside what levels"):
+        ServiceConfig(global_ratio=0.1)
+    assert ServiceConfig.preset("lmk").eviction == "kill" and PRESETS["vllm_s"].base_bits == 32
+    assert not PRESETS["llms_without_lifecycle"].aot_swap_out and PRESETS["llms_without_lifecycle"].policy == "lru"
+
+
+def test_the_fair_lock_serves_callers_in_arrival_order():
+    lock, order = FairLock(), []
+    lock.acquire()
+
+    def caller(i):
+        lock.acquire()
+        order.append(i)
+        lock.release()
+
+    threads = []
+    for i in range(4):
+        threads.append(threading.Thread(target=caller, args=(i,)))
+        threads[-1].start()
+        while lock.waiting < i + 1:
+            time.sleep(0.001)
+    lock.release()
+    for t in threads:
+        t.join()
+    assert order == [0, 1, 2, 3] and lock.waiting == 0
+
+
+# ------------------------------------------------------------------ switching between two contexts
+
+RUNS = {
+    # name: (config, budget). A budget that holds one context with room for its call, not two.
+    "llms": (ServiceConfig(), 600_000),
+    "vllm_sq": (PRESETS["vllm_sq"], 700_000),                    # 8-bit, LRU, written only at eviction
+    "kill": (ServiceConfig(compression="none", eviction="kill"), 2_100_000),
+}
+
+
+def switching(tmp_path, model, config, budget):
+    """A's first call, B's first call (evicting A), A's second call (evicting B, bringing A back); A's
+    chunks as held after its first call, and as read back from its files after B's call."""
+    svc = LLMService(model, tmp_path, memory_budget_bytes=budget, config=config)
+    app = svc.bind("a")
+    a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
+    calls = []
+    for stub, prompt in [(a, A_PROMPTS[0]), (b, B_PROMPT), (a, A_PROMPTS[1])]:
+        before = len(svc.evictions)
+        text, stats = app.call_with_stats(stub, prompt, NEW)
+        ctx = svc._contexts[stats.ctx]
+        calls.append({"text": text, "stats": stats, "evicted": svc.evictions[before:], "snapshot": svc.snapshot(),
+                      "held": [c.to_array() if c is not None else None for c in ctx.kv.chunks]})
+        if len(calls) == 2:
+            a_rows = svc._contexts[calls[0]["stats"].ctx].chunks
+            calls[0]["from_files"] = {r.idx: svc.store.read(r).to_array() for r in a_rows if r.state == "file"}
+    return svc, calls
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, model):
+    out = {name: switching(tmp_path_factory.mktemp(name), model, config, budget)
+           for name, (config, budget) in RUNS.items()}
+    yield out
+    for name in RUNS:
+        out[name][0].close()
+
+
+@pytest.mark.parametrize("name, action", [("llms", DROP), ("vllm_sq", SWAP_OUT), ("kill", KILL)])
+def test_switching_evicts_only_other_contexts_and_records_why(runs, name, action):
+    svc, calls = runs[name]
+    first, b_call, a_again = calls
+    assert first["evicted"] == [] and b_call["evicted"] and a_again["evicted"]
+    a_id, b_id = first["stats"].ctx, b_call["stats"].ctx
+    assert {r.ctx for r in b_call["evicted"]} == {a_id} and {r.ctx for r in a_again["evicted"]} == {b_id}
+    for call in calls:
+        assert all(r.served_ctx == call["stats"].ctx != r.ctx for r in call["evicted"])
+        assert all(r.action == action and r.policy == svc.config.policy for r in call["evicted"])
+        assert call["stats"].evictions == len(call["evicted"])
+    assert b_call["evicted"][0].bytes_needed > 0
+    assert sum(r.nbytes for r in b_call["evicted"]) >= b_call["evicted"][0].bytes_needed
+    written_at_eviction = svc.metrics.registry.get_sample_value("llms_swap_outs_total", {"when": "eviction"})
+    if action == DROP:                                           # files were written ahead of time: no writes now
+        assert written_at_eviction == 0 and a_again["stats"].chunks_loaded == len(b_call["evicted"])
+    if action == SWAP_OUT:
+        assert written_at_eviction == len(b_call["evicted"]) + len(a_again["evicted"])
+    if action == KILL:                                           # the whole context goes, and is recomputed
+        assert len(b_call["evicted"]) == len(first["snapshot"]["contexts"][0]["chunks"])
+        assert a_again["stats"].chunks_recomputed == len(b_call["evicted"]) and a_again["stats"].chunks_loaded == 0
+
+def test_policies_pick_different_first_victims(runs):
+    lctru = runs["llms"][1][1]["evicted"][0]
+    lru = runs["vllm_sq"][1][1]["evicted"][0]
+    assert (lctru.chunk, lctru.bits) == (1, 8)                   # the 8-bit open chunk, not the compressed one
+    assert lru.chunk == 0                                        # least recently used: same tick, earlier chunk
+
+
+@pytest.mark.parametrize("name", ["llms", "vllm_sq"])
+def test_an_evicted_context_comes_back_from_its_files_exactly_as_it_was_held(runs, name):
+    svc, calls = runs[name]
+    from_files = calls[0]["from_files"]
+    assert sorted(from_files) == sorted(r.chunk for r in calls[1]["evicted"])
+    for i, data in from_files.items():
+        assert np.array_equal(data, calls[0]["held"][i])
+    assert calls[2]["stats"].chunks_loaded == len(from_files) and calls[2]["stats"].chunks_recomputed == 0
+    assert calls[2]["stats"].bytes_read > 0 and calls[2]["stats"].switch_s >= calls[2]["stats"].load_s > 0
+    assert svc.store.verify() == []
+
+
+def test_tolerance_lowers_full_chunks_by_density_only_downwards_and_baselines_keep_one_level(runs):
+    levels = [[ch["bits"] for ch in call["snapshot"]["contexts"][0]["chunks"]] for call in runs["llms"][1]]
+    after_first, after_second = levels[0], levels[2]
+    assert after_first[-1] == 8 and after_second[-1] == 8                # the open last chunk stays 8-bit
+    assert all(b <= 4 for b in after_first[:-1])                         # one full chunk, ratio 0.5: 4 bits
+    assert all(new <= old for old, new in zip(after_first, after_second))
+    assert sum(after_second[:-1]) / len(after_second[:-1]) / 8 <= 0.5
+    assert {ch["bits"] for ctx in runs["vllm_sq"][1][2]["snapshot"]["contexts"] for ch in ctx["chunks"]} == {8}
+    assert {ch["bits"] for ctx in runs["kill"][1][2]["snapshot"]["contexts"] for ch in ctx["chunks"]} == {32}
+
+
+def test_later_turns_follow_the_chat_format(runs):
+    svc = runs["llms"][0]
+    tok = decoder_tokenizer()
+    ctx = next(c for c in svc._contexts.values() if c.row.calls == 2)
+    text = tok._tok.decode(ctx.kv.tokens, skip_special_tokens=False)
+    assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{A_PROMPTS[0]}<|im_end|>\n"
+                           f"<|im_start|>assistant\n")
+    assert f"<|im_end|>\n<|im_start|>user\n{A_PROMPTS[1]}<|im_end|>\n<|im_start|>assistant\n" in text
+
+
+def test_snapshot_lists_contexts_chunks_and_the_queue_in_eviction_order(runs):
+    svc = runs["llms"][0]
+    snap = json.loads(json.dumps(svc.snapshot()))
+    states = {ch["state"] for ctx in snap["contexts"] for ch in ctx["chunks"]}
+    assert states <= {"memory+file", "file"} and "file" in states
+    order = [(e["ctx"], e["chunk"]) for e in snap["queue"]["order"]]
+    assert order == [(e.ctx, e.chunk) for e in svc.queue.order()] and order
+    keys = [(-e["bits"], e["last_used"]) for e in snap["queue"]["order"]]
+    assert keys == sorted(keys)
+    in_memory = sum(ch["bytes"] for ctx in snap["contexts"] for ch in ctx["chunks"] if ch["state"] == "memory+file")
+    assert snap["memory"]["used_bytes"] == in_memory == sum(snap["memory"]["by_level"].values())
+    assert in_memory <= snap["memory_budget_bytes"] and snap["last_call"]["ctx"] == runs["llms"][1][2]["stats"].ctx
+
+
+def test_metrics_count_swaps_recomputes_evictions_and_memory_per_level(runs):
+    svc, calls = runs["llms"]
+    text = svc.metrics_text()
+    evicted = sum(len(c["evicted"]) for c in calls)
+    loaded = sum(c["stats"].chunks_loaded for c in calls)
+    assert f'llms_evictions_total{{action="drop",policy="lctru"}} {float(evicted)}' in text
+    assert f"llms_swap_ins_total {float(loaded)}" in text and "llms_calls_total 3.0" in text
+    assert 'llms_swap_outs_total{when="ahead_of_time"}' in text and 'llms_memory_bytes{bits="4"}' in text
+    assert "llms_recompute_share_of_switch 0.0" in text and "llms_queue_wait_seconds_count 3.0" in text
+    kill = runs["kill"][0].metrics_text()
+    assert "llms_recomputed_chunks_total 0.0" not in kill and "llms_recompute_share_of_switch 0.0" not in kill
+    server, _ = svc.start_metrics_server(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as reply:
+            served = reply.read().decode()
+    finally:
+        server.shutdown()
+    assert "llms_calls_total 3.0" in served and server.server_address[0] == "127.0.0.1"
