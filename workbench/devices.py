@@ -113,6 +113,11 @@ PRESETS: dict[str, DeviceProfile] = {
     "mi14": DeviceProfile("mi14", "Xiaomi 14 (Snapdragon 8 Gen 3) CPU, UFS 4.0", "cpu", 60e9, 0.5e-3, 2.0 * GB,
                           16 * GB, source="estimate, not measured: 60 GFLOP/s on the big CPU cores, 2 GB/s UFS 4.0 "
                                           "reads, 0.5 ms per-layer overhead assumed"),
+    "jetson-tx2": DeviceProfile("jetson-tx2", "Jetson TX2 GPU (256-core Pascal), SATA HDD", "gpu", 0.5e12, 3.0e-3,
+                                0.1 * GB, 8 * GB,
+                                source="estimate, not measured: 0.5 TFLOP/s usable of the GPU's 1.33 TFLOP/s fp16 "
+                                       "spec-sheet figure, 100 MB/s SATA HDD reads (the disk of the LLMS paper's "
+                                       "Table 2), 3 ms per-layer overhead assumed"),
     "edge-vm": DeviceProfile("edge-vm", "1-vCPU edge VM on a 500 Mbps link (Voltage set-up)", "cpu", 20e9, 0.2e-3,
                              0.5 * GB, 7.6 * GB, net_bytes_per_s=500e6 / 8, net_latency_s=0.5e-3,
                              source="Voltage paper set-up: 1 vCPU, 7.6 GB, 500 Mbps; FLOP/s an estimate"),

@@ -1,0 +1,266 @@
+"""What bringing missing chunks back costs (LLMS 3.3, "Profiling"): recompute and swap-in times.
+
+LLMS approximates both with linear functions fitted to a one-shot measurement at installation:
+
+- ``T_re(x) = a + b x``: seconds to recompute x chunks (layer by layer, as the loader does);
+- ``T_IO(m) = c + m / bandwidth``: seconds to read m bytes of chunks from their swap files.
+
+Doing no work costs nothing (``T_re(0) = T_IO(0) = 0``); the planner accounts for the intercepts
+only when a side has work.
+
+:func:`profile_host` measures both on this machine with the real decoder and real reads of swap
+files dropped from the page cache (``posix_fadvise(DONTNEED)``), and caches the result in the
+workbench cache. :func:`device_cost_model` derives a preset for one of the LLMS paper's devices
+("mi14", "orin-nx", "jetson-tx2"); see its docstring for the numbers.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from workbench.devices import get_profile
+from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, chunk_nbytes
+
+PROFILE_FORMAT = 1
+
+# The paper's setting the presets reproduce: Llama2-7B (32 layers, hidden 4096, 6.74e9 parameters,
+# full multi-head attention), 16-token chunks, KV at 8 bits, a 4K-token context.
+PAPER_CHUNK_TOKENS = 16
+PAPER_CONTEXT_TOKENS = 4096
+PAPER_CHUNK_BYTES_8BIT = 32 * 2 * 4096 * PAPER_CHUNK_TOKENS            # 4,194,304 bytes of K and V codes
+PAPER_CHUNK_FLOPS = 2 * 6.74e9 * PAPER_CHUNK_TOKENS                    # 2.16e11 FLOPs to recompute a chunk
+MI14_CONTEXT_RECOMPUTE_S = 22.92                                       # the paper's Figure 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapCostModel:
+    """Recompute and swap-in times of one model's chunks on one device."""
+    device: str                                        # "host" or a preset name
+    source: Literal["measured", "emulated"]            # real runs here, or a preset derived from them
+    num_layers: int                                    # layers the pipeline steps through
+    chunk_size: int                                    # tokens per chunk
+    chunk_bytes: dict[int, int]                        # bits -> bytes of one full chunk at that level
+    recompute_fixed_s: float                           # a: seconds of any recompute, whatever its size
+    recompute_per_chunk_s: float                       # b: seconds per chunk recomputed
+    io_fixed_s: float                                  # c: seconds of any swap-in, whatever its size
+    read_bytes_per_s: float                            # bandwidth of swap-in reads (inf: reading is free)
+    recompute_points: tuple[tuple[float, float], ...] = ()   # measured (chunks, seconds) the line fits
+    io_points: tuple[tuple[float, float], ...] = ()          # measured (bytes, seconds) the line fits
+    notes: str = ""                                    # how the figures were obtained
+    title: str = ""                                    # the preset's long name
+
+    def __post_init__(self):
+        object.__setattr__(self, "chunk_bytes", {int(k): int(v) for k, v in self.chunk_bytes.items()})
+        object.__setattr__(self, "recompute_points", tuple(tuple(map(float, p)) for p in self.recompute_points))
+        object.__setattr__(self, "io_points", tuple(tuple(map(float, p)) for p in self.io_points))
+        if min(self.recompute_fixed_s, self.recompute_per_chunk_s, self.io_fixed_s) < 0 or \
+                not self.read_bytes_per_s > 0:
+            raise WorkbenchError("swap cost model: times must be >= 0 and the read bandwidth > 0, got "
+                                 f"a={self.recompute_fixed_s}, b={self.recompute_per_chunk_s}, "
+                                 f"c={self.io_fixed_s}, bandwidth={self.read_bytes_per_s}")
+
+    def t_re(self, chunks: float) -> float:
+        """Seconds to recompute ``chunks`` chunks (0 for none)."""
+        return 0.0 if chunks <= 0 else self.recompute_fixed_s + self.recompute_per_chunk_s * chunks
+
+    def t_io(self, nbytes: float) -> float:
+        """Seconds to swap ``nbytes`` bytes of chunks in (0 for none)."""
+        return 0.0 if nbytes <= 0 else self.io_fixed_s + nbytes / self.read_bytes_per_s
+
+    def recompute_to_load_ratio(self, bits: int = 8) -> float:
+        """Seconds to recompute one full chunk over seconds to load it at ``bits``."""
+        return self.t_re(1) / self.t_io(self.chunk_bytes[bits])
+
+    def to_dict(self) -> dict:
+        return {"format": PROFILE_FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> SwapCostModel:
+        raw = dict(raw)
+        if raw.pop("format", None) != PROFILE_FORMAT:
+            raise WorkbenchError("swap cost model has an unknown format; measure it again")
+        return cls(**raw)
+
+
+def device_label(costs: SwapCostModel | None) -> str:
+    """The device a timeline's spans belong to: "host", or "<preset> emulated on this host"."""
+    return "host" if costs is None or costs.source == "measured" else f"{costs.device} emulated on this host"
+
+
+def fit_line(points) -> tuple[float, float]:
+    """Least-squares ``(intercept, slope)`` of (x, seconds) points; a negative intercept is refitted to 0."""
+    x, y = np.asarray(points, dtype=float).T
+    slope, intercept = np.polyfit(x, y, 1)
+    if intercept < 0:
+        slope, intercept = float(x @ y / (x @ x)), 0.0
+    return float(intercept), float(max(slope, 1e-12))
+
+
+def model_chunk_bytes(cfg, chunk_size: int = CHUNK_SIZE) -> dict[int, int]:
+    """Bytes of one full chunk of the decoder ``cfg`` at every level."""
+    shape = (cfg.num_layers, 2, cfg.num_kv_heads, chunk_size, cfg.head_dim)
+    return {bits: chunk_nbytes(shape, bits) for bits in (FLOAT_BITS, *LEVELS)}
+
+
+def synthetic_context(model, num_chunks: int, chunk_size: int = CHUNK_SIZE, bits: int = 8, seed: int = 0):
+    """A context of ``num_chunks`` full chunks of seeded random token ids, prefilled and held at ``bits``."""
+    import torch
+
+    from workbench.kvcache.chunks import ChunkedKV
+    from workbench.models.decoder import KVCache
+
+    ids = np.random.default_rng(seed).integers(3, model.cfg.vocab_size, num_chunks * chunk_size).tolist()
+    cache = KVCache.empty(model.cfg, len(ids))
+    model.forward_tokens(torch.tensor(ids), cache)
+    kv = ChunkedKV.for_decoder(model.cfg, chunk_size)
+    kv.absorb(cache, ids, bits=bits)
+    return kv
+
+
+def measure_recompute(model, chunk_size: int = CHUNK_SIZE, context_chunks: int = 8,
+                      counts=(1, 2, 4, 8), repeats: int = 3) -> list[tuple[int, float]]:
+    """Median seconds to recompute the first x chunks of an 8-bit context of ``context_chunks`` chunks,
+    per x in ``counts`` (the planner recomputes the earliest chunks), after one untimed warm-up."""
+    from workbench.kvcache.recompute import recompute_chunks
+
+    kv = synthetic_context(model, context_chunks, chunk_size)
+    kept = list(kv.chunks)
+    recompute_chunks(model, kv.tokens, kv, [0])
+    points = []
+    for x in counts:
+        samples = []
+        for _ in range(repeats):
+            kv.chunks = list(kept)
+            t = time.perf_counter()
+            recompute_chunks(model, kv.tokens, kv, range(x))
+            samples.append(time.perf_counter() - t)
+        points.append((int(x), float(np.median(samples))))
+    kv.chunks = kept
+    return points
+
+
+def measure_swap_in(model, chunk_size: int = CHUNK_SIZE, counts=(1, 2, 4, 8), levels=LEVELS,
+                    repeats: int = 3, directory: Path | None = None) -> tuple[list[tuple[int, float]], bool]:
+    """Median seconds to read x chunk files layer by layer, as the loader's IO thread does, each file dropped
+    from the page cache first; per level and x in ``counts``. Also whether the page cache could be dropped."""
+    from workbench.cache import cache_dir
+    from workbench.elastic.costmodel import drop_page_cache
+    from workbench.kvcache.chunks import recompress
+    from workbench.kvcache.loader import read_chunk_layers
+    from workbench.kvcache.swapfile import write_chunk
+
+    kv = synthetic_context(model, max(counts), chunk_size)
+    points, dropped = [], True
+    with tempfile.TemporaryDirectory(dir=directory or cache_dir(), prefix=".swapprobe-") as tmp:
+        for bits in levels:
+            paths = []
+            for i, chunk in enumerate(kv.chunks):
+                paths.append(Path(tmp) / f"{bits}-{i}.bin")
+                write_chunk(paths[-1], recompress(chunk, bits))
+            shape = kv.chunks[0].shape
+            for x in counts:
+                samples = []
+                for _ in range(repeats):
+                    for path in paths[:x]:
+                        dropped &= drop_page_cache(path)
+                    t = time.perf_counter()
+                    read_chunk_layers([(path, bits, shape) for path in paths[:x]])
+                    samples.append(time.perf_counter() - t)
+                points.append((x * chunk_nbytes(shape, bits), float(np.median(samples))))
+    return points, dropped
+
+
+def measure_host(model, chunk_size: int = CHUNK_SIZE, repeats: int = 3) -> SwapCostModel:
+    """Measure and fit both lines on this machine (about 10 s on 2 cores for the shipped decoder)."""
+    re_points = measure_recompute(model, chunk_size, repeats=repeats)
+    io_points, dropped = measure_swap_in(model, chunk_size, repeats=repeats)
+    a, b = fit_line(re_points)
+    c, per_byte = fit_line(io_points)
+    notes = (f"measured: recompute of the first 1-8 chunks of a {8 * chunk_size}-token 8-bit context; "
+             "reads of 8/4/2-bit swap files layer by layer after posix_fadvise(DONTNEED)" if dropped else
+             "measured, but the page cache could not be dropped: reads may come from memory")
+    return SwapCostModel(device="host", source="measured", num_layers=model.cfg.num_layers, chunk_size=chunk_size,
+                         chunk_bytes=model_chunk_bytes(model.cfg, chunk_size), recompute_fixed_s=a,
+                         recompute_per_chunk_s=b, io_fixed_s=c, read_bytes_per_s=1.0 / per_byte,
+                         recompute_points=re_points, io_points=io_points, notes=notes, title="This machine")
+
+
+def host_cost_path(model, chunk_size: int = CHUNK_SIZE) -> Path:
+    """Where the host's measured model for this decoder and chunk size is cached."""
+    from workbench.cache import cache_dir, fingerprint
+
+    key = fingerprint({"cfg": asdict(model.cfg), "chunk_size": chunk_size, "format": PROFILE_FORMAT})
+    return cache_dir() / "profiles" / f"kvcache-host-{key}.json"
+
+
+def profile_host(model, chunk_size: int = CHUNK_SIZE, remeasure: bool = False, repeats: int = 3) -> SwapCostModel:
+    """The host's measured swap cost model, from the cache or measured once (``repeats`` per point) and cached."""
+    from workbench.cache import write_json
+
+    path = host_cost_path(model, chunk_size)
+    if path.exists() and not remeasure:
+        try:
+            return SwapCostModel.from_dict(json.loads(path.read_text()))
+        except (ValueError, TypeError, WorkbenchError):
+            print(f"workbench: {path} is damaged; measuring the host again")
+    costs = measure_host(model, chunk_size, repeats)
+    write_json(path, costs.to_dict())
+    return costs
+
+
+SWAP_PRESETS = ("mi14", "orin-nx", "jetson-tx2")
+
+
+def paper_chunk_times(device: str) -> tuple[float, float, str]:
+    """(seconds to recompute, seconds to load) one 8-bit Llama2-7B chunk on ``device``, and their source."""
+    if device not in SWAP_PRESETS:
+        raise UnknownNameError("swap device preset", device, ["host", *SWAP_PRESETS])
+    dev = get_profile(device)
+    load_s = PAPER_CHUNK_BYTES_8BIT / dev.read_bytes_per_s
+    if device == "mi14":
+        recompute_s = MI14_CONTEXT_RECOMPUTE_S / (PAPER_CONTEXT_TOKENS / PAPER_CHUNK_TOKENS)
+        how = (f"LLMS paper Figure 2: a {PAPER_CONTEXT_TOKENS}-token Llama2-7B context recomputes in "
+               f"{MI14_CONTEXT_RECOMPUTE_S} s on MI14, {recompute_s * 1e3:.1f} ms per chunk")
+    else:
+        recompute_s = PAPER_CHUNK_FLOPS / dev.flops_per_s
+        how = (f"{PAPER_CHUNK_FLOPS:.3g} FLOPs per Llama2-7B chunk at the preset's {dev.flops_per_s:.3g} FLOP/s "
+               f"(estimate, not measured), {recompute_s * 1e3:.1f} ms per chunk")
+    how += (f"; loading its {PAPER_CHUNK_BYTES_8BIT / 1e6:.2f} MB of 8-bit K/V at the preset's "
+            f"{dev.read_bytes_per_s / 1e9:.2f} GB/s takes {load_s * 1e3:.2f} ms ({dev.source})")
+    return recompute_s, load_s, how
+
+
+def device_cost_model(device: str, host: SwapCostModel) -> SwapCostModel:
+    """The cost model of ``device`` emulated on the host measured as ``host`` ("host" gives ``host``).
+
+    The paper's pipeline decides by how dear recomputing a chunk is against loading it, so a preset
+    keeps the ratio R = recompute / load time of one 8-bit chunk that the paper's Llama2-7B has on that
+    device (:func:`paper_chunk_times`): MI14 89.5 ms / 2.10 ms (R = 42.7, recompute from the paper,
+    UFS 4.0 at 2 GB/s an estimate), Orin NX 53.9 ms / 2.80 ms (R = 19.3, both estimates: 4 TFLOP/s,
+    NVMe at 1.5 GB/s), TX2 431 ms / 41.9 ms (R = 10.3, both estimates: 0.5 TFLOP/s, SATA HDD at 0.1 GB/s).
+
+    Emulation can only slow the host down (padding compute, throttling reads), so each line is the
+    host's scaled by a factor >= 1: one chunk's recompute takes r = max(r_host, R * l_host) and its
+    load r / R, where r_host and l_host are the host's times for one full 8-bit chunk.
+    """
+    if device == "host":
+        return host
+    recompute_s, load_s, how = paper_chunk_times(device)
+    ratio = recompute_s / load_s
+    r_host, l_host = host.t_re(1), host.t_io(host.chunk_bytes[8])
+    r = max(r_host, ratio * l_host)
+    slow_re, slow_io = r / r_host, (r / ratio) / l_host
+    return replace(host, device=device, source="emulated", title=get_profile(device).title,
+                   recompute_fixed_s=host.recompute_fixed_s * slow_re,
+                   recompute_per_chunk_s=host.recompute_per_chunk_s * slow_re,
+                   io_fixed_s=host.io_fixed_s * slow_io, read_bytes_per_s=host.read_bytes_per_s / slow_io,
+                   recompute_points=(), io_points=(),
+                   notes=f"recompute/load ratio {ratio:.1f} per 8-bit chunk from: {how}; the host's lines "
+                         f"slowed {slow_re:.2f}x (recompute) and {slow_io:.2f}x (reads)")
