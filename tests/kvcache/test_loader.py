@@ -1,0 +1,192 @@
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.errors import CorruptArtifactError, WorkbenchError
+from workbench.kvcache import costmodel
+from workbench.kvcache.chunks import ChunkedKV, encode_chunk, recompress
+from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, model_chunk_bytes, profile_host
+from workbench.kvcache.loader import load_context, missing_chunks, read_chunk_layers
+from workbench.kvcache.planner import plan_swap_recompute
+from workbench.kvcache.recompute import recompute_chunks
+from workbench.kvcache.swapfile import read_chunk, read_layer, write_chunk
+from workbench.models.decoder import KVCache, load_decoder
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    return load_decoder()
+
+
+@pytest.fixture(scope="module")
+def prefilled(decoder):
+    """100 seeded random tokens prefilled in one pass: 7 chunks of 16, the last holding 4."""
+    ids = np.random.default_rng(7).integers(3, decoder.cfg.vocab_size, 100).tolist()
+    cache = KVCache.empty(decoder.cfg, 100)
+    decoder.forward_tokens(torch.tensor(ids), cache)
+    return ids, cache
+
+
+def context(decoder, prefilled, bits) -> ChunkedKV:
+    ids, cache = prefilled
+    kv = ChunkedKV.for_decoder(decoder.cfg)
+    kv.absorb(cache, ids, bits=bits)
+    return kv
+
+
+def swap_out(kv: ChunkedKV, levels: dict[int, int], directory) -> dict:
+    """Write chunks ``levels`` (index -> bits) to swap files and drop them from memory; returns the file map."""
+    files = {}
+    for i, bits in levels.items():
+        path = directory / f"chunk-{i}.bin"
+        write_chunk(path, recompress(kv.chunks[i], bits))
+        files[i] = (path, bits)
+        kv.chunks[i] = None
+    return files
+
+
+def host_like(decoder, **times) -> SwapCostModel:
+    """A cost model with the decoder's real chunk sizes and chosen times (planning is not under test here)."""
+    return SwapCostModel(device="host", source="measured", num_layers=decoder.cfg.num_layers, chunk_size=16,
+                         chunk_bytes=model_chunk_bytes(decoder.cfg), **times)
+
+
+SPLIT = dict(recompute_fixed_s=0.0, recompute_per_chunk_s=0.01, io_fixed_s=0.0, read_bytes_per_s=2e7)
+"""Recompute 10 ms per chunk, an 8-bit chunk (230 KB) read in 11.5 ms: the plan does some of each."""
+
+
+def test_a_raw_context_comes_back_as_it_was(decoder, prefilled, tmp_path):
+    kv = context(decoder, prefilled, 32)
+    original = kv.to_array()
+    files = swap_out(kv, {0: 32, 1: 32, 3: 32, 4: 32, 6: 32}, tmp_path)
+    plan = plan_swap_recompute(host_like(decoder, **SPLIT), missing_chunks(kv, files))
+    assert plan.recompute and plan.load
+    result = load_context(decoder, kv, files, plan)
+    assert kv.missing() == [] and kv.levels() == [32] * 7
+    for i in plan.load:
+        assert np.array_equal(kv.chunks[i].to_array(), read_chunk(files[i][0], 32, kv.chunks[i].shape).to_array())
+    np.testing.assert_allclose(kv.to_array(), original, rtol=0, atol=1e-4)
+    assert result.recomputed == plan.recompute and result.loaded == plan.load
+
+
+def test_mixed_levels_load_as_stored_and_recompute_over_what_was_loaded(decoder, prefilled, tmp_path):
+    kv = context(decoder, prefilled, 8)
+    levels = {0: 4, 1: 8, 2: 2, 4: 8, 5: 4, 6: 2}
+    files = swap_out(kv, levels, tmp_path)
+    plan = plan_swap_recompute(host_like(decoder, **SPLIT), missing_chunks(kv, files))
+    assert plan.recompute and plan.load
+    before = copy.deepcopy(kv)
+    result = load_context(decoder, kv, files, plan)
+    assert kv.levels() == [levels.get(i, 8) for i in range(7)]
+    for i in plan.load:                               # exactly the file's codes and channel scales
+        stored = read_chunk(files[i][0], levels[i], kv.chunks[i].shape)
+        assert np.array_equal(kv.chunks[i].payload, stored.payload)
+        assert np.array_equal(kv.chunks[i].to_array(), stored.to_array())
+    # The one-shot recompute over the same held and loaded chunks: the pipelined one must feed each layer alike.
+    for i in plan.load:
+        before.chunks[i] = kv.chunks[i]
+    recompute_chunks(decoder, before.tokens, before, plan.recompute, bits={i: levels[i] for i in plan.recompute})
+    for i in plan.recompute:
+        np.testing.assert_allclose(kv.chunks[i].to_array(), before.chunks[i].to_array(), rtol=0, atol=1e-4)
+    spans = result.timeline.spans
+    assert result.timeline.source == "measured" and {s.device for s in spans} == {"host"}
+    assert [s.label for s in result.timeline.of_kind("swap_in")] == [f"layer {n}" for n in range(30)]
+    assert [s.label for s in result.timeline.of_kind("recompute")] == [f"layer {n}" for n in range(30)]
+    assert {s.lane for s in result.timeline.of_kind("swap_in")} == {"io"}
+    assert {s.lane for s in spans if s.kind in ("recompute", "stall")} == {"compute"}
+    io_end = {s.label: s.end for s in result.timeline.of_kind("swap_in")}
+    for s in result.timeline.of_kind("recompute"):  # a layer is recomputed only once it has been read
+        assert s.start >= io_end[s.label] - 1e-9
+    assert result.predicted is plan.timeline and result.predicted_s == plan.predicted_s
+    assert result.bytes_read == sum(files[i][0].stat().st_size for i in plan.load)
+    assert result.latency_s >= result.timeline.end
+
+
+def test_only_loading_or_only_recomputing(decoder, prefilled, tmp_path):
+    kv = context(decoder, prefilled, 8)
+    files = swap_out(kv, {2: 8, 5: 4}, tmp_path)
+    load_only = plan_swap_recompute(host_like(decoder, **{**SPLIT, "recompute_per_chunk_s": 10.0}),
+                                    missing_chunks(kv, files))
+    result = load_context(decoder, kv, files, load_only)
+    assert load_only.recompute == () and result.timeline.of_kind("recompute") == [] and kv.missing() == []
+    assert len(result.timeline.of_kind("swap_in")) == 30
+    files = swap_out(kv, {2: 8, 5: 4}, tmp_path)
+    recompute_only = plan_swap_recompute(host_like(decoder, **{**SPLIT, "read_bytes_per_s": 1.0}),
+                                         missing_chunks(kv, files))
+    result = load_context(decoder, kv, files, recompute_only)
+    assert recompute_only.load == () and result.timeline.of_kind("swap_in") == [] and kv.levels()[2] == 8
+    assert len(result.timeline.of_kind("recompute")) == 30 and result.timeline.of_kind("stall") == []
+
+
+def test_emulation_pads_every_layer_to_the_emulated_device(decoder, prefilled, tmp_path):
+    kv = context(decoder, prefilled, 8)
+    files = swap_out(kv, {1: 8, 2: 8, 3: 8, 4: 4, 5: 8}, tmp_path)
+    slow = replace(host_like(decoder, recompute_fixed_s=0.0, recompute_per_chunk_s=0.2, io_fixed_s=0.0,
+                             read_bytes_per_s=230_400 / 0.25), device="slow-disk", source="emulated")
+    plan = plan_swap_recompute(slow, missing_chunks(kv, files))
+    assert plan.recompute and plan.load
+    result = load_context(decoder, kv, files, plan, emulate=slow)
+    assert result.emulated == "slow-disk" and kv.missing() == []
+    assert {s.device for s in result.timeline.spans} == {"slow-disk emulated on this host"}
+    assert {s.device for s in plan.timeline.spans} == {"slow-disk emulated on this host"}
+    for s in result.timeline.of_kind("swap_in"):
+        assert s.duration >= slow.t_io(plan.load_bytes) / 30 - 1e-6
+    for s in result.timeline.of_kind("recompute"):
+        assert s.duration >= slow.t_re(len(plan.recompute)) / 30 - 1e-6
+    assert result.latency_s >= plan.objective_s
+    assert isinstance(result.check().note(), str)
+
+
+def test_on_a_context_this_short_the_papers_devices_load_everything(decoder, prefilled):
+    """Recomputing one chunk costs R >= 10 loads on every preset; with 7 chunks, reading them all is faster."""
+    kv = context(decoder, prefilled, 8)
+    host = host_like(decoder, recompute_fixed_s=0.0, recompute_per_chunk_s=0.05, io_fixed_s=0.0,
+                     read_bytes_per_s=2e9)
+    missing = [(i, 8, c.nbytes) for i, c in enumerate(kv.chunks)]
+    for name in ("mi14", "orin-nx", "jetson-tx2"):
+        assert plan_swap_recompute(device_cost_model(name, host), missing).recompute == ()
+
+
+def test_a_plan_that_does_not_match_the_context_is_refused(decoder, prefilled, tmp_path):
+    kv = context(decoder, prefilled, 8)
+    files = swap_out(kv, {1: 8, 3: 8}, tmp_path)
+    plan = plan_swap_recompute(host_like(decoder, **SPLIT), missing_chunks(kv, files)[:1])
+    with pytest.raises(WorkbenchError, match=r"brings back chunks \[1\], but chunks \[1, 3\] are missing"):
+        load_context(decoder, kv, files, plan)
+    with pytest.raises(WorkbenchError, match=r"chunks \[3\] are not in memory and have no swap file"):
+        missing_chunks(kv, {1: files[1]})
+    files[1][0].write_bytes(files[1][0].read_bytes()[:-5])
+    whole = plan_swap_recompute(host_like(decoder, **{**SPLIT, "recompute_per_chunk_s": 10.0}),
+                                missing_chunks(kv, files))
+    with pytest.raises(CorruptArtifactError, match="chunk-1.bin holds"):
+        load_context(decoder, kv, files, whole)
+    assert kv.missing() == [1, 3]
+
+
+@pytest.mark.parametrize("bits", [32, 8, 4, 2])
+def test_layer_by_layer_reads_give_the_stored_chunk(tmp_path, bits):
+    values = np.random.default_rng(bits).standard_normal((3, 2, 3, 5, 64)).astype(np.float32)
+    chunk = encode_chunk(values, bits)
+    write_chunk(tmp_path / "c.bin", chunk)
+    back, = read_chunk_layers([(tmp_path / "c.bin", bits, chunk.shape)])
+    assert np.array_equal(back.payload, chunk.payload) and np.array_equal(back.to_array(), chunk.to_array())
+    with open(tmp_path / "c.bin", "rb") as handle:
+        assert np.array_equal(read_layer(handle, bits, chunk.shape, 2), back.to_array()[2])
+
+
+def test_the_host_is_measured_once_and_cached(decoder, tmp_cache, monkeypatch):
+    host = profile_host(decoder, repeats=1)
+    assert host.source == "measured" and host.device == "host" and host.num_layers == 30
+    assert [x for x, _ in host.recompute_points] == [1, 2, 4, 8] and len(host.io_points) == 12
+    assert host.recompute_per_chunk_s > 0 and host.read_bytes_per_s > 0
+    assert host.chunk_bytes[8] == 230_400
+    assert list((tmp_cache / "profiles").glob("kvcache-host-*.json"))
+
+    def measure_again(*args, **kwargs):
+        raise AssertionError("measured twice")
+
+    monkeypatch.setattr(costmodel, "measure_host", measure_again)
+    assert profile_host(decoder) == host

@@ -1,0 +1,217 @@
+"""Bringing a context's missing chunks back with the swapping-recompute pipeline (LLMS 3.3 and 4).
+
+An IO thread reads the plan's to-load chunks from their swap files one layer at a time (every
+file's layer l, then layer l + 1, ...), while the calling thread recomputes the to-recompute
+chunks layer by layer (:class:`~workbench.kvcache.recompute.LayerRecompute`). Recomputing layer l
+attends to every other chunk's K/V of layer l, so the compute thread starts layer l only once the
+IO thread has read it: as in the paper, the next layer is read while the current one is recomputed.
+
+With ``emulate`` (a preset :class:`~workbench.kvcache.costmodel.SwapCostModel`) each layer's reads
+and recompute are padded to the preset's share of ``T_IO`` and ``T_re`` per layer, so the run takes
+as long as it would on that device; a host slower than the preset stays as slow as it is.
+
+Loaded chunks are kept as stored (their level, codes and channel scales as in the file);
+recomputed chunks are stored at the level they were swapped out with.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from workbench.devices import pad_until
+from workbench.elastic.costmodel import drop_page_cache
+from workbench.errors import CorruptArtifactError, WorkbenchError
+from workbench.kvcache.chunks import FLOAT_BITS, ChunkData, ChunkedKV, encode_chunk
+from workbench.kvcache.costmodel import SwapCostModel, device_label
+from workbench.kvcache.planner import SwapPlan
+from workbench.kvcache.recompute import LayerRecompute, held_layers
+from workbench.kvcache.swapfile import _check, _parts, file_size
+from workbench.timeline import Span, Timeline
+
+
+def read_layer_data(handle, bits: int, shape: tuple[int, ...], layer: int) -> ChunkData:
+    """Layer ``layer`` of a swap file as stored: a one-layer chunk (1, 2, kv_heads, tokens, head_dim) holding
+    the file's codes and channel scales (``swapfile.read_layer`` gives the same values dequantized)."""
+    payload_bytes, channel_bytes = _parts(bits, shape)
+    layers, fd = shape[0], handle.fileno()
+    one = (1, *shape[1:])
+
+    def read(nbytes: int, offset: int) -> bytes:
+        raw = os.pread(fd, nbytes, offset)
+        if len(raw) != nbytes:
+            raise CorruptArtifactError(f"swap file {getattr(handle, 'name', fd)} is short at layer {layer}")
+        return raw
+
+    payload = read(payload_bytes, layer * payload_bytes)
+    if bits == FLOAT_BITS:
+        return ChunkData(bits=bits, shape=one, payload=np.frombuffer(payload, np.float32).copy())
+    base, scales = layers * payload_bytes, (1, shape[1], shape[2], 1, shape[4])
+    low = read(channel_bytes, base + layer * channel_bytes)
+    step = read(channel_bytes, base + (layers + layer) * channel_bytes)
+    return ChunkData(bits=bits, shape=one, payload=np.frombuffer(payload, np.uint8).copy(),
+                     low=np.frombuffer(low, np.float16).reshape(scales).copy(),
+                     step=np.frombuffer(step, np.float16).reshape(scales).copy())
+
+
+def join_layers(parts: list[ChunkData]) -> ChunkData:
+    """One chunk from its layers as :func:`read_layer_data` gives them (the file's layout is layer-major)."""
+    first = parts[0]
+    shape = (len(parts), *first.shape[1:])
+    if first.low is None:
+        return ChunkData(bits=first.bits, shape=shape, payload=np.concatenate([p.payload for p in parts]))
+    return ChunkData(bits=first.bits, shape=shape, payload=np.concatenate([p.payload for p in parts]),
+                     low=np.concatenate([p.low for p in parts]), step=np.concatenate([p.step for p in parts]))
+
+
+def stream_layers(files):
+    """Yield, layer after layer, ``(layer, parts, values)`` for swap files ``(path, bits, shape)``: each file's
+    stored layer and its float32 K/V (2, kv_heads, tokens, head_dim)."""
+    files = list(files)
+    for path, bits, shape in files:
+        _check(path, Path(path).stat().st_size, bits, shape)
+    handles = [open(path, "rb", buffering=0) for path, _, _ in files]
+    try:
+        for layer in range(files[0][2][0] if files else 0):
+            parts = [read_layer_data(h, bits, shape, layer) for h, (_, bits, shape) in zip(handles, files)]
+            yield layer, parts, [p.to_array()[0] for p in parts]
+    finally:
+        for h in handles:
+            h.close()
+
+
+def read_chunk_layers(files) -> list[ChunkData]:
+    """Read whole swap files ``(path, bits, shape)`` layer by layer, as the loader's IO thread does."""
+    per_file: list[list[ChunkData]] = [[] for _ in files]
+    for _, parts, _ in stream_layers(files):
+        for collected, part in zip(per_file, parts):
+            collected.append(part)
+    return [join_layers(p) for p in per_file]
+
+
+def missing_chunks(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]]) -> list[tuple[int, int, int]]:
+    """``(chunk index, bits, bytes)`` of every chunk of ``kv`` not in memory, for the planner;
+    ``files`` maps each to its swap file and level."""
+    absent = [i for i in kv.missing() if i not in files]
+    if absent:
+        raise WorkbenchError(f"chunks {absent} are not in memory and have no swap file")
+    return [(i, int(files[i][1]), file_size(int(files[i][1]), chunk_shape(kv, i))) for i in kv.missing()]
+
+
+def chunk_shape(kv: ChunkedKV, index: int) -> tuple[int, ...]:
+    start, end = kv.span(index)
+    return kv.layers, 2, kv.kv_heads, end - start, kv.head_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadResult:
+    """What one load did, measured, beside the plan's prediction."""
+    timeline: Timeline                  # measured: "swap_in" on lane "io", "recompute" and "stall" on "compute"
+    predicted: Timeline                 # the plan's timeline
+    latency_s: float                    # seconds from the start of the load to the last chunk in memory
+    predicted_s: float                  # the plan's predicted seconds
+    recomputed: tuple[int, ...]         # chunks rebuilt from their tokens
+    loaded: tuple[int, ...]             # chunks read from swap files
+    bytes_read: int                     # bytes of the swap files read
+    emulated: str = ""                  # the preset the run was padded to ('' on the host)
+
+    def check(self):
+        """This load against its plan (``workbench.prediction``): a note when it misses by more than 20 %."""
+        from workbench.prediction import check_prediction
+
+        return check_prediction(self.timeline, self.predicted, self.latency_s, self.predicted_s,
+                                emulated=self.emulated)
+
+
+def _check_plan(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]], plan: SwapPlan) -> None:
+    planned = set(plan.recompute) | set(plan.load)
+    if set(plan.recompute) & set(plan.load):
+        raise WorkbenchError(f"chunks {sorted(set(plan.recompute) & set(plan.load))} are planned both ways")
+    if planned != set(kv.missing()):
+        raise WorkbenchError(f"the plan brings back chunks {sorted(planned)}, but chunks {kv.missing()} are missing")
+    absent = sorted(i for i in planned if i not in files)
+    if absent:
+        raise WorkbenchError(f"chunks {absent} have no swap file (needed for their level, or to read them)")
+
+
+@torch.no_grad()
+def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, int]], plan: SwapPlan,
+                 emulate: SwapCostModel | None = None, cold: bool = True) -> LoadResult:
+    """Bring every missing chunk of ``kv`` back following ``plan``; ``missing_files`` maps each missing chunk
+    to ``(swap file, bits)``. ``cold`` drops the files to read from the page cache first."""
+    _check_plan(kv, missing_files, plan)
+    device = device_label(emulate)
+    layers = kv.layers
+    to_load = [(Path(missing_files[i][0]), int(missing_files[i][1]), chunk_shape(kv, i)) for i in plan.load]
+    bytes_read = sum(file_size(bits, shape) for _, bits, shape in to_load)
+    if cold:
+        for path, _, _ in to_load:
+            drop_page_cache(path)
+    job = LayerRecompute(model, kv.tokens, kv, plan.recompute)
+    needed = set(job.needed)
+    from_memory = sorted(needed - set(plan.load))            # in memory: _check_plan covers every missing chunk
+    spans: list[Span] = []
+    arrivals: queue.Queue = queue.Queue()
+    failure: list[BaseException] = []
+    io_layer_s = emulate.t_io(bytes_read) / layers if emulate is not None else 0.0
+    re_layer_s = emulate.t_re(len(plan.recompute)) / layers if emulate is not None else 0.0
+    t0 = time.perf_counter()
+
+    def io_worker():
+        try:
+            start = time.perf_counter()
+            for layer, parts, values in stream_layers(to_load):
+                pad_until(start + io_layer_s)
+                end = time.perf_counter()
+                spans.append(Span("io", "swap_in", start - t0, end - t0, f"layer {layer}",
+                                  {"chunks": len(to_load), "bytes": bytes_read / layers}, device))
+                arrivals.put((layer, parts, values))
+                start = end
+        except BaseException as exc:                      # surfaced in the calling thread
+            failure.append(exc)
+            arrivals.put((None, None, None))
+
+    io_thread = threading.Thread(target=io_worker, name="llms-io", daemon=True)
+    io_thread.start()
+    held = held_layers(kv, from_memory)                   # dequantized while the first layer is read
+    stored: list[list[ChunkData]] = [[] for _ in to_load]
+    outputs = []
+    for layer in range(layers if to_load or job.missing else 0):
+        wait_start = time.perf_counter()
+        values = None
+        if to_load:
+            got, parts, values = arrivals.get()
+            if got is None:
+                raise failure[0]
+            for collected, part in zip(stored, parts):
+                collected.append(part)
+        if not job.missing:
+            continue
+        start = time.perf_counter()
+        if to_load and start - wait_start > 50e-6:
+            spans.append(Span("compute", "stall", wait_start - t0, start - t0, f"wait for layer {layer}",
+                              device=device))
+        context = {i: a[layer] for i, a in held.items()}
+        context.update((i, v) for i, v in zip(plan.load, values or ()) if i in needed)
+        outputs.append(job.step(context))
+        pad_until(start + re_layer_s)
+        spans.append(Span("compute", "recompute", start - t0, time.perf_counter() - t0, f"layer {layer}",
+                          {"chunks": len(job.missing)}, device))
+    io_thread.join()
+    for i, parts in zip(plan.load, stored):
+        kv.chunks[i] = join_layers(parts)
+    for i, array in (job.chunk_arrays(outputs).items() if job.missing else ()):
+        kv.chunks[i] = encode_chunk(array, int(missing_files[i][1]))
+    latency = time.perf_counter() - t0
+    timeline = Timeline(tuple(sorted(spans, key=lambda s: (s.start, s.lane))), "measured",
+                        name=f"swap-in {len(plan.load)} / recompute {len(plan.recompute)} chunks")
+    return LoadResult(timeline=timeline, predicted=plan.timeline, latency_s=latency, predicted_s=plan.predicted_s,
+                      recomputed=tuple(plan.recompute), loaded=tuple(plan.load), bytes_read=bytes_read,
+                      emulated="" if emulate is None else emulate.device)
