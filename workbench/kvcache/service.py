@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, encode_chunk, recompress
+from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.density import assign_levels
 from workbench.kvcache.lifecycle import (DROP, KILL, SWAP_OUT, EvictionRecord, LCTRUQueue, MemoryBudgetError,
                                          QueueEntry, check_policy)
@@ -219,31 +219,9 @@ class LoadReport:
 Loader = Callable[[LoadRequest], LoadReport]
 
 
-def encode_at(kv: np.ndarray, bits: int):
-    """``kv`` held at ``bits``; levels below 8 are made from the 8-bit chunk, as calls make them."""
-    return encode_chunk(kv, bits) if bits in (FLOAT_BITS, 8) else recompress(encode_chunk(kv, 8), bits)
-
-
-def rerun_tokens(model, kv: ChunkedKV, specs: dict[int, ChunkSpec], block: int = 256) -> None:
-    """Recompute chunks by running the context's tokens from the start through the decoder, up to the
-    last chunk needed (in blocks, to bound attention memory)."""
-    import torch
-
-    from workbench.models.decoder import KVCache
-
-    end = max(kv.span(i)[1] for i in specs)
-    cache = KVCache.empty(model.cfg, end)
-    for start in range(0, end, block):
-        model.forward_tokens(torch.tensor(kv.tokens[start:min(end, start + block)]), cache)
-    k, v = cache.k.numpy(), cache.v.numpy()
-    for i, spec in specs.items():
-        s, e = kv.span(i)
-        kv.chunks[i] = encode_at(np.stack([k[:, :, s:e], v[:, :, s:e]], axis=1), spec.bits)
-
-
 def read_files_then_recompute(request: LoadRequest) -> LoadReport:
-    """The built-in loader: read every missing chunk that has a file, then recompute the others by
-    re-running the context's tokens (no pipelining of the two)."""
+    """The built-in loader: read every missing chunk that has a file, then recompute the others from
+    their tokens and the chunks now held (``recompute_chunks``), one after the other, no pipeline."""
     kv = request.kv
     t0 = time.perf_counter()
     loaded, nbytes = [], 0
@@ -255,7 +233,9 @@ def read_files_then_recompute(request: LoadRequest) -> LoadReport:
     t1 = time.perf_counter()
     rest = {i: s for i, s in request.specs.items() if s.path is None}
     if rest:
-        rerun_tokens(request.model, kv, rest)
+        from workbench.kvcache.recompute import recompute_chunks
+
+        recompute_chunks(request.model, kv.tokens, kv, list(rest), bits={i: s.bits for i, s in rest.items()})
     return LoadReport(loaded=tuple(loaded), recomputed=tuple(sorted(rest)), bytes_read=nbytes, io_s=t1 - t0,
                       recompute_s=time.perf_counter() - t1)
 
@@ -373,6 +353,8 @@ class LLMService:
         """The session of ``app`` (its name identifies it; contexts belong to it)."""
         if not isinstance(app, str) or not app.strip() or len(app) > 200:
             raise WorkbenchError(f"an app is named by a non-empty string of at most 200 characters, got {app!r}")
+        if self._closed:
+            raise ServiceClosedError("the LLM service was closed")
         self.store.add_app(app)
         return AppSession(self, app)
 
@@ -555,7 +537,12 @@ class LLMService:
         specs = {i: ChunkSpec(bits=ctx.chunks[i].bits, shape=tuple(ctx.chunks[i].shape),
                               path=self.store.chunk_path(ctx.row.id, i) if ctx.chunks[i].state in HAS_FILE else None)
                  for i in missing}
-        report = self.loader(LoadRequest(model=self.model, kv=ctx.kv, specs=specs, loading=self.config.loading))
+        try:
+            report = self.loader(LoadRequest(model=self.model, kv=ctx.kv, specs=specs, loading=self.config.loading))
+        except BaseException:
+            for i in specs:                                  # a half-loaded context stays as the index says
+                ctx.kv.chunks[i] = None
+            raise
         for i, spec in specs.items():
             got = ctx.kv.chunks[i]
             if got is None or got.bits != spec.bits or tuple(got.shape) != spec.shape:

@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ class SwapStore:
             self._lock_handle.close()
             raise SwapDirInUseError(f"swap directory {self.root} is in use by another LLM service; "
                                     f"stop it or choose another swap directory") from None
+        self._lock = threading.RLock()                     # one connection, shared by the service's threads
         self._db = sqlite3.connect(self.root / INDEX_NAME, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -193,18 +195,23 @@ class SwapStore:
         return self.root / ctx / f"{idx}.bin"
 
     def _transaction(self, statements: Iterable[tuple[str, tuple]]) -> None:
-        cur = self._db.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, args in statements:
-                cur.execute(sql, args)
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    cur.execute(sql, args)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+    def _rows(self, sql: str) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql).fetchall()
 
     def _check_meta(self, meta: Mapping[str, object]) -> None:
-        stored = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        stored = {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM meta")}
         clash = {k: (stored[k], v) for k, v in meta.items() if k in stored and stored[k] != v}
         if clash:
             details = ", ".join(f"{k} is {old!r} there, {new!r} here" for k, (old, new) in clash.items())
@@ -245,13 +252,13 @@ class SwapStore:
     def load(self) -> list[tuple[ContextRow, list[ChunkRow]]]:
         """Every context with its chunk rows (in chunk order)."""
         chunks: dict[str, list[ChunkRow]] = {}
-        for r in self._db.execute("SELECT ctx, idx, bits, shape, state, nbytes, file_bytes, crc32, last_tick "
-                                  "FROM chunks ORDER BY ctx, idx"):
+        for r in self._rows("SELECT ctx, idx, bits, shape, state, nbytes, file_bytes, crc32, last_tick "
+                            "FROM chunks ORDER BY ctx, idx"):
             chunks.setdefault(r[0], []).append(ChunkRow(ctx=r[0], idx=r[1], bits=r[2], shape=tuple(json.loads(r[3])),
                                                         state=r[4], nbytes=r[5], file_bytes=r[6], crc32=r[7],
                                                         last_tick=r[8]))
         out = []
-        for r in self._db.execute("SELECT * FROM contexts ORDER BY created, id"):
+        for r in self._rows("SELECT * FROM contexts ORDER BY created, id"):
             row = ContextRow(id=r[0], app=r[1], stub_sha256=r[2], system_prompt=r[3], created=r[4], last_used=r[5],
                              last_tick=r[6], calls=r[7], tokens=_ints(r[8]), pending=_ints(r[9]),
                              attn_sum=_floats(r[10]), attn_rows=_floats(r[11]))
@@ -259,7 +266,7 @@ class SwapStore:
         return out
 
     def apps(self) -> list[str]:
-        return [r[0] for r in self._db.execute("SELECT name FROM apps ORDER BY name")]
+        return [r[0] for r in self._rows("SELECT name FROM apps ORDER BY name")]
 
     # ------------------------------------------------------------------ the one write path
 
@@ -268,8 +275,11 @@ class SwapStore:
         """Record a state change durably: write ``files`` (keyed by (context, chunk)) beside their
         final names, commit ``contexts`` and ``chunks`` (whose rows get the new files' bytes and CRC)
         in one transaction, then move the files into place. Returns the bytes written."""
-        files = dict(files or {})
-        rows = {row.key: row for row in chunks}
+        with self._lock:
+            return self._commit(list(contexts), {row.key: row for row in chunks}, dict(files or {}))
+
+    def _commit(self, contexts: list[ContextRow], rows: dict[tuple[str, int], ChunkRow],
+                files: dict[tuple[str, int], ChunkData]) -> int:
         written = 0
         dirs = set()
         for key, data in files.items():
@@ -277,6 +287,7 @@ class SwapStore:
             if row is None or row.state not in HAS_FILE:
                 raise WorkbenchError(f"chunk {key} is written to its file but its row does not say so")
             nxt = self._next_path(*key)
+            nxt.parent.mkdir(exist_ok=True)
             row.file_bytes = write_chunk(nxt, data)
             row.crc32 = file_crc(nxt)
             written += row.file_bytes
@@ -349,7 +360,7 @@ class SwapStore:
     def verify(self) -> list[str]:
         """Problems found (empty when sound): SQLite's integrity check, every file a row points to
         present with its size and CRC, no file without a row, no leftover temporary file."""
-        problems = [r[0] for r in self._db.execute("PRAGMA integrity_check") if r[0] != "ok"]
+        problems = [r[0] for r in self._rows("PRAGMA integrity_check") if r[0] != "ok"]
         rows = {(c.ctx, c.idx): c for _, chunks in self.load() for c in chunks}
         for (ctx, idx), c in rows.items():
             if c.state in HAS_FILE:
@@ -364,10 +375,11 @@ class SwapStore:
         return problems
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-            self._lock_handle.close()
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+                self._lock_handle.close()
 
     def __enter__(self) -> SwapStore:
         return self
