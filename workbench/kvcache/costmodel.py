@@ -24,9 +24,11 @@ from typing import Literal
 
 import numpy as np
 
+from workbench.cache import cache_dir, fingerprint, write_json
 from workbench.devices import get_profile
 from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, chunk_nbytes
+from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
+from workbench.kvcache.swapfile import write_chunk
 
 PROFILE_FORMAT = 1
 
@@ -113,7 +115,6 @@ def synthetic_context(model, num_chunks: int, chunk_size: int = CHUNK_SIZE, bits
     """A context of ``num_chunks`` full chunks of seeded random token ids, prefilled and held at ``bits``."""
     import torch
 
-    from workbench.kvcache.chunks import ChunkedKV
     from workbench.models.decoder import KVCache
 
     ids = np.random.default_rng(seed).integers(3, model.cfg.vocab_size, num_chunks * chunk_size).tolist()
@@ -150,14 +151,10 @@ def measure_swap_in(model, chunk_size: int = CHUNK_SIZE, counts=(1, 2, 4, 8), le
                     repeats: int = 3, directory: Path | None = None) -> tuple[list[tuple[int, float]], bool]:
     """Median seconds to read x chunk files layer by layer, as the loader's IO thread does, each file dropped
     from the page cache first; per level and x in ``counts``. Also whether the page cache could be dropped."""
-    from workbench.cache import cache_dir
-    from workbench.elastic.costmodel import drop_page_cache
-    from workbench.kvcache.chunks import recompress
-    from workbench.kvcache.loader import read_chunk_layers
-    from workbench.kvcache.swapfile import write_chunk
+    from workbench.kvcache.loader import COLD_READS, read_chunk_layers          # the loader imports this module
 
     kv = synthetic_context(model, max(counts), chunk_size)
-    points, dropped = [], True
+    points = []
     with tempfile.TemporaryDirectory(dir=directory or cache_dir(), prefix=".swapprobe-") as tmp:
         for bits in levels:
             paths = []
@@ -168,13 +165,11 @@ def measure_swap_in(model, chunk_size: int = CHUNK_SIZE, counts=(1, 2, 4, 8), le
             for x in counts:
                 samples = []
                 for _ in range(repeats):
-                    for path in paths[:x]:
-                        dropped &= drop_page_cache(path)
                     t = time.perf_counter()
-                    read_chunk_layers([(path, bits, shape) for path in paths[:x]])
+                    read_chunk_layers([(path, bits, shape) for path in paths[:x]], cold=True)
                     samples.append(time.perf_counter() - t)
                 points.append((x * chunk_nbytes(shape, bits), float(np.median(samples))))
-    return points, dropped
+    return points, COLD_READS
 
 
 def measure_host(model, chunk_size: int = CHUNK_SIZE, repeats: int = 3) -> SwapCostModel:
@@ -194,16 +189,12 @@ def measure_host(model, chunk_size: int = CHUNK_SIZE, repeats: int = 3) -> SwapC
 
 def host_cost_path(model, chunk_size: int = CHUNK_SIZE) -> Path:
     """Where the host's measured model for this decoder and chunk size is cached."""
-    from workbench.cache import cache_dir, fingerprint
-
     key = fingerprint({"cfg": asdict(model.cfg), "chunk_size": chunk_size, "format": PROFILE_FORMAT})
     return cache_dir() / "profiles" / f"kvcache-host-{key}.json"
 
 
 def profile_host(model, chunk_size: int = CHUNK_SIZE, remeasure: bool = False, repeats: int = 3) -> SwapCostModel:
     """The host's measured swap cost model, from the cache or measured once (``repeats`` per point) and cached."""
-    from workbench.cache import write_json
-
     path = host_cost_path(model, chunk_size)
     if path.exists() and not remeasure:
         try:

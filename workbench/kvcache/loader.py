@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from workbench.devices import pad_until
-from workbench.elastic.costmodel import drop_page_cache
 from workbench.errors import CorruptArtifactError, WorkbenchError
 from workbench.kvcache.chunks import FLOAT_BITS, ChunkData, ChunkedKV, encode_chunk
 from workbench.kvcache.costmodel import SwapCostModel, device_label
@@ -71,14 +70,21 @@ def join_layers(parts: list[ChunkData]) -> ChunkData:
                      low=np.concatenate([p.low for p in parts]), step=np.concatenate([p.step for p in parts]))
 
 
-def stream_layers(files):
+COLD_READS = hasattr(os, "posix_fadvise")
+"""Whether swap files can be dropped from the page cache before they are read (so reads come from disk)."""
+
+
+def stream_layers(files, cold: bool = False):
     """Yield, layer after layer, ``(layer, parts, values)`` for swap files ``(path, bits, shape)``: each file's
-    stored layer and its float32 K/V (2, kv_heads, tokens, head_dim)."""
+    stored layer and its float32 K/V (2, kv_heads, tokens, head_dim). ``cold``: each file is first dropped
+    from the page cache (``posix_fadvise(DONTNEED)``, where the platform has it)."""
     files = list(files)
     for path, bits, shape in files:
         _check(path, Path(path).stat().st_size, bits, shape)
     handles = [open(path, "rb", buffering=0) for path, _, _ in files]
     try:
+        for handle in handles if cold and COLD_READS else ():
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         for layer in range(files[0][2][0] if files else 0):
             parts = [read_layer_data(h, bits, shape, layer) for h, (_, bits, shape) in zip(handles, files)]
             yield layer, parts, [p.to_array()[0] for p in parts]
@@ -87,10 +93,10 @@ def stream_layers(files):
             h.close()
 
 
-def read_chunk_layers(files) -> list[ChunkData]:
+def read_chunk_layers(files, cold: bool = False) -> list[ChunkData]:
     """Read whole swap files ``(path, bits, shape)`` layer by layer, as the loader's IO thread does."""
     per_file: list[list[ChunkData]] = [[] for _ in files]
-    for _, parts, _ in stream_layers(files):
+    for _, parts, _ in stream_layers(files, cold):
         for collected, part in zip(per_file, parts):
             collected.append(part)
     return [join_layers(p) for p in per_file]
@@ -145,15 +151,12 @@ def _check_plan(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]], plan: Swap
 def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, int]], plan: SwapPlan,
                  emulate: SwapCostModel | None = None, cold: bool = True) -> LoadResult:
     """Bring every missing chunk of ``kv`` back following ``plan``; ``missing_files`` maps each missing chunk
-    to ``(swap file, bits)``. ``cold`` drops the files to read from the page cache first."""
+    to ``(swap file, bits)``. ``cold`` drops the files to read from the page cache as they are opened."""
     _check_plan(kv, missing_files, plan)
     device = device_label(emulate)
     layers = kv.layers
     to_load = [(Path(missing_files[i][0]), int(missing_files[i][1]), chunk_shape(kv, i)) for i in plan.load]
     bytes_read = sum(file_size(bits, shape) for _, bits, shape in to_load)
-    if cold:
-        for path, _, _ in to_load:
-            drop_page_cache(path)
     job = LayerRecompute(model, kv.tokens, kv, plan.recompute)
     needed = set(job.needed)
     from_memory = sorted(needed - set(plan.load))            # in memory: _check_plan covers every missing chunk
@@ -167,7 +170,7 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
     def io_worker():
         try:
             start = time.perf_counter()
-            for layer, parts, values in stream_layers(to_load):
+            for layer, parts, values in stream_layers(to_load, cold):
                 pad_until(start + io_layer_s)
                 end = time.perf_counter()
                 spans.append(Span("io", "swap_in", start - t0, end - t0, f"layer {layer}",
