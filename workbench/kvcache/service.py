@@ -454,7 +454,7 @@ class LLMService:
                 t_compress = time.perf_counter()
                 dirty = set(result.changed_chunks) | set(report.recomputed) | self._compress(ctx)
                 t_write = time.perf_counter()
-                written, files = self._finish_call(ctx, dirty)
+                written_bytes, written_files = self._finish_call(ctx, dirty)
                 t_end = time.perf_counter()
             finally:
                 with self._state:
@@ -465,12 +465,12 @@ class LLMService:
                 switch_s=t_infer - t_start, io_s=report.io_s, recompute_s=report.recompute_s,
                 inference_s=t_compress - t_infer, compress_s=t_write - t_compress, swap_out_s=t_end - t_write,
                 total_s=t_end - t_start, chunks_missing=len(missing), chunks_loaded=len(report.loaded),
-                chunks_recomputed=len(report.recomputed), bytes_read=report.bytes_read, bytes_written=written,
+                chunks_recomputed=len(report.recomputed), bytes_read=report.bytes_read, bytes_written=written_bytes,
                 evictions=len(records), evicted_bytes=sum(r.nbytes for r in records), prompt_tokens=len(ids),
                 output_tokens=len(result.output_ids), context_tokens=len(kv.tokens),
                 loader=getattr(self.loader, "__name__", type(self.loader).__name__))
             self.metrics.record_call(stats)
-            self.metrics.record_writes(files, written, "ahead_of_time")
+            self.metrics.record_writes(written_files, written_bytes, "ahead_of_time")
             self._update_memory_metrics()
             self.last_call = stats
             text = self.tokenizer.decode([t for t in result.output_ids if t != self.tokenizer.im_end_id])
