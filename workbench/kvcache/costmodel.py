@@ -10,8 +10,10 @@ only when a side has work.
 
 :func:`profile_host` measures both on this machine with the real decoder and real reads of swap
 files dropped from the page cache (``posix_fadvise(DONTNEED)``), and caches the result in the
-workbench cache. :func:`device_cost_model` derives a preset for one of the LLMS paper's devices
-("mi14", "orin-nx", "jetson-tx2"); see its docstring for the numbers.
+workbench cache. The fitted points are kept beside the lines: where a read's time is set by its
+per-layer calls more than by its bytes (the shipped decoder's chunks are small, 230 KB at 8 bits),
+the IO line is a compromise over the three levels. :func:`device_cost_model` derives a preset for
+one of the LLMS paper's devices ("mi14", "orin-nx", "jetson-tx2"); its docstring gives the numbers.
 """
 from __future__ import annotations
 

@@ -51,13 +51,14 @@ def read_layer_data(handle, bits: int, shape: tuple[int, ...], layer: int) -> Ch
 
     payload = read(payload_bytes, layer * payload_bytes)
     if bits == FLOAT_BITS:
-        return ChunkData(bits=bits, shape=one, payload=np.frombuffer(payload, np.float32).copy())
+        writable = np.frombuffer(payload, np.float32).copy()        # torch warns on read-only arrays
+        return ChunkData(bits=bits, shape=one, payload=writable)
     base, scales = layers * payload_bytes, (1, shape[1], shape[2], 1, shape[4])
     low = read(channel_bytes, base + layer * channel_bytes)
     step = read(channel_bytes, base + (layers + layer) * channel_bytes)
-    return ChunkData(bits=bits, shape=one, payload=np.frombuffer(payload, np.uint8).copy(),
-                     low=np.frombuffer(low, np.float16).reshape(scales).copy(),
-                     step=np.frombuffer(step, np.float16).reshape(scales).copy())
+    return ChunkData(bits=bits, shape=one, payload=np.frombuffer(payload, np.uint8),
+                     low=np.frombuffer(low, np.float16).reshape(scales),
+                     step=np.frombuffer(step, np.float16).reshape(scales))
 
 
 def join_layers(parts: list[ChunkData]) -> ChunkData:

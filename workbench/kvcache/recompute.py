@@ -97,7 +97,8 @@ class LayerRecompute:
         return torch.stack([k_new, v_new])
 
     def chunk_arrays(self, per_layer: list[torch.Tensor]) -> dict[int, np.ndarray]:
-        """Split the steps' outputs (one per layer) into each missing chunk's (layers, 2, kv_heads, tokens, head_dim)."""
+        """Split the steps' outputs (one per layer) into each missing chunk's K/V
+        (layers, 2, kv_heads, tokens, head_dim)."""
         stacked = torch.stack(per_layer).numpy()                                          # (L, 2, H, T, dh)
         out, offset = {}, 0
         for i in self.missing:
@@ -108,7 +109,8 @@ class LayerRecompute:
 
 
 def held_layers(kv: ChunkedKV, chunks: Iterable[int]) -> dict[int, np.ndarray]:
-    """Dequantized K/V (layers, 2, kv_heads, tokens, head_dim) of in-memory ``chunks``, to feed :meth:`LayerRecompute.step`."""
+    """Dequantized K/V (layers, 2, kv_heads, tokens, head_dim) of in-memory ``chunks``, to feed
+    :meth:`LayerRecompute.step`."""
     absent = [i for i in chunks if kv.chunks[i] is None]
     if absent:
         raise WorkbenchError(f"chunks {absent} are neither in memory nor to be recomputed; load them first")
