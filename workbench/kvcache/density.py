@@ -54,29 +54,27 @@ def assign_levels(density, levels=(8, 4, 2), global_ratio: float = 0.5) -> np.nd
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     order = np.argsort(-density, kind="stable")
-    best = None
-    for counts in _compositions(n, len(levels)):
-        total = float(np.dot(counts, ratios))
-        if total > global_ratio * n + 1e-9:
-            continue
-        per_chunk = np.repeat(ratios, counts)
-        info = float(np.dot(density[order], per_chunk))
-        key = (-round(global_ratio * n - total, 9), info)
-        if best is None or key > best[0]:
-            best = (key, counts)
+    prefix = np.concatenate([[0.0], np.cumsum(density[order])])      # info of a run of the sorted chunks
+    counts = _compositions(n, len(levels))                             # (options, levels)
+    total = counts @ ratios
+    feasible = total <= global_ratio * n + 1e-9
+    counts, total = counts[feasible], total[feasible]
+    ends = np.cumsum(counts, axis=1)
+    info = ((prefix[ends] - prefix[ends - counts]) * ratios).sum(axis=1)
+    gap = np.round(global_ratio * n - total, 9)
+    best = np.lexsort((-info, gap))[0]                 # smallest gap to the target, then the most information
     bits = np.empty(n, dtype=np.int64)
-    bits[order] = np.repeat(levels, best[1])
+    bits[order] = np.repeat(levels, counts[best])
     return bits
 
 
-def _compositions(n: int, parts: int):
-    """Every way to write n as an ordered sum of ``parts`` non-negative counts."""
+def _compositions(n: int, parts: int) -> np.ndarray:
+    """Every way to write n as an ordered sum of ``parts`` non-negative counts, one per row."""
     if parts == 1:
-        yield (n,)
-        return
-    for first in range(n, -1, -1):
-        for rest in _compositions(n - first, parts - 1):
-            yield (first, *rest)
+        return np.array([[n]], dtype=np.int64)
+    heads = np.stack(np.meshgrid(*[np.arange(n + 1)] * (parts - 1), indexing="ij"), -1).reshape(-1, parts - 1)
+    heads = heads[heads.sum(1) <= n]
+    return np.column_stack([heads, n - heads.sum(1)])
 
 
 def context_info(density, bits) -> float:
