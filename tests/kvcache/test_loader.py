@@ -166,15 +166,18 @@ def test_a_plan_that_does_not_match_the_context_is_refused(decoder, prefilled, t
     assert kv.missing() == [1, 3]
 
 
-@pytest.mark.parametrize("bits", [32, 8, 4, 2])
-def test_layer_by_layer_reads_give_the_stored_chunk(tmp_path, bits):
-    values = np.random.default_rng(bits).standard_normal((3, 2, 3, 5, 64)).astype(np.float32)
-    chunk = encode_chunk(values, bits)
-    write_chunk(tmp_path / "c.bin", chunk)
-    back, = read_chunk_layers([(tmp_path / "c.bin", bits, chunk.shape)])
-    assert np.array_equal(back.payload, chunk.payload) and np.array_equal(back.to_array(), chunk.to_array())
-    with open(tmp_path / "c.bin", "rb") as handle:
-        assert np.array_equal(read_layer(handle, bits, chunk.shape, 2), back.to_array()[2])
+def test_layer_by_layer_reads_of_mixed_files_give_the_stored_chunks(tmp_path):
+    rng = np.random.default_rng(3)
+    files, chunks = [], []
+    for n, (bits, tokens) in enumerate([(32, 16), (8, 16), (4, 16), (2, 16), (8, 5), (8, 16), (2, 5)]):
+        chunks.append(encode_chunk(rng.standard_normal((3, 2, 3, tokens, 64)).astype(np.float32), bits))
+        files.append((tmp_path / f"{n}.bin", bits, chunks[-1].shape))
+        write_chunk(files[-1][0], chunks[-1])
+    for chunk, back, (path, bits, shape) in zip(chunks, read_chunk_layers(files, cold=True), files):
+        assert back.bits == bits and back.shape == shape
+        assert np.array_equal(back.payload, chunk.payload) and np.array_equal(back.to_array(), chunk.to_array())
+        with open(path, "rb") as handle:
+            assert np.array_equal(read_layer(handle, bits, shape, 2), back.to_array()[2])
 
 
 def test_the_host_is_measured_once_and_cached(decoder, tmp_cache, monkeypatch):

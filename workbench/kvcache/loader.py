@@ -36,12 +36,16 @@ from workbench.kvcache.swapfile import _check, _parts, file_size
 from workbench.timeline import Span, Timeline
 
 
-def read_layer_data(handle, bits: int, shape: tuple[int, ...], layer: int) -> ChunkData:
-    """Layer ``layer`` of a swap file as stored: a one-layer chunk (1, 2, kv_heads, tokens, head_dim) holding
-    the file's codes and channel scales (``swapfile.read_layer`` gives the same values dequantized)."""
-    payload_bytes, channel_bytes = _parts(bits, shape)
+LayerBytes = tuple[bytes, bytes, bytes]
+"""One layer of a swap file as stored: payload, channel minimum and channel step (both empty when raw)."""
+
+
+def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
+                     sizes: tuple[int, int] | None = None) -> LayerBytes:
+    """Layer ``layer`` of the swap file of a chunk of ``shape`` opened as ``handle``: three positioned reads.
+    ``sizes``: bytes per layer of the payload and of each channel array, when the caller has them."""
+    payload_bytes, channel_bytes = sizes or _parts(bits, shape)
     layers, fd = shape[0], handle.fileno()
-    one = (1, *shape[1:])
 
     def read(nbytes: int, offset: int) -> bytes:
         raw = os.pread(fd, nbytes, offset)
@@ -51,24 +55,25 @@ def read_layer_data(handle, bits: int, shape: tuple[int, ...], layer: int) -> Ch
 
     payload = read(payload_bytes, layer * payload_bytes)
     if bits == FLOAT_BITS:
-        writable = np.frombuffer(payload, np.float32).copy()        # torch warns on read-only arrays
-        return ChunkData(bits=bits, shape=one, payload=writable)
-    base, scales = layers * payload_bytes, (1, shape[1], shape[2], 1, shape[4])
-    low = read(channel_bytes, base + layer * channel_bytes)
-    step = read(channel_bytes, base + (layers + layer) * channel_bytes)
-    return ChunkData(bits=bits, shape=one, payload=np.frombuffer(payload, np.uint8),
-                     low=np.frombuffer(low, np.float16).reshape(scales),
-                     step=np.frombuffer(step, np.float16).reshape(scales))
+        return payload, b"", b""
+    base = layers * payload_bytes
+    return (payload, read(channel_bytes, base + layer * channel_bytes),
+            read(channel_bytes, base + (layers + layer) * channel_bytes))
 
 
-def join_layers(parts: list[ChunkData]) -> ChunkData:
-    """One chunk from its layers as :func:`read_layer_data` gives them (the file's layout is layer-major)."""
-    first = parts[0]
-    shape = (len(parts), *first.shape[1:])
-    if first.low is None:
-        return ChunkData(bits=first.bits, shape=shape, payload=np.concatenate([p.payload for p in parts]))
-    return ChunkData(bits=first.bits, shape=shape, payload=np.concatenate([p.payload for p in parts]),
-                     low=np.concatenate([p.low for p in parts]), step=np.concatenate([p.step for p in parts]))
+def stack_layers(bits: int, layer_shape: tuple[int, ...], parts: list[LayerBytes]) -> ChunkData:
+    """A chunk whose leading axis runs over ``parts``, each one layer (2, kv_heads, tokens, head_dim) as stored:
+    a file's layers in order give the file's chunk; one layer of several same-shaped files gives them all at
+    once, so one ``to_array`` dequantizes the lot."""
+    shape = (len(parts), *layer_shape)
+    payload = b"".join(p[0] for p in parts)
+    if bits == FLOAT_BITS:
+        writable = np.frombuffer(payload, np.float32).copy()           # torch warns on read-only arrays
+        return ChunkData(bits=bits, shape=shape, payload=writable)
+    scales = (len(parts), layer_shape[0], layer_shape[1], 1, layer_shape[3])
+    return ChunkData(bits=bits, shape=shape, payload=np.frombuffer(payload, np.uint8),
+                     low=np.frombuffer(b"".join(p[1] for p in parts), np.float16).reshape(scales),
+                     step=np.frombuffer(b"".join(p[2] for p in parts), np.float16).reshape(scales))
 
 
 COLD_READS = hasattr(os, "posix_fadvise")
@@ -77,18 +82,28 @@ COLD_READS = hasattr(os, "posix_fadvise")
 
 def stream_layers(files, cold: bool = False):
     """Yield, layer after layer, ``(layer, parts, values)`` for swap files ``(path, bits, shape)``: each file's
-    stored layer and its float32 K/V (2, kv_heads, tokens, head_dim). ``cold``: each file is first dropped
-    from the page cache (``posix_fadvise(DONTNEED)``, where the platform has it)."""
+    stored layer (:data:`LayerBytes`) and its float32 K/V (2, kv_heads, tokens, head_dim). Files of one level
+    and shape are dequantized together. ``cold``: each file is first dropped from the page cache
+    (``posix_fadvise(DONTNEED)``, where the platform has it)."""
     files = list(files)
-    for path, bits, shape in files:
+    groups: dict[tuple, list[int]] = {}
+    for n, (path, bits, shape) in enumerate(files):
         _check(path, Path(path).stat().st_size, bits, shape)
+        groups.setdefault((bits, tuple(shape[1:])), []).append(n)
+    sizes = [_parts(bits, shape) for _, bits, shape in files]
     handles = [open(path, "rb", buffering=0) for path, _, _ in files]
     try:
         for handle in handles if cold and COLD_READS else ():
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         for layer in range(files[0][2][0] if files else 0):
-            parts = [read_layer_data(h, bits, shape, layer) for h, (_, bits, shape) in zip(handles, files)]
-            yield layer, parts, [p.to_array()[0] for p in parts]
+            parts = [read_layer_bytes(h, bits, shape, layer, size)
+                     for h, (_, bits, shape), size in zip(handles, files, sizes)]
+            values: list[np.ndarray | None] = [None] * len(files)
+            for (bits, layer_shape), members in groups.items():
+                stacked = stack_layers(bits, layer_shape, [parts[n] for n in members]).to_array()
+                for row, n in enumerate(members):
+                    values[n] = stacked[row]
+            yield layer, parts, values
     finally:
         for h in handles:
             h.close()
@@ -96,11 +111,12 @@ def stream_layers(files, cold: bool = False):
 
 def read_chunk_layers(files, cold: bool = False) -> list[ChunkData]:
     """Read whole swap files ``(path, bits, shape)`` layer by layer, as the loader's IO thread does."""
-    per_file: list[list[ChunkData]] = [[] for _ in files]
+    files = list(files)
+    per_file: list[list[LayerBytes]] = [[] for _ in files]
     for _, parts, _ in stream_layers(files, cold):
         for collected, part in zip(per_file, parts):
             collected.append(part)
-    return [join_layers(p) for p in per_file]
+    return [stack_layers(bits, tuple(shape[1:]), layers) for (_, bits, shape), layers in zip(files, per_file)]
 
 
 def missing_chunks(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]]) -> list[tuple[int, int, int]]:
@@ -185,7 +201,7 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
     io_thread = threading.Thread(target=io_worker, name="llms-io", daemon=True)
     io_thread.start()
     held = held_layers(kv, from_memory)                   # dequantized while the first layer is read
-    stored: list[list[ChunkData]] = [[] for _ in to_load]
+    stored: list[list[LayerBytes]] = [[] for _ in to_load]
     outputs = []
     for layer in range(layers if to_load or job.missing else 0):
         wait_start = time.perf_counter()
@@ -209,8 +225,8 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
         spans.append(Span("compute", "recompute", start - t0, time.perf_counter() - t0, f"layer {layer}",
                           {"chunks": len(job.missing)}, device))
     io_thread.join()
-    for i, parts in zip(plan.load, stored):
-        kv.chunks[i] = join_layers(parts)
+    for (_, bits, shape), i, parts in zip(to_load, plan.load, stored):
+        kv.chunks[i] = stack_layers(bits, shape[1:], parts)
     for i, array in (job.chunk_arrays(outputs).items() if job.missing else ()):
         kv.chunks[i] = encode_chunk(array, int(missing_files[i][1]))
     latency = time.perf_counter() - t0
