@@ -1,4 +1,4 @@
-"""The encoder's shape, kept apart from torch so that planning and the dashboards' first figures
+"""The encoder's and the decoder's shapes, kept apart from torch so that planning and the dashboards' first figures
 need no torch import (what a shard store's manifest and the planner read)."""
 from __future__ import annotations
 
@@ -42,3 +42,23 @@ class EncoderConfig:
                    num_layers=raw["num_hidden_layers"], num_heads=raw["num_attention_heads"],
                    ffn=raw["intermediate_size"], max_positions=raw["max_position_embeddings"],
                    type_vocab_size=raw["type_vocab_size"], layer_norm_eps=raw["layer_norm_eps"])
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The shape of the decoder (SmolLM2-135M by default), as its converted config.json records it."""
+    vocab_size: int = 49152
+    hidden: int = 576
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    ffn: int = 1536
+    rope_theta: float = 100000.0
+    rms_eps: float = 1e-5
+    max_positions: int = 8192
+    bos_id: int = 1
+    eos_id: int = 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads

@@ -24,25 +24,7 @@ from torch import nn
 
 from workbench.cache import atomic_path, record, verify
 from workbench.errors import CorruptArtifactError
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    vocab_size: int = 49152
-    hidden: int = 576
-    num_layers: int = 30
-    num_heads: int = 9
-    num_kv_heads: int = 3
-    ffn: int = 1536
-    rope_theta: float = 100000.0
-    rms_eps: float = 1e-5
-    max_positions: int = 8192
-    bos_id: int = 1
-    eos_id: int = 2
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.num_heads
+from workbench.models.config import DecoderConfig
 
 
 @dataclass

@@ -1,0 +1,95 @@
+"""What `workbench prepare` builds for the LLM context service: the host's swap cost model and the
+replays of a default trace (LLMS and every baseline) that the dashboard and notebooks open with."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workbench.cache import cache_dir
+from workbench.errors import WorkbenchError
+
+METHODS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk")
+"""LLMS and the paper's baselines, as service presets."""
+
+DEFAULTS = {
+    "full": {"contexts": 6, "calls": 30, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,
+             "max_new_tokens": 4, "mean_interval_s": 300.0, "seed": 0},
+    "quick": {"contexts": 3, "calls": 8, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,
+              "max_new_tokens": 2, "mean_interval_s": 300.0, "seed": 0},
+}
+"""The default trace per preset: a 2-core host decodes about 13 tokens a second, so the full replay of
+five methods takes a few minutes and the quick one (the tests) well under one."""
+
+
+def replays_path(preset: str) -> Path:
+    return cache_dir() / "llms" / f"replays-{preset}.json"
+
+
+def replays_ready(preset: str) -> bool:
+    path = replays_path(preset)
+    if not path.exists():
+        return False
+    try:
+        return set(json.loads(path.read_text())["replays"]) == set(METHODS)
+    except (ValueError, KeyError):
+        return False
+
+
+def run_replays(settings: dict, methods=METHODS, progress=None, should_stop=None, model=None) -> dict:
+    """Replay one synthesized trace under every method; ``progress(done, total)`` counts calls over all."""
+    from workbench.kvcache.replay import budget_for, replay
+    from workbench.kvcache.traces import synthesize_trace
+    from workbench.models.decoder import load_decoder
+
+    model = model or load_decoder()
+    trace = synthesize_trace(settings["contexts"], settings["calls"], settings["pattern"],
+                             settings["mean_interval_s"], settings["seed"])
+    budget = budget_for(trace, settings["budget_fraction"])
+    total = len(methods) * len(trace.calls)
+    results = {}
+    for k, method in enumerate(methods):
+        done = k * len(trace.calls)
+        results[method] = replay(
+            trace, method, memory_budget_bytes=budget, device=settings["device"], model=model,
+            max_new_tokens=settings["max_new_tokens"], should_stop=should_stop,
+            progress=None if progress is None else (lambda d, t, done=done: progress(done + d, total)))
+        if should_stop is not None and should_stop():
+            break
+    return results
+
+
+def prepare_replays(preset: str, progress: bool = False, force: bool = False) -> str:
+    """Replay the preset's default trace under every method and keep the records (JSON)."""
+    from workbench.cache import write_json
+    from workbench.progress import progress_bar
+
+    path = replays_path(preset)
+    if replays_ready(preset) and not force:
+        return f"cached: {path}"
+    settings = DEFAULTS[preset]
+    calls = len(METHODS) * settings["calls"]
+    with progress_bar(calls, "llms replays", enabled=progress) as bar:
+        results = run_replays(settings, progress=lambda done, total: bar.update(done - bar.done))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"settings": settings, "replays": {m: r.to_json() for m, r in results.items()}})
+    means = ", ".join(f"{m} {1e3 * r.mean_switch_s():.1f} ms" for m, r in results.items())
+    return f"mean switching latency on {settings['device']}: {means}"
+
+
+def default_replays(preset: str | None = None) -> dict:
+    """The prepared replays of the default trace: method -> ReplayResult."""
+    from workbench.kvcache.records import ReplayResult
+    from workbench.presets import default_preset, prepare_hint
+
+    preset = preset or default_preset()
+    if not replays_ready(preset):
+        raise WorkbenchError(f"the LLMS replays of the {preset} preset are not prepared; run "
+                               f"`{prepare_hint(preset)}`")
+    raw = json.loads(replays_path(preset).read_text())
+    return {m: ReplayResult.from_json(r) for m, r in raw["replays"].items()}
+
+
+def default_settings(preset: str | None = None) -> dict:
+    from workbench.presets import default_preset
+
+    return dict(DEFAULTS[preset or default_preset()])

@@ -1,0 +1,137 @@
+"""`workbench serve llms` and `workbench kvcache trace|costs|call`: the LLM context service's commands.
+
+Arguments are checked before anything loads (``workbench.argtypes``); the decoder and torch
+are imported inside the commands.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from workbench.argtypes import count, positive, tcp_port
+from workbench.kvcache.traces import PATTERNS
+
+SERVICE_PRESETS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk", "llms_without_lifecycle",
+                   "llms_without_compression", "llms_without_pipeline")
+DEVICES = ("host", "mi14", "orin-nx", "jetson-tx2")
+
+
+def writable_folder(text: str):
+    """A folder that exists or can be made, checked now."""
+    import os
+    from pathlib import Path
+
+    path = Path(text).expanduser()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot use {text} as a swap folder: {probe} is not a writable folder")
+    return path
+
+
+writable_folder.__name__ = "folder"
+
+
+def _serve(args) -> int:
+    from workbench.kvcache.server import serve
+    from workbench.kvcache.service import ServiceConfig
+
+    serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=int(args.memory_mb * 1e6),
+          max_contexts_per_app=args.max_contexts_per_app, config=ServiceConfig.preset(args.method),
+          metrics_port=args.metrics_port)
+    return 0
+
+
+def configure_serve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", help="unix:PATH or tcp:127.0.0.1:PORT (default: a Unix socket in the cache)")
+    parser.add_argument("--swap-dir", type=writable_folder, help="where swapped chunks and the index live "
+                                                                 "(default: in the cache)")
+    parser.add_argument("--memory-mb", type=positive("MB"), default=512.0, help="KV-cache memory budget (MB)")
+    parser.add_argument("--max-contexts-per-app", type=count(1), default=16)
+    parser.add_argument("--method", choices=SERVICE_PRESETS, default="llms",
+                        help="LLMS, or one of the paper's baselines and ablations on the same engine")
+    parser.add_argument("--metrics-port", type=tcp_port,
+                        help="also serve Prometheus metrics on 127.0.0.1:PORT (0 picks a free port)")
+    parser.set_defaults(func=_serve)
+
+
+def _trace(args) -> int:
+    from workbench.kvcache.traces import synthesize_trace
+
+    trace = synthesize_trace(args.contexts, args.calls, args.pattern, args.mean_interval_s, args.seed)
+    if args.json:
+        print(json.dumps({"contexts": trace.contexts, "pattern": trace.pattern, "sources": trace.sources,
+                          "calls": [c.__dict__ for c in trace.calls]}))
+        return 0
+    print(f"{trace.pattern} trace: {len(trace.calls)} calls over {trace.contexts} contexts, "
+          f"{trace.switches()} switches, mean interval {trace.mean_interval_s:.0f} s (seed {trace.seed})")
+    for c in trace.calls:
+        print(f"{c.time_s:9.1f} s  context {c.context:2d} ({trace.sources[c.context]:8s})  {c.prompt[:70]}")
+    return 0
+
+
+def configure_trace(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--contexts", type=count(1), default=4)
+    parser.add_argument("--calls", type=count(1), default=12)
+    parser.add_argument("--pattern", choices=PATTERNS, default="markov")
+    parser.add_argument("--mean-interval-s", type=positive("s"), default=300.0, help="mean seconds between calls")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_trace)
+
+
+def _costs(args) -> int:
+    from workbench.kvcache.costmodel import device_cost_model, profile_host
+    from workbench.models.decoder import load_decoder
+
+    host = profile_host(load_decoder(), args.chunk_size, remeasure=args.remeasure)
+    costs = device_cost_model(args.device, host)
+    if args.json:
+        print(json.dumps(costs.to_dict()))
+        return 0
+    print(f"{costs.device} ({costs.source}): chunks of {costs.chunk_size} tokens; {costs.notes}")
+    print(f"recompute: {1e3 * costs.recompute_fixed_s:.1f} ms + {1e3 * costs.recompute_per_chunk_s:.1f} ms per chunk")
+    print(f"swap-in:   {1e3 * costs.io_fixed_s:.2f} ms + bytes at {costs.read_bytes_per_s / 1e6:.0f} MB/s; "
+          + ", ".join(f"{b}-bit chunk {1e3 * costs.t_io(n):.2f} ms" for b, n in sorted(costs.chunk_bytes.items())))
+    print(f"recompute / load of one 8-bit chunk: {costs.recompute_to_load_ratio(8):.1f}")
+    return 0
+
+
+def configure_costs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=DEVICES, default="host", help="host (measured) or an emulated preset")
+    parser.add_argument("--chunk-size", type=count(1), default=16)
+    parser.add_argument("--remeasure", action="store_true", help="measure the host again")
+    parser.add_argument("--json", action="store_true")
+    parser.set_defaults(func=_costs)
+
+
+def _call(args) -> int:
+    from workbench.kvcache.client import connect
+    from workbench.kvcache.service import CtxStub
+
+    with connect(args.app, args.address) as session:
+        stub = session.new_ctx(args.system) if args.context is None else CtxStub(args.context)
+        print(session.call(stub, args.prompt, max_new_tokens=args.max_new_tokens))
+    if args.context is None:
+        print(f"(continue this context with --context {stub.token})")
+    return 0
+
+
+def configure_call(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", type=_prompt)
+    parser.add_argument("--app", default="cli", help="the app the context belongs to")
+    parser.add_argument("--context", help="a context stub from an earlier call (default: a new context)")
+    parser.add_argument("--system", help="system prompt of a new context")
+    parser.add_argument("--max-new-tokens", type=count(1), default=32)
+    parser.add_argument("--address", help="the service's address (default: its Unix socket in the cache)")
+    parser.set_defaults(func=_call)
+
+
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the prompt is empty")
+    return text
+
+
+_prompt.__name__ = "text"
