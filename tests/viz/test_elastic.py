@@ -187,6 +187,8 @@ def unexplained(fig) -> list[str]:
 
 def every_figure() -> dict:
     """Each builder of workbench.viz on engine results, in the states the pages show."""
+    from tests.viz.test_kvcache import kvcache_figures
+
     plan, imp = figure6_plan()
     prof, _ = figure6()
     io = plan_io(prof, 2.0, 2, 3, imp, preload=[(0, 0, 2), (0, 1, 2), (0, 2, 2)])
@@ -201,6 +203,7 @@ def every_figure() -> dict:
                                    accuracy_memory_figure([], 200, "odroid-n2")],
         "accuracy_grid_figure": [accuracy_grid_figure(np.arange(72).reshape(6, 12) / 100)],
         "layer_times_figure": [layer_times_figure(get_profile("odroid-n2"), DISTILBERT, 4)],
+        **kvcache_figures(),
     }
 
 

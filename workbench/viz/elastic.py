@@ -9,7 +9,8 @@ from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, outline
 
 from workbench.timeline import Timeline
 
-LANE_COLORS = {"io": "#F58518", "decompress": "#B279A2", "compute": "#4C78A8", "stall": "#E45756"}
+LANE_COLORS = {"io": "#F58518", "swap_in": "#F58518", "decompress": "#B279A2", "compute": "#4C78A8",
+               "recompute": "#54A24B", "stall": "#E45756"}
 MARK_COLOR, LAYER_BAR_COLOR = "#E45756", "#54A24B"
 LAYER_LINE_COLORS = ("#4C78A8", "#F58518", "#72B7B2", "#B279A2", "#9D755D", "#FF9DA6", "#EECA3B", "#79706E")
 
@@ -101,7 +102,7 @@ def gantt_figure(predicted: Timeline | None, measured: Timeline | None = None,
     for tl, tag in ((predicted, "predicted"), (measured, "measured")):
         if tl is None:
             continue
-        for kind in ("io", "decompress", "compute", "stall"):
+        for kind in LANE_COLORS:
             spans = tl.of_kind(kind)
             if not spans:
                 continue

@@ -1,0 +1,241 @@
+"""Figures of the LLM context service (LLMS): the KV-chunk map and the eviction queue at a call, evictions
+over the trace, switching latency of LLMS beside its baselines, and the swap/recompute pipeline of a call.
+
+Every builder takes replay records (``workbench.kvcache.records``) and draws nothing it cannot explain:
+states, levels and actions are discrete colours, each with its own legend entry.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from workbench.viz.elastic import LANE_COLORS, gantt_figure
+from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, outline
+
+METHOD_LABELS = {"llms": "LLMS", "vllm_sq": "vLLM-SQ", "vllm_s": "vLLM-S", "swapping": "Swapping", "lmk": "LMK"}
+METHOD_COLORS = {"llms": "#E45756", "vllm_sq": "#4C78A8", "vllm_s": "#72B7B2", "swapping": "#B279A2",
+                 "lmk": "#9D755D"}
+WHOLE_CONTEXT_METHODS = ("swapping", "lmk")
+
+STATE_COLORS = {"32": "#08306B", "8": "#2171B5", "4": "#6BAED6", "2": "#C6DBEF", "swapped": "#A6A6A6",
+                "recomputed": LANE_COLORS["recompute"], "loaded": LANE_COLORS["swap_in"], "killed": "#3B3B3B"}
+STATE_LABELS = {"32": "in memory, raw 32-bit", "8": "in memory, 8-bit", "4": "in memory, 4-bit",
+                "2": "in memory, 2-bit", "swapped": "swapped out (only on disk)",
+                "recomputed": "recomputed by this call", "loaded": "swapped in by this call",
+                "killed": "killed (no file: recomputed when called)"}
+ACTION_COLORS = {"drop": "#72B7B2", "swap_out": "#B279A2", "kill": "#E45756"}
+ACTION_LABELS = {"drop": "dropped (file written ahead)", "swap_out": "swapped out (written at eviction)",
+                 "kill": "killed (no file)"}
+LEVEL_ORDER = (32, 8, 4, 2)
+
+
+def method_label(method: str) -> str:
+    """How a method reads in the page: the paper's name for a preset, else the name itself."""
+    return METHOD_LABELS.get(method, method)
+
+
+def format_ms(seconds: float) -> str:
+    """Milliseconds with as many decimals as a reader needs at that size."""
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
+def _context_axis(fig: go.Figure, contexts: int) -> None:
+    """Contexts as rows, context 0 at the top."""
+    fig.update_yaxes(tickvals=list(range(contexts)), ticktext=[f"context {c}" for c in range(contexts)],
+                     range=[contexts - 0.5, -0.5], title="context")
+
+
+def _cells(fig: go.Figure, rows: list[int], starts: list[int], name: str, color: str, hover: list[str],
+           text: list[str] | None = None) -> None:
+    """Unit cells (row, start) as one horizontal-bar trace: they fill their place at any zoom."""
+    fig.add_trace(go.Bar(
+        y=rows, base=[s - 0.5 for s in starts], x=[1] * len(rows), orientation="h", width=0.86, name=name,
+        marker={"color": color, "line": {"color": "white", "width": 0.5}}, hovertext=hover,
+        hovertemplate="%{hovertext}<extra></extra>", text=text, textposition="inside" if text else None,
+        insidetextanchor="middle", textangle=0))
+
+
+def chunk_map_figure(result, call: int, title: str | None = None) -> go.Figure:
+    """Contexts (rows) x chunks (columns) after ``call``, one colour per chunk state, the served context
+    outlined."""
+    record = result.calls[call]
+    label = method_label(result.method)
+    title = title or (f"KV chunks after call {call} ({label}): context {record.context} served at "
+                      f"{record.time_s / 60:.1f} min")
+    if not any(record.chunk_map):
+        return message_figure(title, "this replay recorded no chunk map", height=360)
+    contexts = max(len(record.chunk_map), result.contexts, record.context + 1)
+    width = max(len(row) for row in record.chunk_map)
+    fig = go.Figure()
+    for state in STATE_COLORS:
+        cells = [(c, k) for c, row in enumerate(record.chunk_map) for k, s in enumerate(row) if s == state]
+        if cells:
+            _cells(fig, [c for c, _ in cells], [k for _, k in cells], STATE_LABELS[state], STATE_COLORS[state],
+                   [f"context {c}, chunk {k}: {STATE_LABELS[state]}" for c, k in cells])
+    x, y = outline([(-0.5, record.context - 0.5, width - 0.5, record.context + 0.5)])
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line={"color": INK, "width": 2.5}, hoverinfo="skip",
+                             name=f"served by call {call}: context {record.context}"))
+    fig.update_layout(
+        template=TEMPLATE, barmode="overlay", height=max(340, 190 + 28 * contexts), margin={**MARGIN, "t": 80},
+        title=f"{title}<br><sub>{record.chunks_missing} chunks were missing: {record.chunks_loaded} swapped in, "
+              f"{record.chunks_recomputed} recomputed; {record.memory_bytes / 1e6:.2f} of "
+              f"{result.memory_budget_bytes / 1e6:.2f} MB of KV in memory after the call</sub>",
+        xaxis={"title": "chunk (position in the context)", "range": [-0.5, width - 0.5], "tick0": 0,
+               "dtick": max(1, width // 16)})
+    _context_axis(fig, contexts)
+    return fig
+
+
+def _policy(result, policy: str | None) -> str:
+    settings = result.settings or {}
+    return (policy or settings.get("policy") or (settings.get("config") or {}).get("policy")
+            or ("lctru" if result.method.startswith("llms") else "lru"))
+
+
+def _last_uses(result, call: int) -> dict[int, int]:
+    """Context -> the last call (up to ``call``) that served it: when all its chunks were last used."""
+    return {c.context: c.index for c in result.calls[:call + 1]}
+
+
+def queue_reason(policy: str, bits: int, heavier: int, context: int, last_use: int | None,
+                 whole_contexts: bool) -> str:
+    """Why a chunk sits where it does in the eviction order."""
+    used = f"context {context} last used by call {last_use}" if last_use is not None else \
+        f"context {context} not used in this trace yet"
+    if policy == "lctru":
+        why = (f"{bits}-bit sub-queue: heavier levels leave first (32, 8, 4, 2 bits), so the {heavier} chunks "
+               f"of heavier levels go before it; inside it least recently used first ({used})")
+    elif policy == "h2o":
+        why = f"lowest information density first, older use breaking ties ({used})"
+    else:
+        why = f"least recently used first ({used})"
+    return why + ("; whole contexts leave together" if whole_contexts else "")
+
+
+def queue_figure(result, call: int, policy: str | None = None, title: str | None = None) -> go.Figure:
+    """The eviction order after ``call``, first out on the left, one row per sub-queue (level); each chunk
+    labelled context/chunk, its hover says why it is in that place."""
+    record = result.calls[call]
+    policy = _policy(result, policy)
+    label = method_label(result.method)
+    title = title or f"Eviction queue after call {call} ({label}, {policy.upper()})"
+    queue = list(record.queue)
+    if not queue:
+        return message_figure(title, "nothing is in the queue: no chunk in memory can leave", height=300)
+    last = _last_uses(result, call)
+    whole = result.method in WHOLE_CONTEXT_METHODS
+    levels = [b for b in LEVEL_ORDER if any(q[2] == b for q in queue)]
+    levels += sorted({q[2] for q in queue} - set(levels), reverse=True)
+    fig = go.Figure()
+    for row, bits in enumerate(levels):
+        items = [(pos, c, k) for pos, (c, k, b) in enumerate(queue, start=1) if b == bits]
+        heavier = sum(1 for q in queue if q[2] > bits)
+        hover = [f"#{pos} to leave: context {c}, chunk {k} ({bits}-bit)<br>why here: "
+                 + queue_reason(policy, bits, heavier, c, last.get(c), whole) for pos, c, k in items]
+        _cells(fig, [row] * len(items), [pos for pos, _, _ in items], f"{bits}-bit chunks",
+               STATE_COLORS.get(str(bits), INK), hover, [f"{c}/{k}" for _, c, k in items])
+    order = ("sub-queues per level, heaviest first, each least recently used first" if policy == "lctru" else
+             "one order by recency" if policy == "lru" else "one order by information density")
+    fig.update_layout(
+        template=TEMPLATE, barmode="overlay", height=max(300, 220 + 40 * len(levels)),
+        margin={**MARGIN, "t": 80}, uniformtext={"minsize": 9, "mode": "hide"},
+        title=f"{title}<br><sub>{len(queue)} chunks in memory may leave ({order}); labels are "
+              f"context/chunk</sub>",
+        xaxis={"title": "position in the eviction order (1 = first to leave)", "range": [0.5, len(queue) + 0.5]},
+        yaxis={"tickvals": list(range(len(levels))), "ticktext": [f"{b}-bit" for b in levels],
+               "range": [len(levels) - 0.5, -0.5], "title": "sub-queue (level)"})
+    return fig
+
+
+def events_figure(result, call: int | None = None, title: str | None = None) -> go.Figure:
+    """Every eviction over trace time (y: its context, spread by chunk), coloured by action, hover the
+    recorded reason; the calls themselves on their context, and the selected call as a line."""
+    label = method_label(result.method)
+    times = {c.index: c.time_s / 60 for c in result.calls}
+    events = [e for c in result.calls for e in c.evictions]
+    title = title or f"Evictions over the trace ({label}): {len(events)} chunks left memory"
+    fig = go.Figure()
+    widest = max([e.chunk for e in events] + [0]) + 1
+    for action, color in ACTION_COLORS.items():
+        picked = [e for e in events if e.action == action]
+        if picked:
+            fig.add_trace(go.Scatter(
+                x=[times[e.call] for e in picked], y=[e.context - 0.35 + 0.7 * (e.chunk + 0.5) / widest
+                                                      for e in picked],
+                mode="markers", name=f"{ACTION_LABELS[action]}: {len(picked)}",
+                marker={"color": color, "size": 7, "symbol": "x" if action == "kill" else "circle"},
+                hovertext=[e.reason for e in picked], hovertemplate="%{hovertext}<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=[c.time_s / 60 for c in result.calls], y=[c.context for c in result.calls], mode="markers",
+        name="call (on the context it serves)", marker={"color": INK, "size": 11, "symbol": "diamond-open",
+                                                         "line": {"width": 2}},
+        hovertext=[f"call {c.index} at {c.time_s / 60:.1f} min: context {c.context}, switch {format_ms(c.switch_s)}"
+                   f" ({c.chunks_loaded} swapped in, {c.chunks_recomputed} recomputed), {len(c.evictions)} "
+                   f"evictions" for c in result.calls], hovertemplate="%{hovertext}<extra></extra>"))
+    if call is not None:
+        at = result.calls[call].time_s / 60
+        fig.add_shape(type="line", x0=at, x1=at, yref="y domain", y0=0, y1=1, showlegend=True,
+                      name=f"call {call} (the call shown)", line={"color": INK, "dash": "dot", "width": 1.5})
+    contexts = max([result.contexts] + [c.context + 1 for c in result.calls])
+    fig.update_layout(template=TEMPLATE, title=title, height=max(340, 190 + 28 * contexts), margin=MARGIN,
+                      xaxis_title="trace time (min)")
+    _context_axis(fig, contexts)
+    return fig
+
+
+def latency_figure(results: dict, title: str = "Switching latency per call") -> go.Figure:
+    """Switching latency of every call under each method (log axis); the legend gives each method's mean
+    over calls to contexts that already existed. Calls that cost nothing have no point on a log axis: their
+    lines break there, and one mark at the axis floor names the methods."""
+    results = {m: r for m, r in results.items() if r.calls}
+    if not results:
+        return message_figure(title, "no replay to show")
+    fig = go.Figure()
+    positive = [c.switch_s for r in results.values() for c in r.calls if c.switch_s > 0]
+    floor = (min(positive) if positive else 1e-3) * 1e3 / 4
+    for method, result in results.items():
+        calls = result.calls
+        fig.add_trace(go.Scatter(
+            x=[c.index for c in calls], y=[c.switch_s * 1e3 if c.switch_s > 0 else None for c in calls],
+            mode="lines+markers",
+            name=f"{method_label(method)}: mean {format_ms(result.mean_switch_s())}",
+            line={"color": METHOD_COLORS.get(method), "width": 3 if method == "llms" else 1.5},
+            marker={"size": 6}, hovertext=[f"{method_label(method)}, call {c.index} (context {c.context}): "
+                                           f"{format_ms(c.switch_s)}" for c in calls],
+            hovertemplate="%{hovertext}<extra></extra>"))
+    calls_shown = max(len(r.calls) for r in results.values())
+    free: dict[int, list[str]] = {}
+    for method, result in results.items():
+        for c in result.calls:
+            if c.switch_s <= 0:
+                free.setdefault(c.index, []).append(method_label(method))
+    if free:
+        fig.add_trace(go.Scatter(
+            x=list(free), y=[floor] * len(free), mode="markers", cliponaxis=False,
+            name="0 ms: nothing to bring back (marked on the axis)",
+            marker={"color": "#79706E", "symbol": "line-ew-open", "size": 14, "line": {"width": 3}},
+            hovertext=[f"call {i}: nothing to bring back under {', '.join(names)}" for i, names in free.items()],
+            hovertemplate="%{hovertext}<extra></extra>"))
+    fig.update_layout(
+        template=TEMPLATE, height=440, margin={**MARGIN, "t": 80},
+        title=f"{title}<br><sub>legend: mean over calls to contexts that already existed (a first call "
+              f"brings nothing back)</sub>",
+        xaxis={"title": "call in the trace", "tick0": 0, "dtick": max(1, calls_shown // 16)},
+        yaxis={"type": "log", "title": "switching latency (ms, log scale)",
+               "range": [np.log10(floor), np.log10(max(positive, default=1e-3) * 1e3) + 0.2]})
+    return fig
+
+
+def load_gantt_figure(result, call: int, title: str | None = None) -> go.Figure:
+    """The swap/recompute pipeline that brought ``call``'s missing chunks back: predicted solid, measured
+    hatched over it (the shared Gantt)."""
+    record = result.calls[call]
+    title = title or (f"Loading context {record.context} for call {call} ({method_label(result.method)}): "
+                      f"{record.chunks_loaded} swapped in, {record.chunks_recomputed} recomputed")
+    if record.predicted is None and record.measured is None:
+        return message_figure(title, f"nothing to load: every chunk of context {record.context} was in memory"
+                              if record.chunks_missing == 0 else "this replay recorded no load timeline",
+                              height=300)
+    return gantt_figure(record.predicted, record.measured, title=title)
+
