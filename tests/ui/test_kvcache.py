@@ -1,0 +1,118 @@
+"""The LLMS dashboard on hand-built replays (no model); one real tiny replay through the Replay button."""
+import importlib.util
+
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.ui.kvcache import KVCachePanel
+from workbench.viz.kvcache import format_ms
+from tests.viz.test_kvcache import replay_result, sample_replays
+
+PER_CALL = ("chunks", "queue", "gantt", "events")
+
+
+def panel_on(results=None, **kwargs) -> KVCachePanel:
+    results = sample_replays() if results is None else results
+    return KVCachePanel("quick", provider=lambda: results, **kwargs)
+
+
+def test_first_load_draws_every_figure_and_the_engine_numbers():
+    results = sample_replays()
+    panel = panel_on(results)
+    assert panel.message.value == "" and set(panel.figures) == {"latency", *PER_CALL}
+    assert panel.call.max == panel.play.max == len(results["llms"].calls) - 1
+    means = {m: r.mean_switch_s() for m, r in results.items()}
+    summary = panel.summary.value
+    for method, mean in means.items():
+        assert f"data-method='{method}'>{format_ms(mean)}</span>" in summary
+    assert f"{means['vllm_sq'] / means['llms']:.1f}x faster than vLLM-SQ" in summary
+    assert f"{means['lmk'] / means['llms']:.1f}x faster than LMK" in summary
+    assert [o[1] for o in panel.method.options] == ["llms", "vllm_sq", "lmk"]
+    assert panel.contexts.value == 3 and panel.device.value == "orin-nx" and panel.pattern.value == "markov"
+    assert panel.settings_note.value == ""
+
+
+def test_the_call_slider_redraws_only_the_per_call_figures():
+    panel = panel_on()
+    before = dict(panel.figures)
+    panel.call.value = 4
+    after = panel.figures
+    assert after["latency"] is before["latency"]
+    assert all(after[name] is not before[name] for name in PER_CALL)
+    assert "after call 4" in after["chunks"].layout.title.text and "after call 4" in after["queue"].layout.title.text
+    assert after["events"].layout.shapes[0].name.startswith("call 4")
+    assert "Call 4 of 4" in panel.call_info.value and "switch 6.00 ms" in panel.call_info.value
+    runs = panel.updates_run
+    panel.call.value = 4                               # no change: nothing runs
+    assert panel.updates_run == runs
+
+
+def test_the_method_shown_redraws_the_per_call_views_of_that_replay():
+    panel = panel_on()
+    latency = panel.figures["latency"]
+    panel.call.value = 2
+    panel.method.value = "lmk"
+    assert "(LMK)" in panel.figures["chunks"].layout.title.text and panel.call.value == 2
+    assert panel.figures["events"].data[0].name.startswith("killed")
+    assert panel.figures["latency"] is latency
+
+
+def test_a_settings_change_says_the_replays_shown_are_older():
+    panel = panel_on()
+    figures = dict(panel.figures)
+    panel.contexts.value = 8
+    assert "wb-kv-stale" in panel.settings_note.value and panel.figures == figures
+    panel.contexts.value = 3
+    assert panel.settings_note.value == ""
+
+
+def test_a_provider_error_shows_inline_and_the_page_stays_usable():
+    def missing():
+        raise WorkbenchError("the LLMS replays of the quick preset are not prepared; run `workbench prepare "
+                             "--preset quick`")
+
+    panel = KVCachePanel("quick", provider=missing)
+    assert "wb-error" in panel.message.value and "workbench prepare --preset quick" in panel.message.value
+    assert "Traceback" not in panel.message.value and panel.figures == {}
+    panel.call.value = 0                               # nothing to show yet: no error either
+    assert "internal error" not in panel.message.value
+
+
+def test_the_default_provider_names_the_prepare_command(tmp_cache):
+    panel = KVCachePanel("quick")
+    assert "wb-error" in panel.message.value and "workbench prepare" in panel.message.value
+    assert "internal error" not in panel.message.value
+
+
+def test_replay_results_replace_the_shown_ones(monkeypatch):
+    """The Replay button hands its results to the page (the work itself stubbed: no model here)."""
+    panel = panel_on()
+    new = {"llms": replay_result(scale=2.0), "vllm_sq": replay_result("vllm_sq", 9.0, "swap_out", "lru")}
+    monkeypatch.setattr(panel, "_replay_all", lambda handle: {"settings": panel.settings(), "results": new})
+    panel.runner.work = panel._replay_all
+    panel.contexts.value = 4
+    panel.runner.button.click()                        # no event loop in a test: the run completes here
+    assert panel.runner.message.value == panel.message.value == "" and panel.results == new
+    assert f"data-method='llms'>{format_ms(new['llms'].mean_switch_s())}" in panel.summary.value
+    assert [o[1] for o in panel.method.options] == ["llms", "vllm_sq"] and panel.settings_note.value == ""
+
+
+def test_a_budget_fraction_above_one_is_refused_beside_the_button():
+    panel = panel_on()
+    panel.budget_unit.value, panel.budget.value = "of the working set", 1.5
+    panel.runner.button.click()
+    assert "fraction of the working set lies in (0, 1]" in panel.runner.message.value
+    assert panel.message.value == ""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("workbench.kvcache.replay") is None,
+                    reason="workbench.kvcache.replay is not there yet")
+def test_a_real_tiny_replay_through_the_button():
+    panel = panel_on()
+    panel.contexts.value, panel.calls.value, panel.device.value = 2, 3, "host"
+    panel.budget_unit.value, panel.budget.value = "of the working set", 0.5
+    panel.runner.button.click()
+    assert panel.runner.message.value == "" and panel.message.value == ""
+    assert set(panel.results) == {"llms", "vllm_sq", "vllm_s", "swapping", "lmk"}
+    assert all(len(r.calls) == 3 and r.contexts == 2 for r in panel.results.values())
+    assert panel.figures["chunks"].layout.title.text.startswith("KV chunks after call 0 (LLMS)")

@@ -1,0 +1,338 @@
+"""The LLM context service dashboard: replays of one context-switching trace under LLMS and the paper's
+baselines. Step (or play) through the calls to watch the KV-chunk map, the eviction queue and the load
+pipeline of each call; "Replay" runs the trace again on the service with the settings above."""
+from __future__ import annotations
+
+import html
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import ipywidgets as widgets
+
+from workbench.errors import WorkbenchError
+from workbench.kvcache.costmodel import SWAP_PRESETS
+from workbench.kvcache.lifecycle import POLICIES
+from workbench.kvcache.traces import PATTERNS
+from workbench.presets import default_preset, prepare_hint
+from workbench.ui.base import BackgroundRun, Panel
+from workbench.viz.kvcache import (METHOD_LABELS, chunk_map_figure, events_figure, format_ms, latency_figure,
+                                   load_gantt_figure, method_label, queue_figure)
+
+METHODS = tuple(METHOD_LABELS)
+DEVICES = ("host", *SWAP_PRESETS)
+CHUNK_SIZES = (4, 8, 16, 32, 64)
+FRACTION, MEGABYTES = "of the working set", "MB"
+PLAY_INTERVAL_MS = 900
+
+INTRO = """
+<h2 style="margin:4px 0">LLM context service (LLMS)</h2>
+<p style="margin:2px 0 8px 0">Apps keep their conversations as <i>contexts</i> in one on-device LLM service. Each
+context's KV cache lives in <b>chunks</b> of tokens, compressed by their <b>tolerance</b> (dense chunks at 8 bits, the
+others at 4 or 2), written to swap files ahead of time and evicted by the <b>LCTRU queue</b> (heaviest level first,
+least recently used first) when memory is short. Switching to a context brings its missing chunks back, reading
+some while <b>recomputing</b> others. Below: one trace replayed under LLMS and the paper's baselines.</p>
+"""
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """What a replay is run with, as the controls give it."""
+    contexts: int
+    calls: int
+    pattern: str
+    mean_interval_s: float
+    seed: int
+    device: str
+    budget: float
+    budget_unit: str
+    global_ratio: float
+    chunk_size: int
+    policy: str
+
+
+def _prepared_replays(preset: str) -> dict:
+    """The replays `workbench prepare` made for this preset (method -> ReplayResult)."""
+    try:
+        from workbench.kvcache.artifacts import default_replays
+    except ImportError as exc:
+        raise WorkbenchError(f"no prepared LLMS replays in this install yet: run `{prepare_hint(preset)}` "
+                             f"once they can be prepared ({exc})") from None
+    return default_replays(preset)
+
+
+def _setting(result, key: str, default):
+    """A setting a replay recorded, at the top of its settings or under its service config."""
+    settings = result.settings or {}
+    for where in (settings, settings.get("config") or {}, settings.get("trace") or {}):
+        if isinstance(where, dict) and where.get(key) is not None:
+            return where[key]
+    return default
+
+
+class KVCachePanel(Panel):
+    """Replays (from a provider, or run here) -> the chunk map, queue, evictions, latency and load Gantt."""
+
+    dashboard_page = "kvcache.ipynb"
+
+    def __init__(self, preset: str | None = None, provider: Callable[[], dict] | None = None, method: str = "llms"):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.provider = provider or (lambda: _prepared_replays(self.preset))
+        self.results: dict | None = None
+        self.shown_settings: ReplaySettings | None = None
+        self._model = None
+        self._syncing = False                  # controls set from code, not by the user
+        label = {"description_width": "120px"}
+        wide = widgets.Layout(width="340px")
+        self.budget = widgets.BoundedFloatText(value=0.3, min=0.001, max=1e6, step=0.05, description="Memory budget",
+                                               style=label, layout=widgets.Layout(width="230px"))
+        self.budget_unit = widgets.Dropdown(options=[FRACTION, MEGABYTES], value=FRACTION,
+                                            layout=widgets.Layout(width="130px"))
+        self.contexts = widgets.IntSlider(value=6, min=2, max=16, description="Active contexts", style=label,
+                                          layout=wide, continuous_update=False)
+        self.calls = widgets.BoundedIntText(value=30, min=2, max=1000, description="Calls", style=label,
+                                            layout=widgets.Layout(width="230px"))
+        self.ratio = widgets.FloatSlider(value=0.5, min=0.25, max=1.0, step=0.05, description="Global ratio",
+                                         style=label, layout=wide, continuous_update=False, readout_format=".2f")
+        self.chunk_size = widgets.Dropdown(options=list(CHUNK_SIZES), value=16, description="Chunk (tokens)",
+                                           style=label, layout=widgets.Layout(width="230px"))
+        self.pattern = widgets.Dropdown(options=list(PATTERNS), value="markov", description="Switching pattern",
+                                        style=label, layout=widgets.Layout(width="260px"))
+        self.interval = widgets.BoundedFloatText(value=300.0, min=1.0, max=86400.0, step=30,
+                                                 description="Mean interval (s)", style=label,
+                                                 layout=widgets.Layout(width="230px"))
+        self.policy = widgets.Dropdown(options=list(POLICIES), value="lctru", description="Eviction policy",
+                                       style=label, layout=widgets.Layout(width="260px"))
+        self.device = widgets.Dropdown(options=list(DEVICES), value="orin-nx", description="Device", style=label,
+                                       layout=widgets.Layout(width="260px"))
+        self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="Seed", style=label,
+                                           layout=widgets.Layout(width="230px"))
+        self.runner = BackgroundRun(self, "Replay", self._replay_all, self._show_replays, icon="refresh")
+        self.settings_note = widgets.HTML()
+        self.summary = widgets.HTML()
+        self.method = widgets.Dropdown(options=[(method_label(m), m) for m in METHODS], value=method,
+                                       description="Method shown", style=label, layout=widgets.Layout(width="260px"))
+        self.call = widgets.IntSlider(value=0, min=0, max=0, description="Call", continuous_update=False,
+                                      style={"description_width": "40px"}, layout=widgets.Layout(width="520px"))
+        self.play = widgets.Play(value=0, min=0, max=0, interval=PLAY_INTERVAL_MS, description="play the trace")
+        widgets.jslink((self.play, "value"), (self.call, "value"))
+        self.call_info = widgets.HTML()
+        self.observe_controls(self.method, update=self._show_method)
+        self.observe_controls(self.call, update=self._redraw_call)
+        self.observe_controls(self.budget, self.budget_unit, self.contexts, self.calls, self.ratio, self.chunk_size,
+                              self.pattern, self.interval, self.policy, self.device, self.seed,
+                              update=self._note_settings)
+        self.children = [
+            widgets.HTML(INTRO),
+            widgets.HBox([self.budget, self.budget_unit, self.contexts, self.calls]),
+            widgets.HBox([self.ratio, self.chunk_size, self.policy]),
+            widgets.HBox([self.pattern, self.interval, self.device, self.seed]),
+            self.runner,
+            self.settings_note,
+            self.message,
+            self.summary,
+            self.figure_slot("latency", height=440),
+            widgets.HBox([self.method, self.play, self.call]),
+            self.call_info,
+            self.figure_slot("chunks"),
+            self.figure_slot("queue", height=320),
+            self.figure_slot("gantt", height=320),
+            self.figure_slot("events"),
+        ]
+        self.refresh()
+
+    # -- settings
+
+    def settings(self) -> ReplaySettings:
+        """The replay settings the controls give now."""
+        return ReplaySettings(
+            contexts=int(self.contexts.value), calls=int(self.calls.value), pattern=self.pattern.value,
+            mean_interval_s=float(self.interval.value), seed=int(self.seed.value), device=self.device.value,
+            budget=float(self.budget.value), budget_unit=self.budget_unit.value,
+            global_ratio=round(float(self.ratio.value), 4), chunk_size=int(self.chunk_size.value),
+            policy=self.policy.value)
+
+    def _settings_of(self, results: dict) -> ReplaySettings | None:
+        """The settings the shown replays were made with, as far as their records say."""
+        first = results.get("llms") or next(iter(results.values()), None)
+        if first is None:
+            return None
+        fraction = _setting(first, "budget_fraction", None)
+        return ReplaySettings(
+            contexts=first.contexts, calls=len(first.calls), pattern=first.pattern,
+            mean_interval_s=float(_setting(first, "mean_interval_s", self.interval.value)),
+            seed=int(_setting(first, "seed", self.seed.value)), device=first.device,
+            budget=float(fraction) if fraction is not None else round(first.memory_budget_bytes / 1e6, 3),
+            budget_unit=FRACTION if fraction is not None else MEGABYTES,
+            global_ratio=round(float(_setting(first, "global_ratio", self.ratio.value)), 4),
+            chunk_size=int(_setting(first, "chunk_size", self.chunk_size.value)),
+            policy=str(_setting(first, "policy", self.policy.value)))
+
+    @contextmanager
+    def _quietly(self):
+        """Set controls from code without running the updates they trigger."""
+        self._syncing = True
+        try:
+            yield
+        finally:
+            self._syncing = False
+
+    def _set_controls(self, settings: ReplaySettings) -> None:
+        """Show ``settings`` in the controls without marking them as changed."""
+        with self._quietly():
+            self.contexts.value = min(max(settings.contexts, self.contexts.min), self.contexts.max)
+            self.calls.value = min(max(settings.calls, self.calls.min), self.calls.max)
+            self.budget_unit.value = settings.budget_unit
+            self.budget.value = settings.budget
+            for control, value in ((self.pattern, settings.pattern), (self.device, settings.device),
+                                   (self.policy, settings.policy), (self.chunk_size, settings.chunk_size)):
+                if value in control.options:
+                    control.value = value
+            self.ratio.value = settings.global_ratio
+            self.interval.value = settings.mean_interval_s
+            self.seed.value = settings.seed
+
+    def _note_settings(self) -> None:
+        if self._syncing:
+            return
+        changed = self.shown_settings is not None and self.settings() != self.shown_settings
+        self.settings_note.value = ("<span class='wb-kv-stale' style='color:#9a3412'>The settings changed since "
+                                    "the replays shown were made: press Replay to run them.</span>" if changed else "")
+
+    # -- updates
+
+    def _refresh(self) -> None:
+        if self.results is None:
+            results = self.provider()
+            if not results:
+                raise WorkbenchError(f"no LLMS replays to show: run `{prepare_hint(self.preset)}` or press Replay")
+            self.results = dict(results)
+            self.shown_settings = self._settings_of(self.results)
+            if self.shown_settings is not None:
+                self._set_controls(self.shown_settings)
+        self._show_results()
+
+    def _show_results(self) -> None:
+        results = self.results
+        options = [(method_label(m), m) for m in (*[m for m in METHODS if m in results],
+                                                  *[m for m in results if m not in METHODS])]
+        shown = self.method.value if self.method.value in results else options[0][1]
+        with self._quietly():
+            self.method.options = options
+            self.method.value = shown
+        self.show_if_changed("latency", id(results), lambda: latency_figure(results))
+        self.summary.value = self._summary_html(results)
+        self._note_settings()
+        self._show_method()
+
+    def _show_method(self) -> None:
+        if self.results is None or self._syncing:
+            return
+        last = len(self.results[self.method.value].calls) - 1
+        with self._quietly():
+            self.play.max = self.call.max = max(0, last)
+            self.call.value = min(self.call.value, self.call.max)
+        self._redraw_call()
+
+    def _redraw_call(self) -> None:
+        if self.results is None or self._syncing:
+            return
+        result = self.results[self.method.value]
+        if not result.calls:
+            raise WorkbenchError(f"the {method_label(result.method)} replay has no calls")
+        i = min(self.call.value, len(result.calls) - 1)
+        record = result.calls[i]
+        key = (id(result), i)
+        self.show_if_changed("chunks", key, lambda: chunk_map_figure(result, i))
+        self.show_if_changed("queue", key, lambda: queue_figure(result, i))
+        self.show_if_changed("gantt", key, lambda: load_gantt_figure(result, i))
+        self.show_if_changed("events", key, lambda: events_figure(result, i))
+        self.call_info.value = (
+            f"<span class='wb-kv-call'>Call {i} of {len(result.calls) - 1} at {record.time_s / 60:.1f} min "
+            f"({html.escape(method_label(result.method))} on {html.escape(result.device)}): context "
+            f"{record.context}, switch {format_ms(record.switch_s)} (swap-in {format_ms(record.io_s)}, recompute "
+            f"{format_ms(record.recompute_s)}), inference {format_ms(record.inference_s)}, "
+            f"{len(record.evictions)} eviction(s)</span>")
+
+    @staticmethod
+    def _summary_html(results: dict) -> str:
+        """Mean switching latency of each method and how many times LLMS is faster than each baseline."""
+        means = {m: r.mean_switch_s() for m, r in results.items()}
+        parts = []
+        for m, mean in means.items():
+            part = f"<b>{html.escape(method_label(m))}</b> <span class='wb-kv-mean' data-method='{m}'>{format_ms(mean)}</span>"
+            if m != "llms" and means.get("llms", 0) > 0:
+                part += f" ({mean / means['llms']:.1f}x LLMS)"
+            parts.append(part)
+        head = ""
+        llms = means.get("llms", 0)
+        versus = [f"{means[m] / llms:.1f}x faster than {method_label(m)}" for m in ("vllm_sq", "lmk")
+                  if m in means and llms > 0]
+        if versus:
+            head = f"LLMS switches {' and '.join(versus)}. "
+        first = next(iter(results.values()))
+        return (f"<div class='wb-kv-summary'>{head}Mean switching latency over the calls to existing contexts "
+                f"({len(first.calls)} calls, {first.contexts} contexts, {first.memory_budget_bytes / 1e6:.2f} MB "
+                f"budget, {html.escape(first.device)}): {' &middot; '.join(parts)}</div>")
+
+    # -- the replay run
+
+    @staticmethod
+    def _budget_bytes(trace, settings: ReplaySettings) -> int:
+        """The memory budget in bytes: given in MB, or a fraction of the trace's working set."""
+        if settings.budget_unit == MEGABYTES:
+            if settings.budget <= 0:
+                raise WorkbenchError(f"the memory budget must be positive, got {settings.budget} MB")
+            return int(settings.budget * 1e6)
+        if not 0 < settings.budget <= 1:
+            raise WorkbenchError(f"a budget as a fraction of the working set lies in (0, 1], got {settings.budget}; "
+                                 f"switch the unit to MB for an absolute budget")
+        if trace is None:
+            return 0
+        from workbench.kvcache.replay import budget_for
+
+        return int(budget_for(trace, settings.budget))
+
+    def _replay_all(self, handle) -> dict:
+        """Worker thread: the trace of the current settings replayed under every method."""
+        settings = self.settings()
+        self._budget_bytes(None, settings)                  # a wrong budget is said before anything loads
+        from workbench.kvcache.replay import replay
+        from workbench.kvcache.service import ServiceConfig
+        from workbench.kvcache.traces import synthesize_trace
+
+        trace = synthesize_trace(settings.contexts, settings.calls, settings.pattern, settings.mean_interval_s,
+                                 settings.seed)
+        budget = self._budget_bytes(trace, settings)
+        if self._model is None:
+            from workbench.models.decoder import load_decoder
+
+            self._model = load_decoder()
+        total = len(METHODS) * len(trace.calls)
+        results = {}
+        handle.progress(0, total)
+        for k, method in enumerate(METHODS):
+            config = replace(ServiceConfig.preset(method), chunk_size=settings.chunk_size)
+            if method == "llms":
+                config = replace(config, global_ratio=settings.global_ratio, policy=settings.policy)
+            done = k * len(trace.calls)
+            results[method] = replay(trace, config, memory_budget_bytes=budget, device=settings.device,
+                                     model=self._model, should_stop=handle.should_stop,
+                                     progress=lambda d, _t, done=done: handle.progress(done + d, total))
+            if handle.should_stop():
+                break
+        return {"settings": settings, "results": results}
+
+    def _show_replays(self, outcome: dict, cancelled: bool) -> None:
+        """Kernel loop: show the new replays (those finished, when cancelled)."""
+        results = {m: r for m, r in outcome["results"].items() if r.calls}
+        if not results:
+            raise WorkbenchError("the replay was cancelled before any method finished; the replays shown are "
+                                 "the earlier ones")
+        self.results = results
+        self.shown_settings = outcome["settings"]
+        self._show_results()
+        if cancelled:
+            self.settings_note.value = ("<span class='wb-kv-stale' style='color:#9a3412'>Cancelled: showing the "
+                                        f"methods that finished ({', '.join(map(method_label, results))}).</span>")
