@@ -4,6 +4,7 @@ pipeline of each call; "Replay" runs the trace again on the service with the set
 from __future__ import annotations
 
 import html
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -17,7 +18,7 @@ from workbench.kvcache.traces import PATTERNS
 from workbench.presets import default_preset, prepare_hint
 from workbench.ui.base import BackgroundRun, Panel
 from workbench.viz.kvcache import (METHOD_LABELS, chunk_map_figure, events_figure, format_ms, latency_figure,
-                                   load_gantt_figure, method_label, queue_figure)
+                                   load_gantt_figure, method_label, queue_figure, recorded_setting)
 
 METHODS = tuple(METHOD_LABELS)
 DEVICES = ("host", *SWAP_PRESETS)
@@ -59,15 +60,6 @@ def _prepared_replays(preset: str) -> dict:
         raise WorkbenchError(f"no prepared LLMS replays in this install yet: run `{prepare_hint(preset)}` "
                              f"once they can be prepared ({exc})") from None
     return default_replays(preset)
-
-
-def _setting(result, key: str, default):
-    """A setting a replay recorded, at the top of its settings or under its service config."""
-    settings = result.settings or {}
-    for where in (settings, settings.get("config") or {}, settings.get("trace") or {}):
-        if isinstance(where, dict) and where.get(key) is not None:
-            return where[key]
-    return default
 
 
 class KVCachePanel(Panel):
@@ -158,16 +150,18 @@ class KVCachePanel(Panel):
         first = results.get("llms") or next(iter(results.values()), None)
         if first is None:
             return None
-        fraction = _setting(first, "budget_fraction", None)
+        fraction = recorded_setting(first, "budget_fraction", None)
         return ReplaySettings(
-            contexts=first.contexts, calls=len(first.calls), pattern=first.pattern,
-            mean_interval_s=float(_setting(first, "mean_interval_s", self.interval.value)),
-            seed=int(_setting(first, "seed", self.seed.value)), device=first.device,
-            budget=float(fraction) if fraction is not None else round(first.memory_budget_bytes / 1e6, 3),
+            contexts=first.contexts, calls=int(recorded_setting(first, "calls", len(first.calls))),
+            pattern=first.pattern,
+            mean_interval_s=float(recorded_setting(first, "mean_interval_s", self.interval.value)),
+            seed=int(recorded_setting(first, "seed", self.seed.value)), device=first.device,
+            budget=float(fraction) if fraction is not None else
+            round(recorded_setting(first, "requested_budget_bytes", first.memory_budget_bytes) / 1e6, 3),
             budget_unit=FRACTION if fraction is not None else MEGABYTES,
-            global_ratio=round(float(_setting(first, "global_ratio", self.ratio.value)), 4),
-            chunk_size=int(_setting(first, "chunk_size", self.chunk_size.value)),
-            policy=str(_setting(first, "policy", self.policy.value)))
+            global_ratio=round(float(recorded_setting(first, "global_ratio", self.ratio.value)), 4),
+            chunk_size=int(recorded_setting(first, "chunk_size", self.chunk_size.value)),
+            policy=str(recorded_setting(first, "policy", self.policy.value)))
 
     @contextmanager
     def _quietly(self):
@@ -279,7 +273,7 @@ class KVCachePanel(Panel):
     # -- the replay run
 
     @staticmethod
-    def _budget_bytes(trace, settings: ReplaySettings) -> int:
+    def _budget_bytes(trace, settings: ReplaySettings, model=None) -> int:
         """The memory budget in bytes: given in MB, or a fraction of the trace's working set."""
         if settings.budget_unit == MEGABYTES:
             if settings.budget <= 0:
@@ -292,34 +286,51 @@ class KVCachePanel(Panel):
             return 0
         from workbench.kvcache.replay import budget_for
 
-        return int(budget_for(trace, settings.budget))
+        return int(budget_for(trace, settings.budget, model=model))
+
+    @staticmethod
+    def _service_configs(settings: ReplaySettings, replay) -> dict[str, dict]:
+        """Per method, what ``replay`` is handed besides the preset's name: the preset with the chunk size
+        of the settings (and, for LLMS, their global ratio and policy; the baselines keep the paper's LRU)."""
+        from workbench.kvcache.service import ServiceConfig
+
+        configs = {}
+        for method in METHODS:
+            extra = {"global_ratio": settings.global_ratio, "policy": settings.policy} if method == "llms" else {}
+            configs[method] = replace(ServiceConfig.preset(method), chunk_size=settings.chunk_size, **extra)
+        if "config" in inspect.signature(replay).parameters:
+            return {m: {"config": c} for m, c in configs.items()}
+        if any(c != ServiceConfig.preset(m) for m, c in configs.items()):
+            default = ServiceConfig()
+            raise WorkbenchError(f"this replay() runs each method's preset as it is: set the global ratio to "
+                                 f"{default.global_ratio}, the chunk size to {default.chunk_size} and the policy to "
+                                 f"{default.policy} to replay")
+        return {m: {} for m in configs}
 
     def _replay_all(self, handle) -> dict:
         """Worker thread: the trace of the current settings replayed under every method."""
         settings = self.settings()
         self._budget_bytes(None, settings)                  # a wrong budget is said before anything loads
         from workbench.kvcache.replay import replay
-        from workbench.kvcache.service import ServiceConfig
         from workbench.kvcache.traces import synthesize_trace
 
+        configs = self._service_configs(settings, replay)
         trace = synthesize_trace(settings.contexts, settings.calls, settings.pattern, settings.mean_interval_s,
                                  settings.seed)
-        budget = self._budget_bytes(trace, settings)
         if self._model is None:
             from workbench.models.decoder import load_decoder
 
             self._model = load_decoder()
+        budget = self._budget_bytes(trace, settings, self._model)
         total = len(METHODS) * len(trace.calls)
         results = {}
         handle.progress(0, total)
         for k, method in enumerate(METHODS):
-            config = replace(ServiceConfig.preset(method), chunk_size=settings.chunk_size)
-            if method == "llms":
-                config = replace(config, global_ratio=settings.global_ratio, policy=settings.policy)
             done = k * len(trace.calls)
-            results[method] = replay(trace, config, memory_budget_bytes=budget, device=settings.device,
+            results[method] = replay(trace, method, memory_budget_bytes=budget, device=settings.device,
                                      model=self._model, should_stop=handle.should_stop,
-                                     progress=lambda d, _t, done=done: handle.progress(done + d, total))
+                                     progress=lambda d, _t, done=done: handle.progress(done + d, total),
+                                     **configs[method])
             if handle.should_stop():
                 break
         return {"settings": settings, "results": results}

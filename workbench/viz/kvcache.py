@@ -15,7 +15,6 @@ from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, outline
 METHOD_LABELS = {"llms": "LLMS", "vllm_sq": "vLLM-SQ", "vllm_s": "vLLM-S", "swapping": "Swapping", "lmk": "LMK"}
 METHOD_COLORS = {"llms": "#E45756", "vllm_sq": "#4C78A8", "vllm_s": "#72B7B2", "swapping": "#B279A2",
                  "lmk": "#9D755D"}
-WHOLE_CONTEXT_METHODS = ("swapping", "lmk")
 
 STATE_COLORS = {"32": "#08306B", "8": "#2171B5", "4": "#6BAED6", "2": "#C6DBEF", "swapped": "#A6A6A6",
                 "recomputed": LANE_COLORS["recompute"], "loaded": LANE_COLORS["swap_in"], "killed": "#3B3B3B"}
@@ -87,10 +86,13 @@ def chunk_map_figure(result, call: int, title: str | None = None) -> go.Figure:
     return fig
 
 
-def _policy(result, policy: str | None) -> str:
+def recorded_setting(result, key: str, default=None):
+    """A setting a replay recorded: at the top of its settings, in its service config or in its trace's."""
     settings = result.settings or {}
-    return (policy or settings.get("policy") or (settings.get("config") or {}).get("policy")
-            or ("lctru" if result.method.startswith("llms") else "lru"))
+    for where in (settings, settings.get("config"), settings.get("trace")):
+        if isinstance(where, dict) and where.get(key) is not None:
+            return where[key]
+    return default
 
 
 def _last_uses(result, call: int) -> dict[int, int]:
@@ -117,14 +119,15 @@ def queue_figure(result, call: int, policy: str | None = None, title: str | None
     """The eviction order after ``call``, first out on the left, one row per sub-queue (level); each chunk
     labelled context/chunk, its hover says why it is in that place."""
     record = result.calls[call]
-    policy = _policy(result, policy)
+    policy = policy or recorded_setting(result, "policy", "lctru" if result.method.startswith("llms") else "lru")
     label = method_label(result.method)
     title = title or f"Eviction queue after call {call} ({label}, {policy.upper()})"
     queue = list(record.queue)
     if not queue:
         return message_figure(title, "nothing is in the queue: no chunk in memory can leave", height=300)
     last = _last_uses(result, call)
-    whole = result.method in WHOLE_CONTEXT_METHODS
+    whole = recorded_setting(result, "granularity", "context" if result.method in ("swapping", "lmk") else
+                             "chunk") == "context"
     levels = [b for b in LEVEL_ORDER if any(q[2] == b for q in queue)]
     levels += sorted({q[2] for q in queue} - set(levels), reverse=True)
     fig = go.Figure()
@@ -154,7 +157,8 @@ def events_figure(result, call: int | None = None, title: str | None = None) -> 
     label = method_label(result.method)
     times = {c.index: c.time_s / 60 for c in result.calls}
     events = [e for c in result.calls for e in c.evictions]
-    title = title or f"Evictions over the trace ({label}): {len(events)} chunks left memory"
+    title = title or (f"Evictions over the trace ({label}): {len(events)} chunks left memory"
+                      + (f"; call {call} marked" if call is not None else ""))
     fig = go.Figure()
     widest = max([e.chunk for e in events] + [0]) + 1
     for action, color in ACTION_COLORS.items():
