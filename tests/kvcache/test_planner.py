@@ -7,16 +7,16 @@ import pytest
 
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.costmodel import (
-    SWAP_PRESETS, SwapCostModel, device_cost_model, fit_line, paper_chunk_times)
+    SWAP_PRESETS, SwapCostModel, device_cost_model, fit_linear, paper_chunk_times)
 from workbench.kvcache.planner import plan_swap_recompute
 
 CHUNK_BYTES = {32: 4000, 8: 1000, 4: 500, 2: 250}
 
 
-def costs(a=0.0, b=0.0, c=0.0, bandwidth=1e6, layers=30, **extra) -> SwapCostModel:
+def costs(a=0.0, b=0.0, c=0.0, bandwidth=1e6, k=0.0, layers=30, **extra) -> SwapCostModel:
     return SwapCostModel(device="host", source="measured", num_layers=layers, chunk_size=16, chunk_bytes=CHUNK_BYTES,
                          recompute_fixed_s=a, recompute_per_chunk_s=b, io_fixed_s=c, read_bytes_per_s=bandwidth,
-                         **extra)
+                         io_per_chunk_s=k, **extra)
 
 
 def brute_force(model: SwapCostModel, missing) -> float:
@@ -25,7 +25,7 @@ def brute_force(model: SwapCostModel, missing) -> float:
     for r in range(len(missing) + 1):
         for chosen in itertools.combinations(missing, r):
             loaded = sum(m[2] for m in missing) - sum(m[2] for m in chosen)
-            best = min(best, max(model.t_re(r), model.t_io(loaded)))
+            best = min(best, max(model.t_re(r), model.t_io(loaded, len(missing) - r)))
     return best
 
 
@@ -39,7 +39,8 @@ def test_the_plan_equals_brute_force(seed):
         size = CHUNK_BYTES[bits] if rng.random() < 0.8 else CHUNK_BYTES[bits] // 4      # a short tail chunk
         missing.append((int(i), bits, size))
     model = costs(a=float(rng.choice([0, rng.random() * 0.01])), b=float(rng.random() * 0.01),
-                  c=float(rng.choice([0, rng.random() * 0.01])), bandwidth=float(rng.uniform(5e4, 1e6)))
+                  c=float(rng.choice([0, rng.random() * 0.01])), bandwidth=float(rng.uniform(5e4, 1e6)),
+                  k=float(rng.choice([0, rng.random() * 0.003])))
     plan = plan_swap_recompute(model, missing)
     best = brute_force(model, missing)
     assert plan.objective_s == pytest.approx(best, rel=1e-6, abs=1e-12)
@@ -100,15 +101,17 @@ def test_edge_cases_are_named_or_empty():
 
 
 def test_lines_fit_the_points_and_doing_nothing_costs_nothing():
-    assert fit_line([(1, 0.3), (2, 0.5), (4, 0.9)]) == pytest.approx((0.1, 0.2))
-    assert fit_line([(1, 0.05), (2, 0.2), (4, 0.5)])[0] == 0.0          # a negative intercept goes through 0
-    model = costs(a=0.1, b=0.2, c=0.01, bandwidth=1e3)
-    assert model.t_re(0) == model.t_io(0) == 0 and model.t_re(3) == pytest.approx(0.7)
-    assert model.t_io(500) == pytest.approx(0.51)
+    assert fit_linear([(1, 0.3), (2, 0.5), (4, 0.9)]) == pytest.approx((0.1, 0.2))
+    assert fit_linear([(1, 0.05), (2, 0.2), (4, 0.5)])[0] == 0.0        # no negative intercept
+    reads = [(n, n * size, 0.002 + 0.0005 * n + n * size / 1e9) for n in (1, 2, 4, 8) for size in (230_400, 92_160)]
+    assert fit_linear(reads) == pytest.approx((0.002, 0.0005, 1e-9), rel=1e-6)
+    model = costs(a=0.1, b=0.2, c=0.01, bandwidth=1e3, k=0.001)
+    assert model.t_re(0) == model.t_io(0, 0) == 0 and model.t_re(3) == pytest.approx(0.7)
+    assert model.t_io(500, 2) == pytest.approx(0.512) and model.t_io(500) == pytest.approx(0.511)
     assert SwapCostModel.from_dict(json.loads(json.dumps(model.to_dict()))) == model
 
 
-HOST = costs(a=0.05, b=0.03, c=0.0005, bandwidth=0.8e9, recompute_points=((1, 0.08), (8, 0.29)))
+HOST = costs(a=0.05, b=0.03, c=0.0005, bandwidth=0.8e9, k=0.0004, recompute_points=((1, 0.08), (8, 0.29)))
 
 
 def test_presets_keep_the_papers_ratio_and_never_run_faster_than_the_host():
@@ -125,7 +128,8 @@ def test_presets_keep_the_papers_ratio_and_never_run_faster_than_the_host():
         for x in range(1, 20):
             assert dev.t_re(x) >= HOST.t_re(x)
         for nbytes in (1, 1e3, 1e5, 1e7):
-            assert dev.t_io(nbytes) >= HOST.t_io(nbytes)
+            for chunks in (1, 10):
+                assert dev.t_io(nbytes, chunks) >= HOST.t_io(nbytes, chunks)
     assert ratios["mi14"] == pytest.approx(42.7, abs=0.1)
     assert ratios["orin-nx"] == pytest.approx(19.3, abs=0.1)
     assert ratios["jetson-tx2"] == pytest.approx(10.3, abs=0.1)

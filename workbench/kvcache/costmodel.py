@@ -5,15 +5,16 @@ LLMS approximates both with linear functions fitted to a one-shot measurement at
 - ``T_re(x) = a + b x``: seconds to recompute x chunks (layer by layer, as the loader does);
 - ``T_IO(m) = c + m / bandwidth``: seconds to read m bytes of chunks from their swap files.
 
-Doing no work costs nothing (``T_re(0) = T_IO(0) = 0``); the planner accounts for the intercepts
-only when a side has work.
+Here the read line has one more term, ``k`` seconds per chunk file read (its open and per-layer
+calls): this host's reads of the shipped decoder's small chunks (230 KB at 8 bits) are not bound by
+bytes alone. With ``k = 0`` it is the paper's line; every term is linear, so the planner's program
+stays linear. Doing no work costs nothing (``T_re(0) = T_IO(0) = 0``); the planner counts the
+intercepts only when a side has work.
 
 :func:`profile_host` measures both on this machine with the real decoder and real reads of swap
-files dropped from the page cache (``posix_fadvise(DONTNEED)``), and caches the result in the
-workbench cache. The fitted points are kept beside the lines: where a read's time is set by its
-per-layer calls more than by its bytes (the shipped decoder's chunks are small, 230 KB at 8 bits),
-the IO line is a compromise over the three levels. :func:`device_cost_model` derives a preset for
-one of the LLMS paper's devices ("mi14", "orin-nx", "jetson-tx2"); its docstring gives the numbers.
+files dropped from the page cache (``posix_fadvise(DONTNEED)``) and caches the result, with the
+points the lines are fitted to, in the workbench cache. :func:`device_cost_model` derives a preset
+for one of the LLMS paper's devices ("mi14", "orin-nx", "jetson-tx2"); its docstring has the numbers.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.swapfile import write_chunk
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
+"""Version of the saved JSON; format 1 had no per-chunk read term (measured again when found)."""
 
 # The paper's setting the presets reproduce: Llama2-7B (32 layers, hidden 4096, 6.74e9 parameters,
 # full multi-head attention), 16-token chunks, KV at 8 bits, a 4K-token context.
@@ -54,9 +56,10 @@ class SwapCostModel:
     recompute_fixed_s: float                           # a: seconds of any recompute, whatever its size
     recompute_per_chunk_s: float                       # b: seconds per chunk recomputed
     io_fixed_s: float                                  # c: seconds of any swap-in, whatever its size
-    read_bytes_per_s: float                            # bandwidth of swap-in reads (inf: reading is free)
-    recompute_points: tuple[tuple[float, float], ...] = ()   # measured (chunks, seconds) the line fits
-    io_points: tuple[tuple[float, float], ...] = ()          # measured (bytes, seconds) the line fits
+    read_bytes_per_s: float                            # bandwidth of swap-in reads (inf: bytes cost nothing)
+    io_per_chunk_s: float = 0.0                        # k: seconds per chunk read besides its bytes (paper: 0)
+    recompute_points: tuple[tuple[float, ...], ...] = ()     # measured (chunks, seconds) the line fits
+    io_points: tuple[tuple[float, ...], ...] = ()            # measured (chunks, bytes, seconds) the line fits
     notes: str = ""                                    # how the figures were obtained
     title: str = ""                                    # the preset's long name
 
@@ -64,23 +67,25 @@ class SwapCostModel:
         object.__setattr__(self, "chunk_bytes", {int(k): int(v) for k, v in self.chunk_bytes.items()})
         object.__setattr__(self, "recompute_points", tuple(tuple(map(float, p)) for p in self.recompute_points))
         object.__setattr__(self, "io_points", tuple(tuple(map(float, p)) for p in self.io_points))
-        if min(self.recompute_fixed_s, self.recompute_per_chunk_s, self.io_fixed_s) < 0 or \
+        if min(self.recompute_fixed_s, self.recompute_per_chunk_s, self.io_fixed_s, self.io_per_chunk_s) < 0 or \
                 not self.read_bytes_per_s > 0:
             raise WorkbenchError("swap cost model: times must be >= 0 and the read bandwidth > 0, got "
-                                 f"a={self.recompute_fixed_s}, b={self.recompute_per_chunk_s}, "
-                                 f"c={self.io_fixed_s}, bandwidth={self.read_bytes_per_s}")
+                                 f"a={self.recompute_fixed_s}, b={self.recompute_per_chunk_s}, c={self.io_fixed_s}, "
+                                 f"k={self.io_per_chunk_s}, bandwidth={self.read_bytes_per_s}")
 
     def t_re(self, chunks: float) -> float:
         """Seconds to recompute ``chunks`` chunks (0 for none)."""
         return 0.0 if chunks <= 0 else self.recompute_fixed_s + self.recompute_per_chunk_s * chunks
 
-    def t_io(self, nbytes: float) -> float:
-        """Seconds to swap ``nbytes`` bytes of chunks in (0 for none)."""
-        return 0.0 if nbytes <= 0 else self.io_fixed_s + nbytes / self.read_bytes_per_s
+    def t_io(self, nbytes: float, chunks: int = 1) -> float:
+        """Seconds to swap ``nbytes`` bytes in, held in ``chunks`` chunk files (0 for none)."""
+        if nbytes <= 0:
+            return 0.0
+        return self.io_fixed_s + self.io_per_chunk_s * chunks + nbytes / self.read_bytes_per_s
 
     def recompute_to_load_ratio(self, bits: int = 8) -> float:
         """Seconds to recompute one full chunk over seconds to load it at ``bits``."""
-        return self.t_re(1) / self.t_io(self.chunk_bytes[bits])
+        return self.t_re(1) / self.t_io(self.chunk_bytes[bits], 1)
 
     def to_dict(self) -> dict:
         return {"format": PROFILE_FORMAT, **asdict(self)}
@@ -98,13 +103,16 @@ def device_label(costs: SwapCostModel | None) -> str:
     return "host" if costs is None or costs.source == "measured" else f"{costs.device} emulated on this host"
 
 
-def fit_line(points) -> tuple[float, float]:
-    """Least-squares ``(intercept, slope)`` of (x, seconds) points; a negative intercept is refitted to 0."""
-    x, y = np.asarray(points, dtype=float).T
-    slope, intercept = np.polyfit(x, y, 1)
-    if intercept < 0:
-        slope, intercept = float(x @ y / (x @ x)), 0.0
-    return float(intercept), float(max(slope, 1e-12))
+def fit_linear(points) -> tuple[float, ...]:
+    """Non-negative least squares of seconds on an intercept and the other coordinates: ``points`` are
+    (x_1, ..., x_n, seconds); returns (intercept, coefficient of x_1, ..., coefficient of x_n)."""
+    from scipy.optimize import nnls
+
+    data = np.asarray(points, dtype=float)
+    features = np.column_stack([np.ones(len(data)), data[:, :-1]])
+    scale = np.abs(features).max(axis=0)                       # bytes and counts differ by 1e5
+    coef, _ = nnls(features / scale, data[:, -1])
+    return tuple(float(v) for v in coef / scale)
 
 
 def model_chunk_bytes(cfg, chunk_size: int = CHUNK_SIZE) -> dict[int, int]:
@@ -127,65 +135,70 @@ def synthetic_context(model, num_chunks: int, chunk_size: int = CHUNK_SIZE, bits
     return kv
 
 
+def timed_rounds(tasks, repeats: int) -> list[float]:
+    """Median seconds of each ``(prepare, run)`` task's ``run``. Every round times each task once, so a
+    burst of other work on a shared machine spoils one sample of several tasks, not all of one."""
+    samples: list[list[float]] = [[] for _ in tasks]
+    for _ in range(repeats):
+        for collected, (prepare, run) in zip(samples, tasks):
+            prepare()
+            t = time.perf_counter()
+            run()
+            collected.append(time.perf_counter() - t)
+    return [float(np.median(s)) for s in samples]
+
+
 def measure_recompute(model, chunk_size: int = CHUNK_SIZE, context_chunks: int = 8,
                       counts=(1, 2, 4, 8), repeats: int = 3) -> list[tuple[int, float]]:
-    """Median seconds to recompute the first x chunks of an 8-bit context of ``context_chunks`` chunks,
+    """(x, median seconds) to recompute the first x chunks of an 8-bit context of ``context_chunks`` chunks,
     per x in ``counts`` (the planner recomputes the earliest chunks), after one untimed warm-up."""
     from workbench.kvcache.recompute import recompute_chunks
 
     kv = synthetic_context(model, context_chunks, chunk_size)
     kept = list(kv.chunks)
     recompute_chunks(model, kv.tokens, kv, [0])
-    points = []
-    for x in counts:
-        samples = []
-        for _ in range(repeats):
-            kv.chunks = list(kept)
-            t = time.perf_counter()
-            recompute_chunks(model, kv.tokens, kv, range(x))
-            samples.append(time.perf_counter() - t)
-        points.append((int(x), float(np.median(samples))))
-    kv.chunks = kept
-    return points
+
+    def reset():
+        kv.chunks = list(kept)
+
+    tasks = [(reset, lambda x=x: recompute_chunks(model, kv.tokens, kv, range(x))) for x in counts]
+    return [(int(x), s) for x, s in zip(counts, timed_rounds(tasks, repeats))]
 
 
 def measure_swap_in(model, chunk_size: int = CHUNK_SIZE, counts=(1, 2, 4, 8), levels=LEVELS,
-                    repeats: int = 3, directory: Path | None = None) -> tuple[list[tuple[int, float]], bool]:
-    """Median seconds to read x chunk files layer by layer, as the loader's IO thread does, each file dropped
-    from the page cache first; per level and x in ``counts``. Also whether the page cache could be dropped."""
+                    repeats: int = 3, directory: Path | None = None) -> tuple[list[tuple[int, int, float]], bool]:
+    """(x, bytes, median seconds) to read x chunk files layer by layer, as the loader's IO thread does, each
+    file dropped from the page cache first; per level and x in ``counts``. Also whether the cache could be dropped."""
     from workbench.kvcache.loader import COLD_READS, read_chunk_layers          # the loader imports this module
 
     kv = synthetic_context(model, max(counts), chunk_size)
-    points = []
+    shape = kv.chunks[0].shape
     with tempfile.TemporaryDirectory(dir=directory or cache_dir(), prefix=".swapprobe-") as tmp:
+        files = {}
         for bits in levels:
-            paths = []
-            for i, chunk in enumerate(kv.chunks):
-                paths.append(Path(tmp) / f"{bits}-{i}.bin")
-                write_chunk(paths[-1], recompress(chunk, bits))
-            shape = kv.chunks[0].shape
-            for x in counts:
-                samples = []
-                for _ in range(repeats):
-                    t = time.perf_counter()
-                    read_chunk_layers([(path, bits, shape) for path in paths[:x]], cold=True)
-                    samples.append(time.perf_counter() - t)
-                points.append((x * chunk_nbytes(shape, bits), float(np.median(samples))))
-    return points, COLD_READS
+            files[bits] = [(Path(tmp) / f"{bits}-{i}.bin", bits, shape) for i in range(len(kv.chunks))]
+            for (path, _, _), chunk in zip(files[bits], kv.chunks):
+                write_chunk(path, recompress(chunk, bits))
+        cases = [(bits, x) for bits in levels for x in counts]
+        tasks = [(lambda: None, lambda bits=bits, x=x: read_chunk_layers(files[bits][:x], cold=True))
+                 for bits, x in cases]
+        seconds = timed_rounds(tasks, repeats)
+    return [(x, x * chunk_nbytes(shape, bits), s) for (bits, x), s in zip(cases, seconds)], COLD_READS
 
 
 def measure_host(model, chunk_size: int = CHUNK_SIZE, repeats: int = 3) -> SwapCostModel:
     """Measure and fit both lines on this machine (about 10 s on 2 cores for the shipped decoder)."""
     re_points = measure_recompute(model, chunk_size, repeats=repeats)
     io_points, dropped = measure_swap_in(model, chunk_size, repeats=repeats)
-    a, b = fit_line(re_points)
-    c, per_byte = fit_line(io_points)
+    a, b = fit_linear(re_points)
+    c, k, per_byte = fit_linear(io_points)
     notes = (f"measured: recompute of the first 1-8 chunks of a {8 * chunk_size}-token 8-bit context; "
              "reads of 8/4/2-bit swap files layer by layer after posix_fadvise(DONTNEED)" if dropped else
              "measured, but the page cache could not be dropped: reads may come from memory")
     return SwapCostModel(device="host", source="measured", num_layers=model.cfg.num_layers, chunk_size=chunk_size,
                          chunk_bytes=model_chunk_bytes(model.cfg, chunk_size), recompute_fixed_s=a,
-                         recompute_per_chunk_s=b, io_fixed_s=c, read_bytes_per_s=1.0 / per_byte,
+                         recompute_per_chunk_s=b, io_fixed_s=c, io_per_chunk_s=k,
+                         read_bytes_per_s=1.0 / per_byte if per_byte > 0 else float("inf"),
                          recompute_points=re_points, io_points=io_points, notes=notes, title="This machine")
 
 
@@ -241,19 +254,21 @@ def device_cost_model(device: str, host: SwapCostModel) -> SwapCostModel:
 
     Emulation can only slow the host down (padding compute, throttling reads), so each line is the
     host's scaled by a factor >= 1: one chunk's recompute takes r = max(r_host, R * l_host) and its
-    load r / R, where r_host and l_host are the host's times for one full 8-bit chunk.
+    load r / R, where r_host and l_host are the host's times for one full 8-bit chunk. The read line's
+    terms keep the host's proportions.
     """
     if device == "host":
         return host
     recompute_s, load_s, how = paper_chunk_times(device)
     ratio = recompute_s / load_s
-    r_host, l_host = host.t_re(1), host.t_io(host.chunk_bytes[8])
+    r_host, l_host = host.t_re(1), host.t_io(host.chunk_bytes[8], 1)
     r = max(r_host, ratio * l_host)
     slow_re, slow_io = r / r_host, (r / ratio) / l_host
     return replace(host, device=device, source="emulated", title=get_profile(device).title,
                    recompute_fixed_s=host.recompute_fixed_s * slow_re,
                    recompute_per_chunk_s=host.recompute_per_chunk_s * slow_re,
-                   io_fixed_s=host.io_fixed_s * slow_io, read_bytes_per_s=host.read_bytes_per_s / slow_io,
+                   io_fixed_s=host.io_fixed_s * slow_io, io_per_chunk_s=host.io_per_chunk_s * slow_io,
+                   read_bytes_per_s=host.read_bytes_per_s / slow_io,
                    recompute_points=(), io_points=(),
                    notes=f"recompute/load ratio {ratio:.1f} per 8-bit chunk from: {how}; the host's lines "
                          f"slowed {slow_re:.2f}x (recompute) and {slow_io:.2f}x (reads)")

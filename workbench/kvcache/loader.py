@@ -180,7 +180,7 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
     spans: list[Span] = []
     arrivals: queue.Queue = queue.Queue()
     failure: list[BaseException] = []
-    io_layer_s = emulate.t_io(bytes_read) / layers if emulate is not None else 0.0
+    io_layer_s = emulate.t_io(bytes_read, len(to_load)) / layers if emulate is not None else 0.0
     re_layer_s = emulate.t_re(len(plan.recompute)) / layers if emulate is not None else 0.0
     t0 = time.perf_counter()
 

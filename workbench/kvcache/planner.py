@@ -5,10 +5,11 @@ Recompute and swap-in run side by side in the pipeline, so a load takes the long
     min over x_w of  max(T_re(sum_w x_w), T_IO(m - sum_w bytes_w * x_w)),  0 <= x_w <= count_w
 
 where x_w chunks of level w are recomputed instead of read, m is the bytes of all missing chunks
-and bytes_w the size of one chunk of level w. The paper prints the bound as x_w < count_w; read
-literally it would forbid recomputing every chunk of a level (and, with one chunk, any), so it is
-read as <=. Levels are split further by chunk size (a context's last chunk may be short), which
-keeps the bytes of recomputed chunks exactly linear in x.
+and bytes_w the size of one chunk of level w (``T_IO`` also counts the chunks read when the cost
+model has a per-chunk read term, see :mod:`workbench.kvcache.costmodel`). The paper prints the
+bound as x_w < count_w; read literally it would forbid recomputing every chunk of a level (and,
+with one chunk, any), so it is read as <=. Levels are split further by chunk size (a context's last
+chunk may be short), which keeps the bytes of recomputed chunks exactly linear in x.
 
 It is solved as a mixed-integer program with SciPy's HiGHS: integer x per group, an epigraph
 variable t >= both terms, and one binary per side that switches its fixed cost on only when that
@@ -65,19 +66,21 @@ def solve_counts(costs: SwapCostModel, sizes: list[int], counts: list[int]) -> t
     """Chunks to recompute per group (sizes[g] bytes each, counts[g] missing) minimising equation 4,
     and the solver's objective in seconds."""
     total, nbytes = sum(counts), float(np.dot(sizes, counts))
-    scale = max(costs.t_re(total), costs.t_io(nbytes), EPS)          # times in units of the worst side
+    scale = max(costs.t_re(total), costs.t_io(nbytes, total), EPS)   # times in units of the worst side
     per_byte = 1.0 / costs.read_bytes_per_s / scale
+    per_chunk = costs.io_per_chunk_s / scale
     g = len(sizes)
     # variables: x_0 .. x_{g-1}, recompute switch, load switch, t
     objective = np.zeros(g + 3)
     objective[-1] = 1.0
     rows = np.zeros((4, g + 3))
     rows[0, :g], rows[0, g], rows[0, -1] = costs.recompute_per_chunk_s / scale, costs.recompute_fixed_s / scale, -1
-    rows[1, :g], rows[1, g + 1], rows[1, -1] = -per_byte * np.asarray(sizes, float), costs.io_fixed_s / scale, -1
+    rows[1, :g] = -per_byte * np.asarray(sizes, float) - per_chunk
+    rows[1, g + 1], rows[1, -1] = costs.io_fixed_s / scale, -1
     rows[2, :g], rows[2, g] = 1.0, -total                     # any recompute switches its fixed cost on
     rows[3, :g], rows[3, g + 1] = 1.0, total                  # any chunk left to load switches the IO's on
     lower = [-np.inf, -np.inf, -np.inf, total]
-    upper = [0.0, -per_byte * nbytes, 0.0, np.inf]
+    upper = [0.0, -per_byte * nbytes - per_chunk * total, 0.0, np.inf]
     result = milp(objective, constraints=LinearConstraint(rows, lower, upper),
                   integrality=np.r_[np.ones(g + 2), 0], bounds=Bounds(np.zeros(g + 3), np.r_[counts, 1, 1, np.inf]),
                   options={"mip_rel_gap": 0.0})
@@ -100,7 +103,7 @@ def plan_swap_recompute(costs: SwapCostModel, missing) -> SwapPlan:
         recompute_counts[key[0]] += n
         missing_counts[key[0]] += len(groups[key])
         load_bytes += key[1] * (len(groups[key]) - n)
-    recompute_s, load_s = costs.t_re(len(recompute)), costs.t_io(load_bytes)
+    recompute_s, load_s = costs.t_re(len(recompute)), costs.t_io(load_bytes, len(load))
     timeline = pipeline_timeline(costs, len(recompute), load_bytes, len(load))
     return SwapPlan(recompute=tuple(recompute), load=tuple(load), recompute_counts=dict(recompute_counts),
                     missing_counts=dict(missing_counts), load_bytes=int(load_bytes), recompute_s=recompute_s,
@@ -112,7 +115,7 @@ def pipeline_timeline(costs: SwapCostModel, num_recompute: int, load_bytes: int,
     """The predicted pipeline: the IO lane reads layer after layer; the compute lane recomputes layer l
     once its own layer l-1 is done and layer l is read (a stall when the read is late)."""
     layers, device = costs.num_layers, device_label(costs)
-    io_s, re_s = costs.t_io(load_bytes) / layers, costs.t_re(num_recompute) / layers
+    io_s, re_s = costs.t_io(load_bytes, num_load) / layers, costs.t_re(num_recompute) / layers
     spans, io_end, t = [], 0.0, 0.0
     for layer in range(layers):
         label = f"layer {layer}"
