@@ -57,7 +57,7 @@ def test_call_slider_moves_the_chunk_map_through_the_trace(replays, voila_server
     print(f"call slider moved -> chunk map of call {target} in the page: {(time.perf_counter() - moved) * 1e3:.0f} ms")
     assert chunks.get_attribute("data-revision") != revision
     record = replays["llms"].calls[target]
-    assert f"Call {target} of" in page.locator(".wb-kv-call").inner_text()
+    page.locator(".wb-kv-call", has_text=f"Call {target} of").wait_for(timeout=30_000)
     assert f"switch {format_ms(record.switch_s)}" in page.locator(".wb-kv-call").inner_text()
     for name in ("queue", "gantt", "events"):
         page.locator(f".wb-figure[data-name='{name}'][data-title*='call {target}']").wait_for(timeout=30_000)

@@ -1,10 +1,11 @@
 """The LLMS dashboard on hand-built replays (no model); one real tiny replay through the Replay button."""
 import importlib.util
+from dataclasses import replace
 
 import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.ui.kvcache import KVCachePanel
+from workbench.ui.kvcache import KVCachePanel, compare
 from workbench.viz.kvcache import format_ms
 from tests.viz.test_kvcache import replay_result, sample_replays
 
@@ -17,7 +18,7 @@ def panel_on(results=None, **kwargs) -> KVCachePanel:
 
 
 def test_first_load_draws_every_figure_and_the_engine_numbers():
-    results = sample_replays()
+    results = dict(sorted(sample_replays().items()))            # as a JSON file with sorted keys gives them
     panel = panel_on(results)
     assert panel.message.value == "" and set(panel.figures) == {"latency", *PER_CALL}
     assert panel.call.max == panel.play.max == len(results["llms"].calls) - 1
@@ -27,7 +28,8 @@ def test_first_load_draws_every_figure_and_the_engine_numbers():
         assert f"data-method='{method}'>{format_ms(mean)}</span>" in summary
     assert f"{means['vllm_sq'] / means['llms']:.1f}x faster than vLLM-SQ" in summary
     assert f"{means['lmk'] / means['llms']:.1f}x faster than LMK" in summary
-    assert [o[1] for o in panel.method.options] == ["llms", "vllm_sq", "lmk"]
+    assert [o[1] for o in panel.method.options] == ["llms", "vllm_sq", "lmk"]          # the paper's order
+    assert [t.name.split(":")[0] for t in panel.figures["latency"].data[:3]] == ["LLMS", "vLLM-SQ", "LMK"]
     assert panel.contexts.value == 3 and panel.device.value == "orin-nx" and panel.pattern.value == "markov"
     assert panel.settings_note.value == ""
 
@@ -116,3 +118,12 @@ def test_a_real_tiny_replay_through_the_button():
     assert set(panel.results) == {"llms", "vllm_sq", "vllm_s", "swapping", "lmk"}
     assert all(len(r.calls) == 3 and r.contexts == 2 for r in panel.results.values())
     assert panel.figures["chunks"].layout.title.text.startswith("KV chunks after call 0 (LLMS)")
+
+
+def test_the_summary_says_which_budgets_were_raised_and_reads_close_ratios_plainly():
+    llms = replace(replay_result(), settings={"requested_budget_bytes": 2_000_000, "config": {"policy": "lctru"}})
+    lmk = replace(replay_result("lmk", 1.02, "kill", "lru"), memory_budget_bytes=5_000_000)
+    summary = panel_on({"llms": llms, "lmk": lmk}).summary.value
+    assert "2.00 MB budget, raised to what serves every call's context alone for LMK 5.00 MB" in summary
+    assert "LLMS switches about as fast as LMK (1.02x)" in summary
+    assert compare(0.5, "LMK") == "2.0x slower than LMK" and compare(3.0, "LMK") == "3.0x faster than LMK"

@@ -1,4 +1,6 @@
 """Figures of the LLM context service on replay records built by hand (no model, no replay)."""
+from dataclasses import replace
+
 import pytest
 
 from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
@@ -88,6 +90,8 @@ def test_chunk_map_colours_every_cell_by_its_state_and_outlines_the_served_conte
     assert served.name == "served by call 4: context 1"
     assert {y for y in served.y if y is not None} == {0.5, 1.5} and max(x for x in served.x if x is not None) == 2.5
     assert list(fig.layout.yaxis.ticktext) == ["context 0", "context 1", "context 2"]
+    early = list(chunk_map_figure(result, 0).layout.yaxis.ticktext)
+    assert early == ["context 0", "context 1 (no KV yet)", "context 2 (no KV yet)"]
     assert "call 4" in fig.layout.title.text and "1 recomputed" in fig.layout.title.text
 
 
@@ -147,8 +151,13 @@ def test_load_gantt_overlays_the_measured_load_on_the_prediction():
     assert "1 recomputed" in fig.layout.title.text
     swap = load_gantt_figure(result, 3)
     assert [t.name for t in swap.data] == ["swap_in (predicted)", "swap_in (measured)"]
-    nothing = load_gantt_figure(result, 1)
+    first = load_gantt_figure(result, 1)
+    assert not first.data and "the first call of context 1 builds its KV" in first.layout.annotations[0].text
+    again = replace(result, calls=(*result.calls, replace(result.calls[4], index=5, predicted=None, measured=None,
+                                                           chunks_missing=0, chunks_recomputed=0)))
+    nothing = load_gantt_figure(again, 5)
     assert not nothing.data and "every chunk of context 1 was in memory" in nothing.layout.annotations[0].text
+    assert "its 6.00 ms switch went to making room (2 chunk(s) evicted)" in nothing.layout.annotations[0].text
 
 
 def kvcache_figures() -> dict:

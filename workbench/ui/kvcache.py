@@ -62,6 +62,20 @@ def _prepared_replays(preset: str) -> dict:
     return default_replays(preset)
 
 
+def in_method_order(results: dict) -> dict:
+    """``results`` with LLMS and the baselines first, in the paper's order, then any other method."""
+    return {m: results[m] for m in (*[m for m in METHODS if m in results], *[m for m in results if m not in METHODS])}
+
+
+def compare(ratio: float, name: str) -> str:
+    """How a baseline's mean switch reads beside LLMS's (``ratio`` = baseline / LLMS)."""
+    if ratio >= 1.05:
+        return f"{ratio:.1f}x faster than {name}"
+    if ratio > 1 / 1.05:
+        return f"about as fast as {name} ({ratio:.2f}x)"
+    return f"{1 / ratio:.1f}x slower than {name}"
+
+
 class KVCachePanel(Panel):
     """Replays (from a provider, or run here) -> the chunk map, queue, evictions, latency and load Gantt."""
 
@@ -201,7 +215,7 @@ class KVCachePanel(Panel):
             results = self.provider()
             if not results:
                 raise WorkbenchError(f"no LLMS replays to show: run `{prepare_hint(self.preset)}` or press Replay")
-            self.results = dict(results)
+            self.results = in_method_order(results)
             self.shown_settings = self._settings_of(self.results)
             if self.shown_settings is not None:
                 self._set_controls(self.shown_settings)
@@ -209,8 +223,7 @@ class KVCachePanel(Panel):
 
     def _show_results(self) -> None:
         results = self.results
-        options = [(method_label(m), m) for m in (*[m for m in METHODS if m in results],
-                                                  *[m for m in results if m not in METHODS])]
+        options = [(method_label(m), m) for m in results]
         shown = self.method.value if self.method.value in results else options[0][1]
         with self._quietly():
             self.method.options = options
@@ -237,38 +250,37 @@ class KVCachePanel(Panel):
             raise WorkbenchError(f"the {method_label(result.method)} replay has no calls")
         i = min(self.call.value, len(result.calls) - 1)
         record = result.calls[i]
-        key = (id(result), i)
-        self.show_if_changed("chunks", key, lambda: chunk_map_figure(result, i))
-        self.show_if_changed("queue", key, lambda: queue_figure(result, i))
-        self.show_if_changed("gantt", key, lambda: load_gantt_figure(result, i))
-        self.show_if_changed("events", key, lambda: events_figure(result, i))
         self.call_info.value = (
             f"<span class='wb-kv-call'>Call {i} of {len(result.calls) - 1} at {record.time_s / 60:.1f} min "
             f"({html.escape(method_label(result.method))} on {html.escape(result.device)}): context "
             f"{record.context}, switch {format_ms(record.switch_s)} (swap-in {format_ms(record.io_s)}, recompute "
             f"{format_ms(record.recompute_s)}), inference {format_ms(record.inference_s)}, "
             f"{len(record.evictions)} eviction(s)</span>")
+        key = (id(result), i)
+        self.show_if_changed("chunks", key, lambda: chunk_map_figure(result, i))
+        self.show_if_changed("queue", key, lambda: queue_figure(result, i))
+        self.show_if_changed("gantt", key, lambda: load_gantt_figure(result, i))
+        self.show_if_changed("events", key, lambda: events_figure(result, i))
 
     @staticmethod
     def _summary_html(results: dict) -> str:
-        """Mean switching latency of each method and how many times LLMS is faster than each baseline."""
+        """Mean switching latency of each method, LLMS beside vLLM-SQ and LMK, and the budgets used."""
         means = {m: r.mean_switch_s() for m, r in results.items()}
-        parts = []
-        for m, mean in means.items():
-            part = f"<b>{html.escape(method_label(m))}</b> <span class='wb-kv-mean' data-method='{m}'>{format_ms(mean)}</span>"
-            if m != "llms" and means.get("llms", 0) > 0:
-                part += f" ({mean / means['llms']:.1f}x LLMS)"
-            parts.append(part)
-        head = ""
-        llms = means.get("llms", 0)
-        versus = [f"{means[m] / llms:.1f}x faster than {method_label(m)}" for m in ("vllm_sq", "lmk")
-                  if m in means and llms > 0]
-        if versus:
-            head = f"LLMS switches {' and '.join(versus)}. "
+        llms = means.get("llms", 0.0)
+        parts = [f"<b>{html.escape(method_label(m))}</b> <span class='wb-kv-mean' data-method='{m}'>"
+                 f"{format_ms(mean)}</span>" + (f" ({mean / llms:.1f}x LLMS)" if m != "llms" and llms > 0 else "")
+                 for m, mean in means.items()]
+        versus = [compare(means[m] / llms, method_label(m)) for m in ("vllm_sq", "lmk") if m in means and llms > 0]
+        head = f"LLMS switches {' and '.join(versus)}. " if versus else ""
         first = next(iter(results.values()))
+        requested = recorded_setting(first, "requested_budget_bytes", first.memory_budget_bytes)
+        raised = [f"{method_label(m)} {r.memory_budget_bytes / 1e6:.2f} MB" for m, r in results.items()
+                  if r.memory_budget_bytes > requested]
+        budget = f"{requested / 1e6:.2f} MB budget" + (
+            f", raised to what serves every call's context alone for {', '.join(raised)}" if raised else "")
         return (f"<div class='wb-kv-summary'>{head}Mean switching latency over the calls to existing contexts "
-                f"({len(first.calls)} calls, {first.contexts} contexts, {first.memory_budget_bytes / 1e6:.2f} MB "
-                f"budget, {html.escape(first.device)}): {' &middot; '.join(parts)}</div>")
+                f"({len(first.calls)} calls, {first.contexts} contexts, {html.escape(first.device)}, {budget}): "
+                f"{' &middot; '.join(parts)}</div>")
 
     # -- the replay run
 
@@ -341,7 +353,7 @@ class KVCachePanel(Panel):
         if not results:
             raise WorkbenchError("the replay was cancelled before any method finished; the replays shown are "
                                  "the earlier ones")
-        self.results = results
+        self.results = in_method_order(results)
         self.shown_settings = outcome["settings"]
         self._show_results()
         if cancelled:

@@ -39,10 +39,10 @@ def format_ms(seconds: float) -> str:
     return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
 
 
-def _context_axis(fig: go.Figure, contexts: int) -> None:
-    """Contexts as rows, context 0 at the top."""
-    fig.update_yaxes(tickvals=list(range(contexts)), ticktext=[f"context {c}" for c in range(contexts)],
-                     range=[contexts - 0.5, -0.5], title="context")
+def _context_axis(fig: go.Figure, contexts: int, empty=()) -> None:
+    """Contexts as rows, context 0 at the top; ``empty`` ones say they hold no KV yet."""
+    fig.update_yaxes(tickvals=list(range(contexts)), range=[contexts - 0.5, -0.5], title="context",
+                     ticktext=[f"context {c}" + (" (no KV yet)" if c in empty else "") for c in range(contexts)])
 
 
 def _cells(fig: go.Figure, rows: list[int], starts: list[int], name: str, color: str, hover: list[str],
@@ -82,7 +82,8 @@ def chunk_map_figure(result, call: int, title: str | None = None) -> go.Figure:
               f"{result.memory_budget_bytes / 1e6:.2f} MB of KV in memory after the call</sub>",
         xaxis={"title": "chunk (position in the context)", "range": [-0.5, width - 0.5], "tick0": 0,
                "dtick": max(1, width // 16)})
-    _context_axis(fig, contexts)
+    _context_axis(fig, contexts, [c for c in range(contexts)
+                                  if c >= len(record.chunk_map) or not record.chunk_map[c]])
     return fig
 
 
@@ -238,8 +239,13 @@ def load_gantt_figure(result, call: int, title: str | None = None) -> go.Figure:
     title = title or (f"Loading context {record.context} for call {call} ({method_label(result.method)}): "
                       f"{record.chunks_loaded} swapped in, {record.chunks_recomputed} recomputed")
     if record.predicted is None and record.measured is None:
-        return message_figure(title, f"nothing to load: every chunk of context {record.context} was in memory"
-                              if record.chunks_missing == 0 else "this replay recorded no load timeline",
-                              height=300)
+        first = all(c.context != record.context for c in result.calls[:call])
+        why = (f"nothing to load: the first call of context {record.context} builds its KV" if first else
+               f"nothing to load: every chunk of context {record.context} was in memory"
+               if record.chunks_missing == 0 else "this replay recorded no load timeline")
+        if record.evictions and record.switch_s > 0:
+            why += (f";<br>its {format_ms(record.switch_s)} switch went to making room "
+                    f"({len(record.evictions)} chunk(s) evicted)")
+        return message_figure(title, why, height=300)
     return gantt_figure(record.predicted, record.measured, title=title)
 
