@@ -42,9 +42,10 @@ def preset_notice(preset: str) -> str:
     """The one line every output built on quick-prepared artifacts shows ('' for the full preset)."""
     if preset == "full":
         return ""
-    return (f"{preset} preset: these models had a few training steps only (enough for tests), so accuracies, "
-            f"classifications and shard importance are not meaningful. For the real ones run `{prepare_hint('full')}` "
-            f"(about 24 minutes on 2 cores), then use --preset full or WORKBENCH_PRESET=full.")
+    return (f"{preset} preset: these artifacts come from a few training steps and tiny traces (enough for tests), so "
+            f"accuracies, classifications, shard importance and replay statistics are not meaningful. For the real "
+            f"ones run `{prepare_hint('full')}` (about 24 minutes on 2 cores), then use --preset full or "
+            f"WORKBENCH_PRESET=full.")
 
 
 def print_preset_notice(preset: str) -> None:

@@ -1,0 +1,68 @@
+"""The LLMS lab's self-checks: the expected answers come from the engine and the feedback says why."""
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from workbench.kvcache import lab
+
+LAB = Path(__file__).resolve().parents[2] / "notebooks" / "labs" / "kvcache_lab.ipynb"
+
+
+def test_exercise_one_counts_codes_and_channel_numbers():
+    assert lab.chunk_bytes(4) == 30 * 2 * 3 * 16 * 64 // 2 + 30 * 2 * 3 * 64 * 2 * 2 == 138240
+    assert lab.check_chunk_bytes("138240").right and lab.check_chunk_bytes(138240.0).right
+    assert lab.check_chunk_bytes(92160).status == "low" and "float16 minimum and step" in \
+        lab.check_chunk_bytes(92160).text
+    assert lab.check_chunk_bytes(10**6).status == "high"
+    assert lab.check_chunk_bytes("lots").status == "invalid" and lab.check_chunk_bytes(None).status == "unanswered"
+
+
+def test_exercise_two_levels_meet_four_bits_with_the_densest_at_eight():
+    levels = lab.levels_answer()
+    assert levels.tolist() == [8, 2, 4, 8, 2, 2, 4, 2] and levels.mean() == 4
+    assert lab.check_eight_bit_count(" 2 ").right
+    assert lab.check_eight_bit_count(3).status == "high" and lab.check_eight_bit_count(1).status == "low"
+
+
+def test_exercise_four_lctru_and_lru_disagree():
+    assert lab.eviction_order("lctru") == ["B1", "A0", "B0", "C0", "A1"]
+    assert lab.eviction_order("lru") == ["A1", "B0", "B1", "C0", "A0"]
+    assert lab.check_first_out("b1").right and lab.check_first_out("B1.").right
+    wrong = lab.check_first_out("A1")
+    assert wrong.status == "wrong" and "plain LRU would start with A1" in wrong.text
+
+
+def test_exercise_three_follows_the_planner():
+    known = lab.PipelineAnswer(tx2=14, mi14=0, ratio_tx2=10.3, ratio_mi14=42.7)
+    assert lab.check_pipeline("More", known).right
+    assert lab.check_pipeline("fewer", known).status == "wrong" and "14 of 64" in lab.check_pipeline("same", known).text
+    assert lab.check_pipeline("same", lab.PipelineAnswer(tx2=3, mi14=3, ratio_tx2=1, ratio_mi14=1)).right
+
+
+def run_lab(answers: dict) -> list[str]:
+    nb = nbformat.read(LAB, as_version=4)
+    for cell in nb.cells:
+        for name, value in answers.items():
+            line = f"{name} = None"
+            if line in cell.source:
+                cell.source = cell.source.replace(line, f"{name} = {value!r}")
+                answers = {k: v for k, v in answers.items() if k != name}
+    assert not answers, f"the lab has no line for {list(answers)}"
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LAB.parent)}}).execute()
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    return [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if "text/html" in o.get("data", {}) and "wb-check" in o["data"]["text/html"]]
+
+
+@pytest.mark.notebooks
+def test_the_lab_with_right_and_with_wrong_answers(prepared):
+    pipeline = lab.answers()["my_pipeline"]
+    right = run_lab({"my_bytes": "138240", "my_eight_bit": 2, "my_pipeline": pipeline.title(), "my_first_out": "b1"})
+    assert len(right) == 4 and all("wb-check-right" in box for box in right)
+    other = next(c for c in lab.MORE_OR_FEWER if c != pipeline)
+    wrong = run_lab({"my_bytes": 92160, "my_eight_bit": 5, "my_pipeline": other, "my_first_out": "A1"})
+    assert ["wb-check-low" in wrong[0], "wb-check-high" in wrong[1], "wb-check-wrong" in wrong[2],
+            "wb-check-wrong" in wrong[3]] == [True] * 4
