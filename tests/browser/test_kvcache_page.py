@@ -1,5 +1,5 @@
 """The LLMS page in Debian's chromium: every figure seen on first load, the engine's numbers in the summary,
-and the call slider moving the chunk map (and only the per-call figures) through the trace."""
+and the call slider (and its Play button) moving the chunk map and only the per-call figures through the trace."""
 import re
 import time
 
@@ -62,4 +62,11 @@ def test_call_slider_moves_the_chunk_map_through_the_trace(replays, voila_server
     for name in ("queue", "gantt", "events"):
         page.locator(f".wb-figure[data-name='{name}'][data-title*='call {target}']").wait_for(timeout=30_000)
     assert latency.get_attribute("data-revision") == latency_revision        # the trace-wide view stays
+
+    if target < len(replays["llms"].calls) - 1:                              # Play steps on from the slider
+        page.locator(".widget-play button:has(i.fa-play)").click()
+        page.locator(f".wb-figure[data-name='chunks'][data-title*='after call {target + 1} (LLMS)']").wait_for(
+            timeout=30_000)
+        page.locator(".widget-play button:has(i.fa-stop)").click()
+    assert latency.get_attribute("data-revision") == latency_revision
     assert page.locator(".wb-error").count() == 0
