@@ -21,3 +21,26 @@ def paper_value(metric: str, setting: str) -> str:
     if hit.empty:
         raise KeyError(f"no paper figure for {metric!r} / {setting!r}")
     return str(hit.iloc[0]["value"])
+
+
+def paper_rows(figure: int) -> pd.DataFrame:
+    """The paper's reported values of one figure."""
+    rows = paper_figures()
+    return rows[rows["figure"] == figure].drop(columns="figure").reset_index(drop=True)
+
+
+def bench_table(name: str) -> pd.DataFrame | None:
+    """Table ``name`` of the last `workbench bench llms` run (switching, active_contexts, ablation,
+    perplexity), or None when it has not run on this cache."""
+    from workbench.cache import cache_dir
+
+    path = cache_dir() / "results" / f"llms-{name}.csv"
+    return pd.read_csv(path) if path.exists() else None
+
+
+def replay_ratios(replays: dict) -> pd.DataFrame:
+    """Mean switching latency per method of a set of replays and each baseline's ratio to LLMS."""
+    llms = replays["llms"].mean_switch_s()
+    rows = [{"method": m, "mean_switch_ms": 1e3 * r.mean_switch_s(),
+             "times_llms": r.mean_switch_s() / llms if llms > 0 else float("nan")} for m, r in replays.items()]
+    return pd.DataFrame(rows)
