@@ -1,0 +1,152 @@
+from types import SimpleNamespace
+
+import pytest
+
+from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
+from workbench.kvcache.planner import plan_swap_recompute
+from workbench.kvcache.records import CHUNK_STATES, ReplayResult
+from workbench.kvcache.replay import (budget_for, context_bytes, context_tokens, min_budget_bytes, plan_load, replay,
+                                      working_set_bytes)
+from workbench.kvcache.traces import Trace, TraceCall
+from workbench.models.config import DecoderConfig
+from workbench.models.decoder import load_decoder
+
+ORDER = (0, 1, 2, 0, 1, 0)
+PROMPTS = ("Name three colors of the rainbow and say which one you like best.",
+           "Summarize: the city council voted to build a new bridge over the river next year.",
+           "Is this review positive? The film was long, slow and far too loud.")
+LEVEL_STATES = {"32", "8", "4", "2"}
+
+
+def tiny_trace() -> Trace:
+    calls = tuple(TraceCall(time_s=10.0 * i, context=c, prompt=PROMPTS[c] if i < 3 else f"And then? ({i})")
+                  for i, c in enumerate(ORDER))
+    return Trace(calls=calls, contexts=3, pattern="random", mean_interval_s=10.0, seed=0,
+                 sources=("review", "headline", "summary"))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_decoder()
+
+
+@pytest.fixture(scope="module")
+def costs(model):
+    """Recompute 10 ms a chunk, an 8-bit chunk read in 11.5 ms: the pipeline plans some of each; no padding."""
+    return SwapCostModel(device="host", source="measured", num_layers=model.cfg.num_layers, chunk_size=16,
+                         chunk_bytes=model_chunk_bytes(model.cfg), recompute_fixed_s=0.0, recompute_per_chunk_s=0.01,
+                         io_fixed_s=0.0, read_bytes_per_s=2e7)
+
+
+@pytest.fixture(scope="module")
+def replays(model, costs, tmp_path_factory):
+    trace = tiny_trace()
+    budget = budget_for(trace, 0.2, max_new_tokens=2, model=model)
+    out = {}
+    for method in ("llms", "vllm_sq", "lmk"):
+        folder = tmp_path_factory.mktemp(method)
+        out[method] = (replay(trace, method, memory_budget_bytes=budget, device=costs, model=model, swap_dir=folder,
+                              max_new_tokens=2), folder)
+    return out
+
+
+def test_every_call_is_recorded_with_a_consistent_chunk_map(replays):
+    for method, (result, folder) in replays.items():
+        assert [c.index for c in result.calls] == list(range(len(ORDER)))
+        assert [c.context for c in result.calls] == list(ORDER)
+        assert sum(len(c.evictions) for c in result.calls) > 0, method            # the budget forces evictions
+        seen = set()
+        for call in result.calls:
+            assert len(call.chunk_map) == 3
+            assert all(s in CHUNK_STATES for row in call.chunk_map for s in row)
+            served = call.chunk_map[call.context]
+            assert served and all(s in LEVEL_STATES | {"loaded", "recomputed"} for s in served), (method, call)
+            for other, row in enumerate(call.chunk_map):
+                if other != call.context:
+                    assert "loaded" not in row and "recomputed" not in row
+            assert all(e.context != call.context and e.call == call.index for e in call.evictions)
+            assert all(e.reason.startswith(e.policy) and f"context {e.context}" in e.reason for e in call.evictions)
+            if call.context not in seen:
+                assert call.switch_s == 0.0 and call.chunks_missing == 0
+            seen.add(call.context)
+            brought = sum(s in ("loaded", "recomputed") for s in served)
+            assert brought == call.chunks_missing == call.chunks_loaded + call.chunks_recomputed
+            assert (call.measured is not None) == (call.chunks_missing > 0)
+        killed = any("killed" in row for c in result.calls for row in c.chunk_map)
+        assert killed == (method == "lmk")
+        ids = result.settings["context_ids"]
+        for c, row in enumerate(result.calls[-1].chunk_map):
+            for j, state in enumerate(row):
+                exists = (folder / ids[str(c)] / f"{j}.bin").exists()
+                if state == "swapped":
+                    assert exists, (method, c, j)
+                if state == "killed":
+                    assert not exists
+
+
+def test_a_replay_round_trips_through_json(replays, tmp_path):
+    result = replays["llms"][0]
+    assert ReplayResult.load(result.save(tmp_path / "llms.json")) == result
+
+
+def test_lmk_recomputes_whole_contexts_vllm_sq_keeps_8_bits_llms_goes_lower(replays):
+    lmk = replays["lmk"][0]
+    returns = [c for c in lmk.calls if c.chunks_missing]
+    assert returns
+    for call in returns:
+        before = lmk.calls[call.index - 1].chunk_map[call.context]
+        assert set(before) == {"killed"} and call.chunks_recomputed == call.chunks_missing == len(before)
+        assert call.chunks_loaded == 0 and call.bytes_read == 0
+    sq = replays["vllm_sq"][0]
+    assert {s for c in sq.calls for row in c.chunk_map for s in row} <= {"8", "swapped", "loaded"}
+    assert any(c.chunks_loaded for c in sq.calls)
+    llms = replays["llms"][0]
+    assert {s for c in llms.calls for row in c.chunk_map for s in row} & {"4", "2"}
+
+
+def test_the_pipeline_recomputes_some_chunks_when_recompute_is_cheap(replays):
+    llms = replays["llms"][0]
+    planned = [c for c in llms.calls if c.predicted is not None]
+    assert planned and all(c.measured.source == "measured" and c.predicted.source == "predicted" for c in planned)
+    assert sum(c.chunks_recomputed for c in llms.calls) > 0
+
+
+class CountingTokenizer:
+    """A tokenizer stub: a first call's prompt is 10 ids, every later one 5."""
+
+    def chat(self, prompt):
+        return [1] * 10
+
+    def encode(self, text):
+        return [1] * 5
+
+
+def test_budgets_are_fractions_of_the_working_set_at_8_bits():
+    cfg = DecoderConfig()
+    stub = SimpleNamespace(cfg=cfg)
+    trace = Trace(calls=tuple(TraceCall(time_s=float(i), context=c, prompt="x") for i, c in enumerate((0, 0, 1))),
+                  contexts=2, pattern="random", mean_interval_s=1.0, seed=0, sources=("review", "review"))
+    tok = CountingTokenizer()
+    assert context_tokens(trace, 4, tok) == [10 + 4 + 5 + 4 - 1, 10 + 4 - 1]       # 22 and 13 tokens
+    per_token_8 = 30 * 2 * 3 * 64                                                   # codes, one byte each
+    scales = 2 * 2 * 30 * 2 * 3 * 64                                                # float16 min and step per channel
+    full, six, thirteen = 16 * per_token_8 + scales, 6 * per_token_8 + scales, 13 * per_token_8 + scales
+    assert full == 230400 and context_bytes(22, cfg) == full + six
+    ws = full + six + thirteen
+    assert working_set_bytes(trace, 8, 4, stub, tok) == ws
+    assert budget_for(trace, 0.3, max_new_tokens=4, model=stub, tokenizer=tok) == round(0.3 * ws)
+    assert min_budget_bytes(trace, 32, 4, stub, tok) == 4 * 23 * 30 * 2 * 3 * 64    # 22 + 1 tokens, raw float32
+
+
+def test_plan_load_skips_the_solver_only_when_loading_everything_is_optimal(model):
+    sizes = model_chunk_bytes(model.cfg)
+    missing = [(i, 8, sizes[8]) for i in range(6)]
+    dear = SwapCostModel(device="host", source="measured", num_layers=30, chunk_size=16, chunk_bytes=sizes,
+                         recompute_fixed_s=1.0, recompute_per_chunk_s=0.1, io_fixed_s=0.0, read_bytes_per_s=1e8)
+    plan = plan_load(dear, missing)
+    assert plan.recompute == () and plan.load == tuple(range(6)) and plan.predicted_s == pytest.approx(dear.t_io(
+        6 * sizes[8], 6))
+    cheap = SwapCostModel(device="host", source="measured", num_layers=30, chunk_size=16, chunk_bytes=sizes,
+                          recompute_fixed_s=0.0, recompute_per_chunk_s=0.001, io_fixed_s=0.0, read_bytes_per_s=1e7)
+    plan, solved = plan_load(cheap, missing), plan_swap_recompute(cheap, missing)
+    assert plan.recompute and (plan.recompute, plan.load) == (solved.recompute, solved.load)

@@ -1,0 +1,286 @@
+"""Replaying a context-switching trace on the LLM context service (LLMS section 5.1), one method at a time.
+
+Every call of a synthesized trace runs on a fresh :class:`~workbench.kvcache.service.LLMService`
+configured by the method's preset (``llms``, the baselines ``vllm_sq``, ``vllm_s``, ``swapping``,
+``lmk`` and the ablations). Calls run back to back: the trace's Poisson times are kept in the
+records but not waited for, since nothing in the service depends on wall time between calls.
+Each trace context belongs to an app of its own (``app-<index>``, one context each, so the per-app
+limit never binds) and is created at its first call.
+
+Device: ``"host"`` runs at this machine's speed; a preset of :mod:`~workbench.kvcache.costmodel`
+(``mi14``, ``orin-nx``, ``jetson-tx2``) pads every load to what the preset's cost model says it
+takes there: reads throttled to its bandwidth, recompute (the pipeline's, or LMK's whole-context
+recompute) padded to its per-chunk cost, so all methods are compared on one device. Writes of
+chunks evicted without a file (the baselines swap out at eviction) run at host speed.
+
+Memory budgets are relative to a trace's working set: the bytes every context would hold at 8 bits
+when the trace ends (:func:`working_set_bytes`, from token counts, :func:`budget_for`). A method
+whose base level cannot hold the trace's largest context alone under the budget (raw float32
+chunks are 3.2 times an 8-bit chunk) would have to refuse calls; the replay raises such a
+method's budget to the least that serves every call (:func:`min_budget_bytes`) and records both.
+Raising only helps that method.
+
+The loader is the swapping-recompute pipeline (:class:`ReplayLoader`): for ``loading="pipeline"``
+it plans with equation 4 on the device's cost model and runs :func:`~workbench.kvcache.loader.load_context`;
+for ``"swap_only"`` it reads every chunk that has a file; chunks without one (killed) are recomputed.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+from workbench.kvcache.chunks import CHUNK_SIZE, chunk_nbytes
+from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, profile_host
+from workbench.kvcache.lifecycle import ACTIONS
+from workbench.kvcache.loader import LoadResult, load_context
+from workbench.kvcache.planner import SwapPlan, pipeline_timeline, plan_swap_recompute
+from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
+from workbench.kvcache.service import LLMService, LoadReport, LoadRequest, ServiceConfig
+from workbench.kvcache.store import DROPPED, FILE, IN_MEMORY
+from workbench.kvcache.swapfile import file_size
+from workbench.kvcache.traces import Trace
+
+DEFAULT_NEW_TOKENS = 4
+
+
+# ----------------------------------------------------------------------------- budgets
+
+def _prompt_ids(tokenizer, prompt: str, first: bool) -> list[int]:
+    """The ids a call adds for ``prompt``, as the service builds them, assuming the previous answer was cut
+    short (so its turn is closed with ``<|im_end|>``, the longer of the two closings)."""
+    if first:
+        return tokenizer.chat(prompt)
+    return tokenizer.encode(f"<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def context_tokens(trace: Trace, max_new_tokens: int = DEFAULT_NEW_TOKENS, tokenizer=None) -> list[int]:
+    """Per trace context: the tokens it holds when the trace ends, if every call generates all
+    ``max_new_tokens`` (an upper bound: an answer that stops early adds fewer). The last answer's
+    final token is still pending (no K/V), so it is not counted."""
+    if tokenizer is None:
+        from workbench.models.decoder import decoder_tokenizer
+
+        tokenizer = decoder_tokenizer()
+    counts = [0] * trace.contexts
+    for call in trace.calls:
+        counts[call.context] += len(_prompt_ids(tokenizer, call.prompt, counts[call.context] == 0)) + max_new_tokens
+    return [max(0, n - 1) for n in counts]
+
+
+def context_bytes(tokens: int, cfg, bits: int = 8, chunk_size: int = CHUNK_SIZE) -> int:
+    """Bytes of a context of ``tokens`` tokens with every chunk at ``bits`` (the last chunk may be short)."""
+    def shape(n):
+        return cfg.num_layers, 2, cfg.num_kv_heads, n, cfg.head_dim
+
+    full, rest = divmod(int(tokens), chunk_size)
+    return full * chunk_nbytes(shape(chunk_size), bits) + (chunk_nbytes(shape(rest), bits) if rest else 0)
+
+
+def _decoder_cfg(model):
+    if model is not None:
+        return model.cfg
+    import json
+
+    from workbench.models.config import DecoderConfig
+    from workbench.models.decoder import converted_decoder_dir
+
+    return DecoderConfig(**json.loads((converted_decoder_dir() / "config.json").read_text()))
+
+
+def working_set_bytes(trace: Trace, bits: int = 8, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
+                      tokenizer=None) -> int:
+    """Bytes all of ``trace``'s contexts would hold at ``bits`` when it ends (:func:`context_tokens`)."""
+    cfg = _decoder_cfg(model)
+    return sum(context_bytes(n, cfg, bits) for n in context_tokens(trace, max_new_tokens, tokenizer))
+
+
+def budget_for(trace: Trace, fraction: float, *, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
+               tokenizer=None) -> int:
+    """A memory budget of ``fraction`` of the trace's working set at 8 bits, in bytes (rounded).
+
+    The paper gives Llama2-7B contexts 1 to 3 GB, where one full 4K-token context takes 1 GiB at
+    8 bits; the shipped decoder's contexts are a few MB, so budgets are stated against the contexts
+    a trace builds. ``fraction`` = 1 holds every context at 8 bits with nothing compressed."""
+    return int(round(fraction * working_set_bytes(trace, 8, max_new_tokens, model, tokenizer)))
+
+
+def min_budget_bytes(trace: Trace, bits: int, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
+                     tokenizer=None) -> int:
+    """The least budget that lets a method writing chunks at ``bits`` serve every call of ``trace``: the
+    largest context at ``bits`` with room for the pending token of its last call (what the service's
+    check asks for a context being served alone)."""
+    cfg = _decoder_cfg(model)
+    return max(context_bytes(n + 1, cfg, bits) for n in context_tokens(trace, max_new_tokens, tokenizer))
+
+
+# ----------------------------------------------------------------------------- loading
+
+def fixed_plan(costs: SwapCostModel, recompute, load) -> SwapPlan:
+    """A plan that recomputes ``recompute`` and reads ``load`` as given, ``(chunk, bits, bytes)`` each,
+    with the pipeline's predicted timeline on ``costs``."""
+    load_bytes = sum(int(b) for _, _, b in load)
+    done: dict[int, int] = defaultdict(int)
+    missing: dict[int, int] = defaultdict(int)
+    for _, bits, _ in recompute:
+        done[int(bits)] += 1
+        missing[int(bits)] += 1
+    for _, bits, _ in load:
+        missing[int(bits)] += 1
+    timeline = pipeline_timeline(costs, len(recompute), load_bytes, len(load))
+    re_s, io_s = costs.t_re(len(recompute)), costs.t_io(load_bytes, len(load))
+    return SwapPlan(recompute=tuple(sorted(int(i) for i, _, _ in recompute)),
+                    load=tuple(sorted(int(i) for i, _, _ in load)), recompute_counts=dict(done),
+                    missing_counts=dict(missing), load_bytes=load_bytes, recompute_s=re_s, load_s=io_s,
+                    objective_s=max(re_s, io_s), predicted_s=timeline.end, timeline=timeline, device=costs.device)
+
+
+def plan_load(costs: SwapCostModel, missing) -> SwapPlan:
+    """Equation 4's plan for ``missing`` ``(chunk, bits, bytes)``. When recomputing a single chunk already
+    takes as long as reading all of them, reading all is optimal and the solver is skipped (it costs
+    milliseconds, as much as a small load)."""
+    missing = list(missing)
+    if not missing or costs.t_re(1) >= costs.t_io(sum(b for _, _, b in missing), len(missing)):
+        return fixed_plan(costs, (), missing)
+    return plan_swap_recompute(costs, missing)
+
+
+class ReplayLoader:
+    """The service's loader for a replay: brings missing chunks back with the swapping-recompute
+    pipeline on ``costs`` (padded to it when ``emulate``), and keeps the last load's plan and run.
+
+    ``loading="pipeline"``: the chunks with files are planned by equation 4; ``"swap_only"``: all are
+    read. Chunks without a file (killed) are always recomputed, at the level they were dropped at."""
+
+    def __init__(self, costs: SwapCostModel, emulate: bool):
+        self.costs = costs
+        self.emulate = costs if emulate else None
+        self.last: LoadResult | None = None
+
+    def __call__(self, request: LoadRequest) -> LoadReport:
+        specs = request.specs
+        with_file = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is not None]
+        fileless = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is None]
+        if fileless or request.loading != "pipeline":
+            plan = fixed_plan(self.costs, fileless, with_file)
+        else:
+            plan = plan_load(self.costs, with_file)
+        files = {i: (s.path, s.bits) for i, s in specs.items()}       # a fileless chunk's entry only gives its level
+        result = load_context(request.model, request.kv, files, plan, emulate=self.emulate)
+        self.last = result
+        spans = result.timeline.spans
+        return LoadReport(loaded=result.loaded, recomputed=result.recomputed, bytes_read=result.bytes_read,
+                          io_s=sum(s.duration for s in spans if s.kind == "swap_in"),
+                          recompute_s=sum(s.duration for s in spans if s.kind == "recompute"))
+
+
+def cost_model(device: str | SwapCostModel, model) -> SwapCostModel:
+    """The cost model a replay plans and pads with: the host's measured one, a preset derived from it,
+    or one given as is."""
+    if isinstance(device, SwapCostModel):
+        return device
+    return device_cost_model(device, profile_host(model))
+
+
+# ----------------------------------------------------------------------------- the replay
+
+POLICY_ORDER = {
+    "lctru": "first in the LCTRU queue (heaviest level, then least recently used)",
+    "lru": "least recently used",
+    "h2o": "lowest information density",
+}
+
+
+def _reason(policy: str, granularity: str, action: str, context: int, chunk: int, bits: int, last_call: int,
+            needed: int, served: int) -> str:
+    whole = ", with its whole context" if granularity == "context" or action == "kill" else ""
+    return (f"{policy}: {bits}-bit chunk {chunk} of context {context} (last used by call {last_call}) was "
+            f"{POLICY_ORDER[policy]}{whole}; context {served} needed {needed} B; {ACTIONS[action]}")
+
+
+def _chunk_state(chunk: dict) -> str:
+    if chunk["state"] in IN_MEMORY:
+        return str(chunk["bits"])
+    return {FILE: "swapped", DROPPED: "killed"}[chunk["state"]]
+
+
+def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str | SwapCostModel = "host",
+           model=None, swap_dir: Path | str | None = None, max_new_tokens: int = DEFAULT_NEW_TOKENS,
+           progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
+           fit_budget: bool = True) -> ReplayResult:
+    """Run every call of ``trace`` under ``method`` (a service preset) and record each (module docstring).
+
+    ``swap_dir``: where the service keeps its files (a fresh temporary folder when None, removed after).
+    ``progress(done, total)`` is called after each call; ``should_stop()`` before each, and a true
+    answer ends the replay early with the calls made so far. ``fit_budget``: raise the budget to
+    :func:`min_budget_bytes` where the method needs it (recorded in ``settings``)."""
+    from workbench.models.decoder import decoder_tokenizer, load_decoder
+
+    config = ServiceConfig.preset(method)
+    model = model if model is not None else load_decoder()
+    tokenizer = decoder_tokenizer()
+    costs = cost_model(device, model)
+    needed = min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer)
+    budget = max(int(memory_budget_bytes), needed) if fit_budget else int(memory_budget_bytes)
+    loader = ReplayLoader(costs, emulate=costs.source == "emulated")
+    settings = {"config": config.to_dict(), "device": costs.device, "device_notes": costs.notes,
+                "requested_budget_bytes": int(memory_budget_bytes), "least_budget_bytes": needed,
+                "budget_raised": budget > int(memory_budget_bytes), "max_new_tokens": max_new_tokens,
+                "trace": {"calls": len(trace.calls), "contexts": trace.contexts, "pattern": trace.pattern,
+                          "mean_interval_s": trace.mean_interval_s, "seed": trace.seed,
+                          "sources": list(trace.sources)}}
+    records: list[CallRecord] = []
+    folder = tempfile.TemporaryDirectory(prefix="llms-replay-") if swap_dir is None else nullcontext(swap_dir)
+    with folder as root, LLMService(model, root, budget, config=config, tokenizer=tokenizer, loader=loader) as svc:
+        apps, stubs, index_of, call_of_tick = {}, {}, {}, {}
+        for i, call in enumerate(trace.calls):
+            if should_stop is not None and should_stop():
+                break
+            c = call.context
+            first = c not in stubs
+            if first:
+                apps[c] = svc.bind(f"app-{c}")
+                stubs[c] = apps[c].new_ctx()
+            loader.last = None
+            text, stats = apps[c].call_with_stats(stubs[c], call.prompt, max_new_tokens)
+            snap = svc.snapshot()
+            for ctx in snap["contexts"]:
+                index_of.setdefault(ctx["id"], int(ctx["app"].removeprefix("app-")))
+            served = next(ctx for ctx in snap["contexts"] if ctx["id"] == stats.ctx)
+            call_of_tick[served["last_tick"]] = i
+            records.append(_record(i, call, first, stats, text, snap, svc, loader.last, index_of, call_of_tick,
+                                   trace.contexts))
+            if progress is not None:
+                progress(i + 1, len(trace.calls))
+        settings["context_ids"] = {str(c): ctx for ctx, c in index_of.items()}
+    return ReplayResult(method=method, device=costs.device, memory_budget_bytes=budget, contexts=trace.contexts,
+                        pattern=trace.pattern, settings=json.loads(json.dumps(settings)), calls=tuple(records))
+
+
+def _record(i, call, first, stats, text, snap, svc, load: LoadResult | None, index_of, call_of_tick,
+            contexts: int) -> CallRecord:
+    config = svc.config
+    evicted = svc.evictions[-stats.evictions:] if stats.evictions else []
+    events = tuple(EvictionEvent(
+        call=i, context=index_of[r.ctx], chunk=r.chunk, bits=r.bits, last_used=call_of_tick.get(r.last_used, -1),
+        bytes=r.nbytes, bytes_needed=r.bytes_needed, policy=r.policy, action=r.action,
+        reason=_reason(r.policy, config.granularity, r.action, index_of[r.ctx], r.chunk, r.bits,
+                       call_of_tick.get(r.last_used, -1), r.bytes_needed, call.context)) for r in evicted)
+    brought = {} if load is None else {**{j: "loaded" for j in load.loaded}, **{j: "recomputed" for j in load.recomputed}}
+    rows: list[tuple[str, ...]] = [()] * contexts
+    for ctx in snap["contexts"]:
+        c = index_of[ctx["id"]]
+        rows[c] = tuple(brought.get(ch["index"], _chunk_state(ch)) if c == call.context else _chunk_state(ch)
+                        for ch in ctx["chunks"])
+    queue = tuple((index_of[e["ctx"]], int(e["chunk"]), int(e["bits"])) for e in snap["queue"]["order"])
+    return CallRecord(
+        index=i, time_s=call.time_s, context=call.context, switch_s=0.0 if first else stats.switch_s,
+        io_s=stats.io_s, recompute_s=stats.recompute_s, inference_s=stats.inference_s,
+        queue_wait_s=stats.queue_wait_s, chunks_missing=stats.chunks_missing, chunks_loaded=stats.chunks_loaded,
+        chunks_recomputed=stats.chunks_recomputed, bytes_read=stats.bytes_read,
+        memory_bytes=int(snap["memory"]["used_bytes"]), output=text, evictions=events, chunk_map=tuple(rows),
+        queue=queue, predicted=None if load is None else load.predicted,
+        measured=None if load is None else load.timeline)
