@@ -92,7 +92,8 @@ def _costs(args) -> int:
         return 0
     print(f"{costs.device} ({costs.source}): chunks of {costs.chunk_size} tokens; {costs.notes}")
     print(f"recompute: {1e3 * costs.recompute_fixed_s:.1f} ms + {1e3 * costs.recompute_per_chunk_s:.1f} ms per chunk")
-    print(f"swap-in:   {1e3 * costs.io_fixed_s:.2f} ms + bytes at {costs.read_bytes_per_s / 1e6:.0f} MB/s; "
+    print(f"swap-in:   {1e3 * costs.io_fixed_s:.2f} ms + {1e3 * costs.io_per_chunk_s:.2f} ms per chunk + bytes at "
+          f"{costs.read_bytes_per_s / 1e6:.0f} MB/s; "
           + ", ".join(f"{b}-bit chunk {1e3 * costs.t_io(n):.2f} ms" for b, n in sorted(costs.chunk_bytes.items())))
     print(f"recompute / load of one 8-bit chunk: {costs.recompute_to_load_ratio(8):.1f}")
     return 0
