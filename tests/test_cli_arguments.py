@@ -10,10 +10,11 @@ from workbench.bench import bench_parser, benchmarks
 from workbench.cli import build_parser, main
 
 BAD = {
-    "number of ms": "-1", "number of MB": "-1", "number of s": "-1", "whole number": "-1", "port": "70000",
+    "whole number": "-1", "port": "70000",
     "text": "   ", "int": "x", "float": "x",
     argtypes.writable_file.__name__: "/proc/no-such-folder/out.json",
     argtypes.existing_folder.__name__: "/no/such/folder",
+    argtypes.writable_folder.__name__: "/etc/hostname/swap",
 }
 """A value each argument type must refuse, by the type's name."""
 
@@ -34,6 +35,8 @@ def bad_value(action: argparse.Action) -> str | None:
     if action.type is None:
         return None
     name = getattr(action.type, "__name__", str(action.type))
+    if name.startswith("number of "):                  # positive(unit) / non_negative(unit): any unit
+        return "-1"
     assert name in BAD, f"{action.option_strings}: no bad value known for argument type {name!r}; add one to BAD"
     return BAD[name]
 

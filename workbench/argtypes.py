@@ -88,6 +88,17 @@ def existing_folder(text: str) -> Path:
     return path
 
 
+def writable_folder(text: str) -> Path:
+    """A folder that exists or can be made (its nearest existing ancestor is a writable folder)."""
+    path = Path(text).expanduser()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot use {text} as a folder: {probe} is not a writable folder")
+    return path
+
+
 def writable_file(text: str) -> Path:
     """A path whose folder exists and is writable (checked now, so a long run cannot fail at its end)."""
     path = Path(text).expanduser()

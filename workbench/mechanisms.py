@@ -20,6 +20,7 @@ from typing import Callable, Literal
 
 REGISTERED: tuple[str, ...] = (
     "workbench.elastic.mechanism",
+    "workbench.kvcache.mechanism",
 )
 """Modules that define a ``MECHANISM``; the one line a new mechanism adds."""
 

@@ -8,29 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from workbench.argtypes import count, positive, tcp_port
+from workbench.argtypes import count, positive, tcp_port, writable_folder
 from workbench.kvcache.traces import PATTERNS
 
 SERVICE_PRESETS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk", "llms_without_lifecycle",
                    "llms_without_compression", "llms_without_pipeline")
 DEVICES = ("host", "mi14", "orin-nx", "jetson-tx2")
-
-
-def writable_folder(text: str):
-    """A folder that exists or can be made, checked now."""
-    import os
-    from pathlib import Path
-
-    path = Path(text).expanduser()
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise argparse.ArgumentTypeError(f"cannot use {text} as a swap folder: {probe} is not a writable folder")
-    return path
-
-
-writable_folder.__name__ = "folder"
 
 
 def _serve(args) -> int:
