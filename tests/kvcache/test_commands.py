@@ -1,0 +1,37 @@
+"""`workbench serve llms` and `workbench kvcache call` as a user runs them: two processes on loopback."""
+import os
+import signal
+import subprocess
+import sys
+
+from workbench.serving import free_port
+
+CLI = [sys.executable, "-m", "workbench.cli"]
+
+
+def test_serve_call_continue_and_stop(tmp_path):
+    port = free_port()
+    address = f"tcp:127.0.0.1:{port}"
+    env = {**os.environ, "WORKBENCH_PRESET": "quick"}
+    server = subprocess.Popen(CLI + ["serve", "llms", "--address", address, "--swap-dir", str(tmp_path / "swap"),
+                                     "--memory-mb", "64"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env)
+    try:
+        ready = server.stdout.readline()
+        assert ready.startswith(f"llms: serving on {address}") or "serving on" in ready, ready
+        first = subprocess.run(CLI + ["kvcache", "call", "Name a colour.", "--address", address, "--app", "paint",
+                                      "--max-new-tokens", "3"], capture_output=True, text=True, env=env, timeout=300)
+        assert first.returncode == 0, first.stderr
+        stub = first.stdout.strip().splitlines()[-1].split("--context ")[1].rstrip(")")
+        again = subprocess.run(CLI + ["kvcache", "call", "Another one.", "--address", address, "--app", "paint",
+                                      "--context", stub, "--max-new-tokens", "3"], capture_output=True, text=True,
+                               env=env, timeout=300)
+        assert again.returncode == 0 and "--context" not in again.stdout, again.stderr
+        thief = subprocess.run(CLI + ["kvcache", "call", "Mine now.", "--address", address, "--app", "other",
+                                      "--context", stub], capture_output=True, text=True, env=env, timeout=300)
+        assert thief.returncode == 2 and "belongs to another app" in thief.stderr
+        assert len(thief.stderr.strip().splitlines()) == 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=60)
+    assert server.returncode == 0 and "llms: stopped" in out
