@@ -14,11 +14,11 @@ METHODS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk")
 DEFAULTS = {
     "full": {"contexts": 6, "calls": 30, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,
              "max_new_tokens": 4, "mean_interval_s": 300.0, "seed": 0},
-    "quick": {"contexts": 3, "calls": 8, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,
+    "quick": {"contexts": 3, "calls": 12, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.25,
               "max_new_tokens": 2, "mean_interval_s": 300.0, "seed": 0},
 }
-"""The default trace per preset: a 2-core host decodes about 13 tokens a second, so the full replay of
-five methods takes a few minutes and the quick one (the tests) well under one."""
+"""The default trace per preset. The quick one is the smallest whose contexts come back after eviction (so
+every page and test sees loads and recomputes); LMK's recomputes make it take about two minutes on 2 cores."""
 
 
 def replays_path(preset: str) -> Path:

@@ -50,7 +50,7 @@ def _replays_ready(preset: str) -> bool:
 def _steps(preset: str) -> list[PrepareStep]:
     return [
         PrepareStep(name=COSTS_STEP, run=_costs, ready=_costs_ready, estimate_s={"full": 60, "quick": 60}),
-        PrepareStep(name=REPLAYS_STEP, run=_replays, ready=_replays_ready, estimate_s={"full": 600, "quick": 90}),
+        PrepareStep(name=REPLAYS_STEP, run=_replays, ready=_replays_ready, estimate_s={"full": 900, "quick": 140}),
     ]
 
 
