@@ -2,6 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from workbench.errors import WorkbenchError
 from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
 from workbench.kvcache.planner import plan_swap_recompute
 from workbench.kvcache.records import CHUNK_STATES, ReplayResult
@@ -87,6 +88,12 @@ def test_every_call_is_recorded_with_a_consistent_chunk_map(replays):
 def test_a_replay_round_trips_through_json(replays, tmp_path):
     result = replays["llms"][0]
     assert ReplayResult.load(result.save(tmp_path / "llms.json")) == result
+
+
+def test_a_replay_refuses_a_swap_folder_that_holds_contexts(replays, model, costs):
+    with pytest.raises(WorkbenchError, match="already holds contexts of another run"):
+        replay(tiny_trace(), "llms", memory_budget_bytes=1 << 30, device=costs, model=model,
+               swap_dir=replays["llms"][1])
 
 
 def test_lmk_recomputes_whole_contexts_vllm_sq_keeps_8_bits_llms_goes_lower(replays):

@@ -5,7 +5,8 @@ configured by the method's preset (``llms``, the baselines ``vllm_sq``, ``vllm_s
 ``lmk`` and the ablations). Calls run back to back: the trace's Poisson times are kept in the
 records but not waited for, since nothing in the service depends on wall time between calls.
 Each trace context belongs to an app of its own (``app-<index>``, one context each, so the per-app
-limit never binds) and is created at its first call.
+limit never binds) and is created at its first call. That call records no switch (``switch_s`` 0):
+nothing of the context is brought back, and the room it makes is part of creating it.
 
 Device: ``"host"`` runs at this machine's speed; a preset of :mod:`~workbench.kvcache.costmodel`
 (``mi14``, ``orin-nx``, ``jetson-tx2``) pads every load to what the preset's cost model says it
@@ -33,6 +34,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
+from workbench.errors import WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, chunk_nbytes
 from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, profile_host
 from workbench.kvcache.lifecycle import ACTIONS
@@ -235,6 +237,9 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str |
     records: list[CallRecord] = []
     folder = tempfile.TemporaryDirectory(prefix="llms-replay-") if swap_dir is None else nullcontext(swap_dir)
     with folder as root, LLMService(model, root, budget, config=config, tokenizer=tokenizer, loader=loader) as svc:
+        if svc.snapshot()["contexts"]:
+            raise WorkbenchError(f"{root} already holds contexts of another run; a replay starts from an empty "
+                                 "swap folder")
         apps, stubs, index_of, call_of_tick = {}, {}, {}, {}
         for i, call in enumerate(trace.calls):
             if should_stop is not None and should_stop():

@@ -1,0 +1,402 @@
+"""`workbench bench llms`: LLMS against its baselines on replayed context-switching traces (paper section 5).
+
+Every trace gives each context ``--calls`` calls on average (``calls x contexts`` calls), so contexts
+grow over calls as in the paper's long traces. Memory is fixed, as on the paper's devices where what
+the model leaves is given to contexts: budgets are fractions of the working set at 8 bits of the
+reference trace (``--reference-contexts`` contexts, the first pattern). The default ``--budget`` 0.375
+is three average contexts, as the paper's Orin NX (8 GB) has about 3 GB left for 1 GiB contexts.
+
+Tables:
+
+- ``switching`` (Figure 9): mean switching latency per method, context count and pattern on an
+  emulated device (``--device``), with every method's ratio to LLMS. The summary compares the
+  latencies averaged over all cells: LLMS >= 5x below vLLM-SQ and >= 20x below LMK is the
+  criterion (paper: 9.7x on average and up to 100x); the per-cell ratios are printed beside.
+- ``ablation`` (Figure 13): the reference trace (8 contexts, first pattern): LLMS and LLMS without
+  chunk lifecycle management, without tolerance-aware compression, without the pipeline.
+- ``active_contexts`` (Figure 10): for each of three budgets (``--budgets``), the most contexts each
+  method serves with a mean switching latency under 10 ms and under 25 ms (``most_contexts``: counts
+  doubled from 2 up to ``--max-contexts``, then bisected; a count equal to the cap means at least
+  that many). The search uses the random pattern by default: its contexts grow evenly, as the
+  paper's all reach the model's window, where Markov's favourites would outgrow a fixed budget by
+  themselves. A count whose trace holds a context the budget cannot hold alone is not served.
+  Every probe is one trace, so a latency need not grow with the count; each row lists its probes.
+- ``perplexity`` (Figure 6b / 12): held-out perplexity of the decoder reading its own KV cache at
+  static 8/4/2 bits and with tolerance-aware levels at the 50% global ratio (:func:`kv_perplexity`).
+
+The default run replays about 2,000 calls and scores 27 windows: 25 minutes on this project's
+2-core host (shared with other work); ``--quick`` about one minute.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from workbench.argtypes import Parser, count, positive
+from workbench.kvcache.artifacts import METHODS
+from workbench.kvcache.costmodel import SWAP_PRESETS
+from workbench.kvcache.traces import PATTERNS
+from workbench.presets import add_preset_argument
+
+ABLATIONS = ("llms", "llms_without_lifecycle", "llms_without_compression", "llms_without_pipeline")
+PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_compression": 0.42,
+                    "llms_without_pipeline": 1.62}
+"""Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
+THRESHOLDS_MS = (10.0, 25.0)
+TABLES = ("switching", "active_contexts", "ablation", "perplexity")
+REFERENCE_CONTEXTS = 8
+TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
+PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
+"""Perplexity settings: the plain decoder, chunks kept raw, static 8/4/2 bits, tolerance-aware levels, and
+tolerance-aware level counts placed at random (what ranking chunks by density is worth)."""
+
+QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12, "budgets": [0.5, 0.75, 1.0],
+         "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2}
+"""--quick: tiny sizes so every table is made in a minute or two (the tests)."""
+
+
+def parser() -> Parser:
+    p = Parser(prog="workbench bench llms")
+    add_preset_argument(p)
+    p.add_argument("--calls", type=count(1), default=4, help="calls per context in a trace (on average)")
+    p.add_argument("--contexts", nargs="+", type=count(1), default=[2, 4, 8, 16],
+                   help="active-context counts of the switching table")
+    p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=["markov"],
+                   help="switching patterns; the first also makes the ablation and the reference trace")
+    p.add_argument("--device", choices=["host", *SWAP_PRESETS], default="orin-nx",
+                   help="emulated device (or the host at its own speed)")
+    p.add_argument("--budget", type=positive("fraction of the working set"), default=0.375,
+                   help="memory of the switching and ablation tables, the same for every context count: this "
+                        "fraction of the reference trace's working set at 8 bits")
+    p.add_argument("--budgets", nargs=3, type=positive("fraction of the working set"), default=[0.25, 0.5, 0.75],
+                   help="the three memory budgets of the active-contexts table, as fractions of the reference "
+                        "trace's working set at 8 bits")
+    p.add_argument("--search-pattern", choices=PATTERNS, default="random",
+                   help="pattern of the active-contexts search (random: contexts grow evenly, as the paper's all "
+                        "reach the model's window; Markov's favourites outgrow a fixed budget by themselves)")
+    p.add_argument("--max-contexts", type=count(2), default=16, help="largest count the active-contexts search tries")
+    p.add_argument("--reference-contexts", type=count(2), default=REFERENCE_CONTEXTS,
+                   help="contexts of the ablation and of the trace whose working set the --budgets refer to")
+    p.add_argument("--max-new-tokens", type=count(1), default=4, help="tokens generated per call")
+    p.add_argument("--prompt-words", type=count(1), default=40, help="words per prompt, at most")
+    p.add_argument("--seed", type=count(0), default=0, help="trace seed")
+    p.add_argument("--articles", type=count(1), default=16, help="held-out BBC articles for the perplexity table")
+    p.add_argument("--prefix", type=count(16), default=192,
+                   help="perplexity: tokens prefilled into chunks per window (a multiple of 16)")
+    p.add_argument("--target", type=count(2), default=64, help="perplexity: tokens scored per window")
+    p.add_argument("--windows", type=count(1), default=32, help="perplexity: most windows scored")
+    p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (tests): " +
+                   ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    return p
+
+
+def options(args: list[str]):
+    opts = parser().parse_args(args)
+    if opts.quick:
+        for key, value in QUICK.items():
+            setattr(opts, key, value)
+    if opts.prefix % 16:
+        parser().error(f"--prefix must be a multiple of 16 (whole chunks), got {opts.prefix}")
+    return opts
+
+
+# ----------------------------------------------------------------------------- replays
+
+class Replays:
+    """Traces and replays of one bench run, each made once (the tables share them)."""
+
+    def __init__(self, opts, model):
+        self.opts, self.model = opts, model
+        self._traces: dict = {}
+        self._results: dict = {}
+        self.calls_run = 0
+
+    def trace(self, contexts: int, pattern: str):
+        from workbench.kvcache.traces import synthesize_trace
+
+        key = (contexts, pattern)
+        if key not in self._traces:
+            self._traces[key] = synthesize_trace(contexts, self.opts.calls * contexts, pattern, seed=self.opts.seed,
+                                                 max_prompt_words=self.opts.prompt_words)
+        return self._traces[key]
+
+    def budget(self, fraction: float) -> int:
+        """``fraction`` of the working set at 8 bits of the reference trace (``--reference-contexts`` contexts,
+        the first pattern), in bytes."""
+        from workbench.kvcache.replay import budget_for
+
+        trace = self.trace(self.opts.reference_contexts, self.opts.patterns[0])
+        return budget_for(trace, fraction, max_new_tokens=self.opts.max_new_tokens, model=self.model)
+
+    def run(self, method: str, contexts: int, pattern: str, budget: int, fit: bool = True):
+        """The replay of ``method``; None when ``fit`` is off and a context outgrows ``budget`` by itself."""
+        from workbench.kvcache.lifecycle import MemoryBudgetError
+        from workbench.kvcache.replay import replay
+
+        key = (method, contexts, pattern, budget, fit)
+        if key not in self._results:
+            trace = self.trace(contexts, pattern)
+            t0 = time.perf_counter()
+            try:
+                result = replay(trace, method, memory_budget_bytes=budget, device=self.opts.device, model=self.model,
+                                max_new_tokens=self.opts.max_new_tokens, fit_budget=fit)
+            except MemoryBudgetError:
+                result = None
+            self.calls_run += len(trace.calls)
+            shown = "a context outgrows the budget" if result is None else \
+                f"mean switch {1e3 * result.mean_switch_s():8.2f} ms"
+            print(f"  {method:24s} {contexts:3d} contexts {pattern:8s} budget {budget / 1e6:7.2f} MB: {shown} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            self._results[key] = result
+        return self._results[key]
+
+
+def _summary_of(result) -> dict:
+    later = list(_later_calls(result))
+    return {"mean_switch_ms": 1e3 * result.mean_switch_s(),
+            "p95_switch_ms": 1e3 * float(np.percentile([c.switch_s for c in later], 95)) if later else 0.0,
+            "calls": len(result.calls),
+            "switches": sum(a.context != b.context for a, b in zip(result.calls, result.calls[1:])),
+            "loads": sum(1 for c in result.calls if c.chunks_missing),
+            "chunks_missing": sum(c.chunks_missing for c in result.calls),
+            "chunks_recomputed": sum(c.chunks_recomputed for c in result.calls),
+            "mb_read": sum(c.bytes_read for c in result.calls) / 1e6,
+            "evictions": sum(len(c.evictions) for c in result.calls),
+            "budget_mb": result.memory_budget_bytes / 1e6, "budget_raised": result.settings["budget_raised"]}
+
+
+def _later_calls(result):
+    """Calls to contexts that already existed (a context's first call brings nothing back)."""
+    seen = set()
+    for c in result.calls:
+        if c.context in seen:
+            yield c
+        seen.add(c.context)
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base > 0 else math.inf
+
+
+def switching_table(replays: Replays) -> list[dict]:
+    from workbench.kvcache.replay import working_set_bytes
+
+    opts, rows = replays.opts, []
+    budget = replays.budget(opts.budget)
+    for pattern in opts.patterns:
+        for n in opts.contexts:
+            ws = working_set_bytes(replays.trace(n, pattern), 8, opts.max_new_tokens, replays.model)
+            cell = {m: replays.run(m, n, pattern, budget) for m in METHODS}
+            for m in METHODS:
+                rows.append({"pattern": pattern, "contexts": n, "device": opts.device, "method": m,
+                             "working_set_mb": ws / 1e6, **_summary_of(cell[m]),
+                             "ratio_to_llms": _ratio(cell[m].mean_switch_s(), cell["llms"].mean_switch_s())})
+    return rows
+
+
+def switching_ratios(rows: list[dict]) -> dict[str, float]:
+    """Each method's switching latency averaged over every cell of the table, over LLMS's."""
+    mean = {m: np.mean([r["mean_switch_ms"] for r in rows if r["method"] == m]) for m in METHODS}
+    return {m: _ratio(mean[m], mean["llms"]) for m in METHODS}
+
+
+def active_contexts_table(replays: Replays) -> list[dict]:
+    opts, rows = replays.opts, []
+    pattern = opts.search_pattern
+    for fraction in opts.budgets:
+        budget = replays.budget(fraction)
+        found: dict[str, dict[float, int]] = {}
+        for m in METHODS:
+            probes: dict[int, float] = {}
+
+            def latency_ms(n: int) -> float:
+                if n not in probes:
+                    result = replays.run(m, n, pattern, budget, fit=False)
+                    probes[n] = math.inf if result is None else 1e3 * result.mean_switch_s()
+                return probes[n]
+
+            found[m] = {t: most_contexts(latency_ms, t, opts.max_contexts) for t in THRESHOLDS_MS}
+            rows.append({"pattern": pattern, "device": opts.device, "budget_fraction": fraction,
+                         "budget_mb": budget / 1e6, "method": m,
+                         **{f"contexts_under_{t:g}ms": found[m][t] for t in THRESHOLDS_MS},
+                         "search_cap": opts.max_contexts,
+                         "probes_ms": " ".join(f"{n}:{v:.1f}" for n, v in sorted(probes.items()))})
+        for row in rows[-len(METHODS):]:
+            for t in THRESHOLDS_MS:
+                best = max(found[m][t] for m in METHODS if m != "llms")
+                row[f"llms_over_best_baseline_{t:g}ms"] = _ratio(found["llms"][t], best)
+    return rows
+
+
+def most_contexts(latency_ms, threshold_ms: float, cap: int) -> int:
+    """The largest count n in 2..cap with ``latency_ms(n) < threshold_ms``, assuming latency grows with n:
+    doubling from 2, then bisecting between the last count under and the first over (0 if 2 is over)."""
+    if not latency_ms(2) < threshold_ms:
+        return 0
+    good, bad = 2, None
+    while bad is None and good < cap:
+        n = min(2 * good, cap)
+        if latency_ms(n) < threshold_ms:
+            good = n
+        else:
+            bad = n
+    while bad is not None and bad - good > 1:
+        mid = (good + bad) // 2
+        if latency_ms(mid) < threshold_ms:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def ablation_table(replays: Replays) -> list[dict]:
+    opts, pattern, n = replays.opts, replays.opts.patterns[0], replays.opts.reference_contexts
+    budget = replays.budget(opts.budget)
+    results = {m: replays.run(m, n, pattern, budget) for m in ABLATIONS}
+    base = results["llms"].mean_switch_s()
+    return [{"method": m, "contexts": n, "pattern": pattern, "device": opts.device, **_summary_of(r),
+             "ratio_to_llms": _ratio(r.mean_switch_s(), base), "paper_orin_s": PAPER_ABLATION_S[m],
+             "paper_ratio": PAPER_ABLATION_S[m] / PAPER_ABLATION_S["llms"]} for m, r in results.items()]
+
+
+# ----------------------------------------------------------------------------- perplexity
+
+def perplexity_windows(ids: list[int], prefix: int, target: int, limit: int | None = None) -> list[list[int]]:
+    """Consecutive windows of ``prefix + target + 1`` tokens (at most ``limit``)."""
+    step = prefix + target + 1
+    windows = [ids[s:s + step] for s in range(0, len(ids) - step + 1, step)]
+    return windows[:limit]
+
+
+def kv_perplexity(model, windows: list[list[int]], prefix: int, settings=PPL_SETTINGS, global_ratio: float = 0.5,
+                  seed: int = 0):
+    """Held-out perplexity of the decoder reading its own, compressed, KV cache; per setting
+    ``(perplexity, mean KV bytes of a window's prefix)``.
+
+    Protocol, per window of ``prefix + target + 1`` tokens: the first ``prefix`` tokens are prefilled
+    in one pass (attention recorded for information density) and their K/V taken into 16-token
+    chunks (``ChunkedKV.absorb``): raw (32), or at 8 bits and then further compressed as the service
+    does: every chunk to 4 or 2 bits (static), or by tolerance (``assign_levels`` on the chunks'
+    density at ``global_ratio``). The next ``target`` tokens are then fed on a cache holding exactly the
+    chunks' values, and each predicts its successor: the scored tokens are window[prefix + 1:], every
+    one read through the compressed prefix (their own K/V stay exact, like a call's new tokens).
+    ``"plain"`` scores the same tokens with the plain decoder over the whole window in one pass;
+    ``"shuffled"`` places the tolerance-aware levels on the chunks at random (``seed``).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from workbench.kvcache.chunks import LEVELS, ChunkedKV, recompress
+    from workbench.kvcache.density import assign_levels
+    from workbench.models.decoder import KVCache
+
+    cfg = model.cfg
+    nll = {s: 0.0 for s in settings}
+    kv_bytes = {s: 0 for s in settings}
+    scored = 0
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for window in windows:
+            head, tail = window[:prefix], window[prefix:]
+            targets = torch.tensor(tail[1:])
+            cache = KVCache.empty(cfg, prefix)
+            columns = torch.zeros(prefix)
+            model.forward_tokens(torch.tensor(head), cache, attn_columns=columns)
+            for s in settings:
+                if s == "plain":
+                    logits = model.forward_tokens(torch.tensor(window[:-1]), KVCache.empty(cfg, len(window) - 1))
+                    logits = logits[prefix:]
+                    kv_bytes[s] += 4 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * prefix
+                else:
+                    kv = ChunkedKV.for_decoder(cfg)
+                    kv.absorb(cache, head, columns.numpy(), bits=32 if s == 32 else 8)
+                    if s in ("tolerance", "shuffled"):
+                        density = kv.chunk_density(cfg.num_layers * cfg.num_heads)
+                        levels = assign_levels(density, LEVELS, global_ratio)
+                        if s == "shuffled":
+                            levels = rng.permutation(levels)
+                    else:
+                        levels = [s] * kv.num_chunks
+                    kv.chunks = [recompress(c, int(b)) if s != 32 else c for c, b in zip(kv.chunks, levels)]
+                    kv_bytes[s] += kv.nbytes()
+                    logits = model.forward_tokens(torch.tensor(tail[:-1]), kv.to_cache(cfg, extra=len(tail) - 1))
+                nll[s] += float(F.cross_entropy(logits, targets, reduction="sum"))
+            scored += len(targets)
+    return {s: (math.exp(nll[s] / scored), kv_bytes[s] / len(windows)) for s in settings}
+
+
+def perplexity_table(opts, model) -> list[dict]:
+    from workbench.data import heldout_text
+    from workbench.models.decoder import decoder_tokenizer
+
+    ids = decoder_tokenizer().encode(heldout_text(opts.articles))
+    windows = perplexity_windows(ids, opts.prefix, opts.target, opts.windows)
+    if not windows:
+        raise SystemExit(f"workbench bench llms: {opts.articles} articles hold {len(ids)} tokens, fewer than one "
+                         f"window of {opts.prefix + opts.target + 1}; ask for more --articles or a shorter window")
+    measured = kv_perplexity(model, windows, opts.prefix)
+    eight = measured[8][1]
+    return [{"setting": str(s), "perplexity": ppl, "kv_bytes_per_window": nbytes, "bytes_vs_8bit": nbytes / eight,
+             "windows": len(windows), "prefix": opts.prefix, "scored_tokens": len(windows) * opts.target}
+            for s, (ppl, nbytes) in measured.items()]
+
+
+# ----------------------------------------------------------------------------- the run
+
+def run(args: list[str]) -> dict[str, list[dict]]:
+    from workbench.models.decoder import load_decoder
+
+    opts = options(args)
+    t0 = time.perf_counter()
+    model = load_decoder()
+    replays = Replays(opts, model)
+    tables: dict[str, list[dict]] = {}
+    print(f"LLMS bench on {opts.device}: {opts.calls} calls per context, patterns {' '.join(opts.patterns)}, "
+          f"{opts.max_new_tokens} new tokens per call", flush=True)
+    if "switching" in opts.tables:
+        print(f"switching: contexts {opts.contexts}, {replays.budget(opts.budget) / 1e6:.2f} MB ({opts.budget:g} of "
+              f"the {opts.reference_contexts}-context trace's working set)")
+        tables["switching"] = rows = switching_table(replays)
+        ratios = switching_ratios(rows)
+        llms = np.mean([r["mean_switch_ms"] for r in rows if r["method"] == "llms"])
+        print(f"switching latency averaged over {len(rows) // len(METHODS)} cells: LLMS {llms:.2f} ms; "
+              + ", ".join(f"{m} {ratios[m]:.1f}x" for m in METHODS[1:]))
+        for m in ("vllm_sq", "lmk"):
+            print(f"{m} / LLMS per cell: " + ", ".join(f"{r['pattern']} {r['contexts']}: {r['ratio_to_llms']:.1f}x"
+                                                      for r in rows if r["method"] == m))
+        print(f"LLMS vs vLLM-SQ {ratios['vllm_sq']:.1f}x (criterion >= {TARGET_VS_SQ:g}x: "
+              f"{'met' if ratios['vllm_sq'] >= TARGET_VS_SQ else 'MISSED'}), vs LMK {ratios['lmk']:.1f}x (criterion "
+              f">= {TARGET_VS_LMK:g}x: {'met' if ratios['lmk'] >= TARGET_VS_LMK else 'MISSED'}); "
+              "paper: 9.7x on average and up to 100x", flush=True)
+    if "ablation" in opts.tables:
+        print(f"ablation: {opts.reference_contexts} contexts, {opts.patterns[0]}")
+        tables["ablation"] = rows = ablation_table(replays)
+        print("ablation, mean switching latency: " + ", ".join(
+            f"{r['method']} {r['mean_switch_ms']:.2f} ms ({r['ratio_to_llms']:.2f}x; paper {r['paper_ratio']:.2f}x)"
+            for r in rows), flush=True)
+    if "active_contexts" in opts.tables:
+        print(f"active contexts ({opts.search_pattern}): budgets {opts.budgets} of the working set of the "
+              f"{opts.reference_contexts}-context trace")
+        tables["active_contexts"] = rows = active_contexts_table(replays)
+        for r in rows:
+            if r["method"] == "llms":
+                print(f"budget {r['budget_mb']:.2f} MB: LLMS serves "
+                      + ", ".join(f"{r[f'contexts_under_{t:g}ms']}"
+                                  f"{' (the cap)' if r[f'contexts_under_{t:g}ms'] == opts.max_contexts else ''} "
+                                  f"contexts under {t:g} ms "
+                                  f"({r[f'llms_over_best_baseline_{t:g}ms']:.2f}x the best baseline)"
+                                  for t in THRESHOLDS_MS), flush=True)
+    if "perplexity" in opts.tables:
+        tables["perplexity"] = rows = perplexity_table(opts, model)
+        got = {r["setting"]: r for r in rows}
+        print("held-out perplexity: " + ", ".join(f"{s} {r['perplexity']:.3f} ({r['bytes_vs_8bit']:.2f}x 8-bit bytes)"
+                                                  for s, r in got.items()))
+        better = got["tolerance"]["perplexity"] < got["4"]["perplexity"]
+        print(f"tolerance-aware at 50% vs static 4-bit: {got['tolerance']['perplexity']:.3f} vs "
+              f"{got['4']['perplexity']:.3f} at {got['tolerance']['bytes_vs_8bit']:.3f}x / "
+              f"{got['4']['bytes_vs_8bit']:.3f}x the 8-bit bytes (criterion lower: {'met' if better else 'MISSED'})")
+    print(f"bench llms: replays of traces of {replays.calls_run} calls, {time.perf_counter() - t0:.0f} s", flush=True)
+    return tables
