@@ -17,9 +17,9 @@ chunks evicted without a file (the baselines swap out at eviction) run at host s
 Memory budgets are relative to a trace's working set: the bytes every context would hold at 8 bits
 when the trace ends (:func:`working_set_bytes`, from token counts, :func:`budget_for`). A method
 whose base level cannot hold the trace's largest context alone under the budget (raw float32
-chunks are 3.2 times an 8-bit chunk) would have to refuse calls; the replay raises such a
-method's budget to the least that serves every call (:func:`min_budget_bytes`) and records both.
-Raising only helps that method.
+chunks are 3.2 times an 8-bit chunk) would have to refuse calls; unless ``fit_budget`` is off, the
+replay raises such a method's budget to the least that serves every call (:func:`min_budget_bytes`)
+and records both. Raising only helps that method.
 
 The loader is the swapping-recompute pipeline (:class:`ReplayLoader`): for ``loading="pipeline"``
 it plans with equation 4 on the device's cost model and runs :func:`~workbench.kvcache.loader.load_context`;
