@@ -32,7 +32,7 @@ from workbench.kvcache.chunks import FLOAT_BITS, ChunkData, ChunkedKV, encode_ch
 from workbench.kvcache.costmodel import SwapCostModel, device_label
 from workbench.kvcache.planner import SwapPlan
 from workbench.kvcache.recompute import LayerRecompute, held_layers
-from workbench.kvcache.swapfile import _check, _parts, file_size
+from workbench.kvcache.swapfile import check_file_size, file_size, layer_part_sizes
 from workbench.timeline import Span, Timeline
 
 
@@ -44,7 +44,7 @@ def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
                      sizes: tuple[int, int] | None = None) -> LayerBytes:
     """Layer ``layer`` of the swap file of a chunk of ``shape`` opened as ``handle``: three positioned reads.
     ``sizes``: bytes per layer of the payload and of each channel array, when the caller has them."""
-    payload_bytes, channel_bytes = sizes or _parts(bits, shape)
+    payload_bytes, channel_bytes = sizes or layer_part_sizes(bits, shape)
     layers, fd = shape[0], handle.fileno()
 
     def read(nbytes: int, offset: int) -> bytes:
@@ -88,9 +88,9 @@ def stream_layers(files, cold: bool = False):
     files = list(files)
     groups: dict[tuple, list[int]] = {}
     for n, (path, bits, shape) in enumerate(files):
-        _check(path, Path(path).stat().st_size, bits, shape)
+        check_file_size(path, Path(path).stat().st_size, bits, shape)
         groups.setdefault((bits, tuple(shape[1:])), []).append(n)
-    sizes = [_parts(bits, shape) for _, bits, shape in files]
+    sizes = [layer_part_sizes(bits, shape) for _, bits, shape in files]
     handles = [open(path, "rb", buffering=0) for path, _, _ in files]
     try:
         for handle in handles if cold and COLD_READS else ():

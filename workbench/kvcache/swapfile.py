@@ -20,7 +20,7 @@ from workbench.errors import CorruptArtifactError
 from workbench.kvcache.chunks import FLOAT_BITS, ChunkData
 
 
-def _parts(bits: int, shape: tuple[int, ...]) -> tuple[int, int]:
+def layer_part_sizes(bits: int, shape: tuple[int, ...]) -> tuple[int, int]:
     """Bytes per layer of the payload and of each float16 channel array (0 when raw)."""
     per_layer = int(np.prod(shape[1:]))
     if bits == FLOAT_BITS:
@@ -30,7 +30,7 @@ def _parts(bits: int, shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 def file_size(bits: int, shape: tuple[int, ...]) -> int:
-    payload, channels = _parts(bits, shape)
+    payload, channels = layer_part_sizes(bits, shape)
     return shape[0] * (payload + 2 * channels)
 
 
@@ -48,7 +48,8 @@ def write_chunk(path: Path, chunk: ChunkData) -> int:
     return file_size(chunk.bits, chunk.shape)
 
 
-def _check(path: Path, data: bytes | int, bits: int, shape) -> None:
+def check_file_size(path: Path, data: bytes | int, bits: int, shape) -> None:
+    """A swap file's size (or its bytes) must be what its level and shape make; else it is damaged."""
     size = data if isinstance(data, int) else len(data)
     if size != file_size(bits, shape):
         raise CorruptArtifactError(f"swap file {path} holds {size} bytes, expected {file_size(bits, shape)} "
@@ -58,8 +59,8 @@ def _check(path: Path, data: bytes | int, bits: int, shape) -> None:
 def read_chunk(path: Path, bits: int, shape: tuple[int, ...]) -> ChunkData:
     """The whole chunk back, as written."""
     data = Path(path).read_bytes()
-    _check(path, data, bits, shape)
-    payload_l, channels_l = _parts(bits, shape)
+    check_file_size(path, data, bits, shape)
+    payload_l, channels_l = layer_part_sizes(bits, shape)
     layers = shape[0]
     if bits == FLOAT_BITS:
         return ChunkData(bits=bits, shape=tuple(shape), payload=np.frombuffer(data, np.float32).copy())
@@ -74,7 +75,7 @@ def read_chunk(path: Path, bits: int, shape: tuple[int, ...]) -> ChunkData:
 def read_layer(handle, bits: int, shape: tuple[int, ...], layer: int) -> np.ndarray:
     """Layer ``layer`` of a chunk file opened as ``handle`` (binary), as float32 (2, heads, tokens, head_dim):
     three positioned reads (one when raw), nothing else of the file."""
-    payload_l, channels_l = _parts(bits, shape)
+    payload_l, channels_l = layer_part_sizes(bits, shape)
     layers = shape[0]
     fd = handle.fileno()
     lshape = tuple(shape[1:])
