@@ -7,7 +7,7 @@ import torch
 from workbench import bitpack
 from workbench.errors import WorkbenchError
 from workbench.kvcache.chunks import ChunkData, ChunkedKV, chunk_nbytes, encode_chunk, recompress
-from workbench.kvcache.density import assign_levels, context_info, information_density
+from workbench.kvcache.density import assign_levels, context_noise, information_density, level_noise
 from workbench.kvcache.engine import run_call
 from workbench.models.decoder import KVCache, decoder_tokenizer, load_decoder
 
@@ -70,13 +70,15 @@ def test_density_of_the_papers_figure_6_token():
 
 
 def brute_force(density, levels, ratio):
+    """Every assignment of levels to chunks (not only density-ordered ones): the smallest gap to the ratio,
+    then the least attention noise."""
     best = None
     for combo in itertools.product(levels, repeat=len(density)):
         total = sum(combo) / 8
         if total > ratio * len(density) + 1e-9:
             continue
-        key = (-round(ratio * len(density) - total, 9), round(context_info(density, combo), 12))
-        best = key if best is None or key > best else best
+        key = (round(ratio * len(density) - total, 9), context_noise(density, combo))
+        best = key if best is None or key < best else best
     return best
 
 
@@ -91,8 +93,19 @@ def test_assign_levels_meets_the_ratio_keeps_density_order_and_equals_brute_forc
     for i, j in itertools.permutations(range(n), 2):
         if density[i] > density[j]:
             assert bits[i] >= bits[j]
-    got = (-round(ratio * n - bits.sum() / 8, 9), round(context_info(density, bits), 12))
-    assert got == brute_force(density, (8, 4, 2), ratio)
+    gap, noise = brute_force(density, (8, 4, 2), ratio)
+    assert round(ratio * n - bits.sum() / 8, 9) == gap
+    assert context_noise(density, bits) == pytest.approx(noise, rel=1e-12, abs=0)
+
+
+def test_the_noise_objective_spends_8_bits_only_where_attention_leans():
+    """At a 4-bit mean, one 8-bit chunk costs two 2-bit ones. A chunk 10x denser than the two sparsest is
+    worth it (0.01 x 1/225 > 2 x 0.0001 x 1/9); one 3x denser is not, so all stay at 4 bits (the linear
+    objective of the paper's printed equation would pick 8 + 2 + 2 in both cases)."""
+    assert assign_levels([0.1, 0.01, 0.01], (8, 4, 2), 0.5).tolist() == [8, 2, 2]
+    assert assign_levels([0.03, 0.01, 0.01], (8, 4, 2), 0.5).tolist() == [4, 4, 4]
+    assert context_noise([0.03, 0.01, 0.01], [4, 4, 4]) < context_noise([0.03, 0.01, 0.01], [8, 2, 2])
+    assert level_noise([8, 4, 2]).tolist() == pytest.approx([255.0 ** -2, 15.0 ** -2, 3.0 ** -2])
 
 
 def test_assign_levels_hits_half_exactly_and_refuses_unreachable_ratios():
@@ -100,6 +113,9 @@ def test_assign_levels_hits_half_exactly_and_refuses_unreachable_ratios():
     assert bits.mean() == 4.0 and bits[0] == 8 and bits[-1] == 2
     with pytest.raises(WorkbenchError, match="outside what levels"):
         assign_levels([0.1, 0.2], (8, 4, 2), 0.2)
+    for bad in ([0.1, -0.2], [0.1, float("nan")]):
+        with pytest.raises(WorkbenchError, match="finite and not negative"):
+            assign_levels(bad, (8, 4, 2), 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import pytest
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.costmodel import (
     SWAP_PRESETS, SwapCostModel, device_cost_model, fit_linear, paper_chunk_times)
-from workbench.kvcache.planner import plan_swap_recompute
+from workbench.kvcache import planner
+from workbench.kvcache.planner import fixed_plan, plan_swap_recompute
 
 CHUNK_BYTES = {32: 4000, 8: 1000, 4: 500, 2: 250}
 
@@ -156,3 +157,31 @@ def test_emulated_presets_decide_differently_from_the_host():
     assert counts == {"mi14": pytest.approx(200 / 43.7, abs=1), "orin-nx": pytest.approx(200 / 20.3, abs=1),
                       "jetson-tx2": pytest.approx(200 / 11.3, abs=1)}
     assert counts["jetson-tx2"] > counts["orin-nx"] > counts["mi14"] > 0
+
+
+def test_the_solver_is_skipped_only_when_reading_everything_is_optimal(monkeypatch):
+    missing = [(i, 8, 1000) for i in range(6)]
+    dear = costs(a=1.0, b=0.1, bandwidth=1e5)                 # one recompute (1.1 s) > reading all six (0.06 s)
+    cheap = costs(b=0.001, bandwidth=1e4)                      # recomputing some is better
+    solved = plan_swap_recompute(cheap, missing)
+    assert solved.recompute and solved.objective_s == pytest.approx(brute_force(cheap, missing))
+
+    def no_solver(*args):
+        raise AssertionError("the solver ran")
+
+    monkeypatch.setattr(planner, "solve_counts", no_solver)
+    plan = plan_swap_recompute(dear, missing)
+    assert plan.recompute == () and plan.load == tuple(range(6))
+    assert plan.objective_s == pytest.approx(brute_force(dear, missing)) == pytest.approx(dear.t_io(6000, 6))
+    with pytest.raises(AssertionError, match="the solver ran"):
+        plan_swap_recompute(cheap, missing)
+
+
+def test_a_fixed_plan_takes_the_chunks_as_given():
+    model = costs(a=0.01, b=0.02, c=0.001, bandwidth=1e6)
+    plan = fixed_plan(model, [(3, 4, 500)], [(0, 8, 1000), (5, 2, 250)])
+    assert (plan.recompute, plan.load, plan.load_bytes) == ((3,), (0, 5), 1250)
+    assert plan.recompute_counts == {4: 1} and plan.missing_counts == {4: 1, 8: 1, 2: 1}
+    assert plan.objective_s == pytest.approx(max(model.t_re(1), model.t_io(1250, 2)))
+    with pytest.raises(WorkbenchError, match="chunk 3 is listed twice"):
+        fixed_plan(model, [(3, 4, 500)], [(3, 4, 500)])

@@ -4,9 +4,8 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
-from workbench.kvcache.planner import plan_swap_recompute
 from workbench.kvcache.records import CHUNK_STATES, ReplayResult
-from workbench.kvcache.replay import (budget_for, context_bytes, context_tokens, min_budget_bytes, plan_load, replay,
+from workbench.kvcache.replay import (budget_for, context_bytes, context_tokens, min_budget_bytes, replay,
                                       working_set_bytes)
 from workbench.kvcache.traces import Trace, TraceCall
 from workbench.models.config import DecoderConfig
@@ -143,17 +142,3 @@ def test_budgets_are_fractions_of_the_working_set_at_8_bits():
     assert working_set_bytes(trace, 8, 4, stub, tok) == ws
     assert budget_for(trace, 0.3, max_new_tokens=4, model=stub, tokenizer=tok) == round(0.3 * ws)
     assert min_budget_bytes(trace, 32, 4, stub, tok) == 4 * 23 * 30 * 2 * 3 * 64    # 22 + 1 tokens, raw float32
-
-
-def test_plan_load_skips_the_solver_only_when_loading_everything_is_optimal(model):
-    sizes = model_chunk_bytes(model.cfg)
-    missing = [(i, 8, sizes[8]) for i in range(6)]
-    dear = SwapCostModel(device="host", source="measured", num_layers=30, chunk_size=16, chunk_bytes=sizes,
-                         recompute_fixed_s=1.0, recompute_per_chunk_s=0.1, io_fixed_s=0.0, read_bytes_per_s=1e8)
-    plan = plan_load(dear, missing)
-    assert plan.recompute == () and plan.load == tuple(range(6)) and plan.predicted_s == pytest.approx(dear.t_io(
-        6 * sizes[8], 6))
-    cheap = SwapCostModel(device="host", source="measured", num_layers=30, chunk_size=16, chunk_bytes=sizes,
-                          recompute_fixed_s=0.0, recompute_per_chunk_s=0.001, io_fixed_s=0.0, read_bytes_per_s=1e7)
-    plan, solved = plan_load(cheap, missing), plan_swap_recompute(cheap, missing)
-    assert plan.recompute and (plan.recompute, plan.load) == (solved.recompute, solved.load)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
 from workbench.kvcache.lifecycle import DROP, KILL, SWAP_OUT, MemoryBudgetError
+from workbench.kvcache.loader import PipelineLoader
 from workbench.kvcache.service import (PRESETS, ContextLimitError, CtxStub, FairLock, LLMService, ServiceConfig,
                                        StubError)
 from workbench.models.decoder import decoder_tokenizer, load_decoder
@@ -231,3 +233,40 @@ def test_metrics_count_swaps_recomputes_evictions_and_memory_per_level(runs):
     finally:
         server.shutdown()
     assert "llms_calls_total 3.0" in served and server.server_address[0] == "127.0.0.1"
+
+
+# ------------------------------------------------------------------ the service's own loader is the pipeline
+
+def test_the_default_loader_is_the_pipeline_planned_on_the_host_or_a_preset(tmp_path, model):
+    svc = LLMService(model, tmp_path / "host")
+    assert isinstance(svc.loader, PipelineLoader) and svc.loader.device == "host"
+    orin = LLMService(model, tmp_path / "orin", device="orin-nx")
+    costs = orin.loader.costs_for(model)
+    assert (costs.device, costs.source) == ("orin-nx", "emulated")
+    with pytest.raises(UnknownNameError, match="nano"):
+        LLMService(model, tmp_path / "bad", device="nano")
+    with pytest.raises(WorkbenchError, match="either a loader or a device"):
+        LLMService(model, tmp_path / "both", loader=PipelineLoader(), device="mi14")
+    svc.close()
+    orin.close()
+
+
+def test_the_services_pipeline_recomputes_what_equation_4_says_to(tmp_path, model):
+    """Reads made dear (1 kB/s): equation 4 recomputes every evicted chunk of A, though all have files."""
+    dear_reads = SwapCostModel(device="host", source="measured", num_layers=model.cfg.num_layers, chunk_size=16,
+                               chunk_bytes=model_chunk_bytes(model.cfg), recompute_fixed_s=0.0,
+                               recompute_per_chunk_s=0.01, io_fixed_s=0.0, read_bytes_per_s=1e3)
+    loader = PipelineLoader(dear_reads)
+    svc = LLMService(model, tmp_path, memory_budget_bytes=RUNS["llms"][1], loader=loader)
+    app = svc.bind("a")
+    a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
+    app.call(a, A_PROMPTS[0], max_new_tokens=NEW)
+    before = len(svc.evictions)
+    app.call(b, B_PROMPT, max_new_tokens=NEW)
+    evicted = sorted(r.chunk for r in svc.evictions[before:])
+    text, stats = app.call_with_stats(a, A_PROMPTS[1], max_new_tokens=NEW)
+    assert evicted and stats.chunks_recomputed == len(evicted) and stats.chunks_loaded == 0 and stats.bytes_read == 0
+    assert loader.last.recomputed == tuple(evicted) and stats.loader == "pipeline on host" and text
+    kinds = {s.kind for s in loader.last.timeline.spans}
+    assert "recompute" in kinds and "swap_in" not in kinds
+    svc.close()

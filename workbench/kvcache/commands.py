@@ -22,7 +22,7 @@ def _serve(args) -> int:
 
     serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=int(args.memory_mb * 1e6),
           max_contexts_per_app=args.max_contexts_per_app, config=ServiceConfig.preset(args.method),
-          metrics_port=args.metrics_port)
+          metrics_port=args.metrics_port, device=args.device)
     return 0
 
 
@@ -36,6 +36,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="LLMS, or one of the paper's baselines and ablations on the same engine")
     parser.add_argument("--metrics-port", type=tcp_port,
                         help="also serve Prometheus metrics on 127.0.0.1:PORT (0 picks a free port)")
+    parser.add_argument("--device", choices=DEVICES, default="host",
+                        help="plan the swap-in pipeline for this host (measured) or pad loads to an emulated preset")
     parser.set_defaults(func=_serve)
 
 

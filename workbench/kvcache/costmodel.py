@@ -208,6 +208,11 @@ def host_cost_path(model, chunk_size: int = CHUNK_SIZE) -> Path:
     return cache_dir() / "profiles" / f"kvcache-host-{key}.json"
 
 
+def host_costs_cached(model, chunk_size: int = CHUNK_SIZE) -> bool:
+    """Whether :func:`profile_host` will read the host's model from the cache rather than measure it."""
+    return host_cost_path(model, chunk_size).exists()
+
+
 def profile_host(model, chunk_size: int = CHUNK_SIZE, remeasure: bool = False, repeats: int = 3) -> SwapCostModel:
     """The host's measured swap cost model, from the cache or measured once (``repeats`` per point) and cached."""
     path = host_cost_path(model, chunk_size)

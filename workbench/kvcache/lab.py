@@ -13,7 +13,7 @@ from workbench.kvcache.lifecycle import LCTRUQueue, QueueEntry
 from workbench.labs import Feedback, check_choice, check_number
 
 CHUNK_SHAPE = (30, 2, 3, 16, 64)            # SmolLM2-135M: layers, K and V, KV heads, tokens, head dim
-DENSITIES = (0.30, 0.02, 0.05, 0.25, 0.01, 0.04, 0.20, 0.03)
+DENSITIES = (0.30, 0.015, 0.06, 0.25, 0.01, 0.02, 0.10, 0.025)
 """Exercise 2: eight chunks of one context, as information density ranks them."""
 QUEUE = (("A", 0, 8, 5), ("A", 1, 2, 1), ("B", 0, 4, 2), ("B", 1, 8, 3), ("C", 0, 4, 4))
 """Exercise 4: (context, chunk, bits, last use) of the chunks in memory."""
@@ -53,9 +53,11 @@ def check_eight_bit_count(answer) -> Feedback:
         right=f"the levels are {shown}: the mean is exactly 4 bits, the densest chunks keep 8.",
         why_high=f"more 8-bit chunks would push the mean above 4 bits even with every other chunk at 2 bits "
                  f"({shown}).",
-        why_low=f"keeping fewer dense chunks at 8 bits wastes the budget: the chosen levels ({shown}) meet the "
-                f"4-bit mean exactly and keep more of the attention mass.",
-        hint="the mean must be 4 bits; 8 and 2 bits average to 5, 8 + 2 + 2 to 4.")
+        why_low=f"the chosen levels ({shown}) meet the 4-bit mean exactly with less attention noise: "
+                f"moving a chunk of density d from 4 to 8 bits saves d^2 x (1/225 - 1/65025), and paying "
+                f"for it with two chunks from 4 to 2 bits costs their d^2 x (1/9 - 1/225).",
+        hint="one 8-bit chunk is paid for by two 2-bit ones (8 + 2 + 2 averages 4); do it while the dense "
+             "chunk's d^2 / 225 beats the two sparsest chunks' d^2 / 9.")
 
 
 @dataclass(frozen=True)

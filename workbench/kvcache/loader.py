@@ -22,14 +22,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from workbench.devices import pad_until
-from workbench.errors import CorruptArtifactError, WorkbenchError
-from workbench.kvcache.chunks import FLOAT_BITS, ChunkData, ChunkedKV, encode_chunk
-from workbench.kvcache.costmodel import SwapCostModel, device_label
+from workbench.errors import CorruptArtifactError, UnknownNameError, WorkbenchError
+from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, ChunkData, ChunkedKV, encode_chunk
+from workbench.kvcache.costmodel import SWAP_PRESETS, SwapCostModel, device_label
 from workbench.kvcache.planner import SwapPlan
 from workbench.kvcache.recompute import LayerRecompute, held_layers
 from workbench.kvcache.swapfile import check_file_size, file_size, layer_part_sizes
@@ -235,3 +236,123 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
     return LoadResult(timeline=timeline, predicted=plan.timeline, latency_s=latency, predicted_s=plan.predicted_s,
                       recomputed=tuple(plan.recompute), loaded=tuple(plan.load), bytes_read=bytes_read,
                       emulated="" if emulate is None else emulate.device)
+
+
+# ----------------------------------------------------------------------------- the service's loaders
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkSpec:
+    """A missing chunk: its level and shape, and its file (None when it has none and must be recomputed)."""
+    bits: int
+    shape: tuple[int, ...]
+    path: Path | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadRequest:
+    """Bring ``specs``' chunks of ``kv`` into memory (fill ``kv.chunks[i]``), at their recorded levels.
+    ``loading``: the service's ``pipeline`` or ``swap_only`` (read every chunk that has a file)."""
+    model: object
+    kv: ChunkedKV
+    specs: dict[int, ChunkSpec]
+    loading: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadReport:
+    """What a loader did, for the service's counters and the call's statistics."""
+    loaded: tuple[int, ...] = ()          # read from files
+    recomputed: tuple[int, ...] = ()      # recomputed from tokens
+    bytes_read: int = 0
+    io_s: float = 0.0
+    recompute_s: float = 0.0
+
+
+Loader = Callable[[LoadRequest], LoadReport]
+"""What :class:`~workbench.kvcache.service.LLMService` calls to bring a context's missing chunks back."""
+
+
+def loader_name(loader: Loader) -> str:
+    """A loader's ``name``, else its function or class name."""
+    return getattr(loader, "name", None) or getattr(loader, "__name__", None) or type(loader).__name__
+
+
+def read_files_then_recompute(request: LoadRequest) -> LoadReport:
+    """A loader without the pipeline: read every missing chunk that has a file, then recompute the others
+    from their tokens and the chunks now held, one after the other (a reference for the pipeline)."""
+    from workbench.kvcache.recompute import recompute_chunks
+    from workbench.kvcache.swapfile import read_chunk
+
+    kv = request.kv
+    t0 = time.perf_counter()
+    loaded, nbytes = [], 0
+    for i, spec in sorted(request.specs.items()):
+        if spec.path is not None:
+            kv.chunks[i] = read_chunk(spec.path, spec.bits, spec.shape)
+            loaded.append(i)
+            nbytes += spec.path.stat().st_size
+    t1 = time.perf_counter()
+    rest = {i: s for i, s in request.specs.items() if s.path is None}
+    if rest:
+        recompute_chunks(request.model, kv.tokens, kv, list(rest), bits={i: s.bits for i, s in rest.items()})
+    return LoadReport(loaded=tuple(loaded), recomputed=tuple(sorted(rest)), bytes_read=nbytes, io_s=t1 - t0,
+                      recompute_s=time.perf_counter() - t1)
+
+
+class PipelineLoader:
+    """The service's default loader: the swapping-recompute pipeline (LLMS 3.3).
+
+    Chunks that have a file are planned by equation 4 (:func:`~workbench.kvcache.planner.plan_swap_recompute`)
+    on ``device``'s cost model and brought back by :func:`load_context`, reads and recompute overlapped
+    layer by layer. Chunks without a file (killed) are always recomputed, at the level they were dropped
+    at; with them, or with ``loading="swap_only"``, every chunk that has a file is read.
+
+    ``device``: ``"host"`` (this machine's measured model, :func:`~workbench.kvcache.costmodel.profile_host`),
+    a preset (``"mi14"``, ``"orin-nx"``, ``"jetson-tx2"``; loads are padded to it) or a
+    :class:`~workbench.kvcache.costmodel.SwapCostModel`. A name is resolved at the first load that needs
+    it (the host is measured once, about 10 s, unless ``workbench prepare`` cached it), or by :meth:`costs_for`.
+    ``last`` keeps the last load's plan and measured run."""
+
+    def __init__(self, device: str | SwapCostModel = "host", emulate: bool | None = None):
+        if isinstance(device, str) and device not in ("host", *SWAP_PRESETS):
+            raise UnknownNameError("swap device preset", device, ["host", *SWAP_PRESETS])
+        self.device = device
+        self._emulate = emulate
+        self.costs: SwapCostModel | None = device if isinstance(device, SwapCostModel) else None
+        self.last: LoadResult | None = None
+
+    @property
+    def name(self) -> str:
+        """How the service's statistics name this loader."""
+        return f"pipeline on {self.device if isinstance(self.device, str) else self.device.device}"
+
+    def costs_for(self, model, chunk_size: int = CHUNK_SIZE) -> SwapCostModel:
+        """The cost model this loader plans with for ``chunk_size``-token chunks, measured or read from the
+        cache on first use."""
+        if self.costs is None or (self.costs.chunk_size != chunk_size and isinstance(self.device, str)):
+            from workbench.kvcache.costmodel import device_cost_model, profile_host
+
+            self.costs = device_cost_model(self.device, profile_host(model, chunk_size))
+        return self.costs
+
+    def __call__(self, request: LoadRequest) -> LoadReport:
+        from workbench.kvcache.planner import fixed_plan, plan_swap_recompute
+
+        costs = self.costs_for(request.model, request.kv.chunk_size)
+        emulate = costs.source == "emulated" if self._emulate is None else self._emulate
+        specs = request.specs
+        with_file = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is not None]
+        fileless = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is None]
+        if fileless or request.loading != "pipeline":
+            plan = fixed_plan(costs, fileless, with_file)
+        else:
+            plan = plan_swap_recompute(costs, with_file)
+        files = {i: (s.path, s.bits) for i, s in specs.items()}       # a fileless chunk's entry only gives its level
+        self.last = None
+        result = load_context(request.model, request.kv, files, plan, emulate=costs if emulate else None)
+        self.last = result
+        spans = result.timeline.spans
+        return LoadReport(loaded=result.loaded, recomputed=result.recomputed, bytes_read=result.bytes_read,
+                          io_s=sum(s.duration for s in spans if s.kind == "swap_in"),
+                          recompute_s=sum(s.duration for s in spans if s.kind == "recompute"))
+

@@ -89,11 +89,40 @@ def solve_counts(costs: SwapCostModel, sizes: list[int], counts: list[int]) -> t
     return [int(round(v)) for v in result.x[:g]], float(result.fun) * scale
 
 
+def fixed_plan(costs: SwapCostModel, recompute, load) -> SwapPlan:
+    """A plan that recomputes ``recompute`` and reads ``load`` as given (``(chunk, bits, bytes)`` each), with
+    the pipeline's predicted timeline on ``costs``: for chunks that have no file (they can only be
+    recomputed) or a loader told to read everything."""
+    recompute, load = list(recompute), list(load)
+    _groups(recompute + load)                                   # a chunk listed twice is refused
+    load_bytes = sum(int(b) for _, _, b in load)
+    done: dict[int, int] = defaultdict(int)
+    missing: dict[int, int] = defaultdict(int)
+    for _, bits, _ in recompute:
+        done[int(bits)] += 1
+        missing[int(bits)] += 1
+    for _, bits, _ in load:
+        missing[int(bits)] += 1
+    re_s, io_s = costs.t_re(len(recompute)), costs.t_io(load_bytes, len(load))
+    timeline = pipeline_timeline(costs, len(recompute), load_bytes, len(load))
+    return SwapPlan(recompute=tuple(sorted(int(i) for i, _, _ in recompute)),
+                    load=tuple(sorted(int(i) for i, _, _ in load)), recompute_counts=dict(done),
+                    missing_counts=dict(missing), load_bytes=load_bytes, recompute_s=re_s, load_s=io_s,
+                    objective_s=max(re_s, io_s), predicted_s=timeline.end, timeline=timeline, device=costs.device)
+
+
 def plan_swap_recompute(costs: SwapCostModel, missing) -> SwapPlan:
-    """Plan one load of the chunks ``missing``: ``(chunk index, bits, bytes)`` each, bytes as stored."""
+    """Plan one load of the chunks ``missing``: ``(chunk index, bits, bytes)`` each, bytes as stored.
+
+    When recomputing a single chunk already takes as long as reading every missing chunk, reading all
+    is optimal (any plan that recomputes takes at least ``T_re(1)``), and the solver, which costs
+    milliseconds, as much as a small load, is skipped."""
+    missing = list(missing)
     groups = _groups(missing)
+    if not missing or costs.t_re(1) >= costs.t_io(sum(int(b) for _, _, b in missing), len(missing)):
+        return fixed_plan(costs, (), missing)
     keys = list(groups)
-    x, objective = solve_counts(costs, [k[1] for k in keys], [len(groups[k]) for k in keys]) if keys else ([], 0.0)
+    x, objective = solve_counts(costs, [k[1] for k in keys], [len(groups[k]) for k in keys])
     recompute = sorted(i for k, n in zip(keys, x) for i in groups[k][:n])
     load = sorted(i for k, n in zip(keys, x) for i in groups[k][n:])
     recompute_counts: dict[int, int] = defaultdict(int)

@@ -21,15 +21,15 @@ chunks are 3.2 times an 8-bit chunk) would have to refuse calls; unless ``fit_bu
 replay raises such a method's budget to the least that serves every call (:func:`min_budget_bytes`)
 and records both. Raising only helps that method.
 
-The loader is the swapping-recompute pipeline (:class:`ReplayLoader`): for ``loading="pipeline"``
-it plans with equation 4 on the device's cost model and runs :func:`~workbench.kvcache.loader.load_context`;
-for ``"swap_only"`` it reads every chunk that has a file; chunks without one (killed) are recomputed.
+The loader is the service's own, the swapping-recompute pipeline
+(:class:`~workbench.kvcache.loader.PipelineLoader`) on the device's cost model: for ``loading="pipeline"``
+it plans with equation 4; for ``"swap_only"`` it reads every chunk that has a file; chunks without one
+(killed) are recomputed.
 """
 from __future__ import annotations
 
 import json
 import tempfile
-from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
@@ -38,12 +38,10 @@ from workbench.errors import WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, chunk_nbytes
 from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, profile_host
 from workbench.kvcache.lifecycle import ACTIONS
-from workbench.kvcache.loader import LoadResult, load_context
-from workbench.kvcache.planner import SwapPlan, pipeline_timeline, plan_swap_recompute
+from workbench.kvcache.loader import LoadResult, PipelineLoader
 from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
-from workbench.kvcache.service import LLMService, LoadReport, LoadRequest, ServiceConfig
+from workbench.kvcache.service import LLMService, ServiceConfig
 from workbench.kvcache.store import DROPPED, FILE, IN_MEMORY
-from workbench.kvcache.swapfile import file_size
 from workbench.kvcache.traces import Trace
 
 DEFAULT_NEW_TOKENS = 4
@@ -121,64 +119,6 @@ def min_budget_bytes(trace: Trace, bits: int, max_new_tokens: int = DEFAULT_NEW_
 
 # ----------------------------------------------------------------------------- loading
 
-def fixed_plan(costs: SwapCostModel, recompute, load) -> SwapPlan:
-    """A plan that recomputes ``recompute`` and reads ``load`` as given, ``(chunk, bits, bytes)`` each,
-    with the pipeline's predicted timeline on ``costs``."""
-    load_bytes = sum(int(b) for _, _, b in load)
-    done: dict[int, int] = defaultdict(int)
-    missing: dict[int, int] = defaultdict(int)
-    for _, bits, _ in recompute:
-        done[int(bits)] += 1
-        missing[int(bits)] += 1
-    for _, bits, _ in load:
-        missing[int(bits)] += 1
-    timeline = pipeline_timeline(costs, len(recompute), load_bytes, len(load))
-    re_s, io_s = costs.t_re(len(recompute)), costs.t_io(load_bytes, len(load))
-    return SwapPlan(recompute=tuple(sorted(int(i) for i, _, _ in recompute)),
-                    load=tuple(sorted(int(i) for i, _, _ in load)), recompute_counts=dict(done),
-                    missing_counts=dict(missing), load_bytes=load_bytes, recompute_s=re_s, load_s=io_s,
-                    objective_s=max(re_s, io_s), predicted_s=timeline.end, timeline=timeline, device=costs.device)
-
-
-def plan_load(costs: SwapCostModel, missing) -> SwapPlan:
-    """Equation 4's plan for ``missing`` ``(chunk, bits, bytes)``. When recomputing a single chunk already
-    takes as long as reading all of them, reading all is optimal and the solver is skipped (it costs
-    milliseconds, as much as a small load)."""
-    missing = list(missing)
-    if not missing or costs.t_re(1) >= costs.t_io(sum(b for _, _, b in missing), len(missing)):
-        return fixed_plan(costs, (), missing)
-    return plan_swap_recompute(costs, missing)
-
-
-class ReplayLoader:
-    """The service's loader for a replay: brings missing chunks back with the swapping-recompute
-    pipeline on ``costs`` (padded to it when ``emulate``), and keeps the last load's plan and run.
-
-    ``loading="pipeline"``: the chunks with files are planned by equation 4; ``"swap_only"``: all are
-    read. Chunks without a file (killed) are always recomputed, at the level they were dropped at."""
-
-    def __init__(self, costs: SwapCostModel, emulate: bool):
-        self.costs = costs
-        self.emulate = costs if emulate else None
-        self.last: LoadResult | None = None
-
-    def __call__(self, request: LoadRequest) -> LoadReport:
-        specs = request.specs
-        with_file = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is not None]
-        fileless = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is None]
-        if fileless or request.loading != "pipeline":
-            plan = fixed_plan(self.costs, fileless, with_file)
-        else:
-            plan = plan_load(self.costs, with_file)
-        files = {i: (s.path, s.bits) for i, s in specs.items()}       # a fileless chunk's entry only gives its level
-        result = load_context(request.model, request.kv, files, plan, emulate=self.emulate)
-        self.last = result
-        spans = result.timeline.spans
-        return LoadReport(loaded=result.loaded, recomputed=result.recomputed, bytes_read=result.bytes_read,
-                          io_s=sum(s.duration for s in spans if s.kind == "swap_in"),
-                          recompute_s=sum(s.duration for s in spans if s.kind == "recompute"))
-
-
 def cost_model(device: str | SwapCostModel, model) -> SwapCostModel:
     """The cost model a replay plans and pads with: the host's measured one, a preset derived from it,
     or one given as is."""
@@ -227,7 +167,7 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str |
     costs = cost_model(device, model)
     needed = min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer)
     budget = max(int(memory_budget_bytes), needed) if fit_budget else int(memory_budget_bytes)
-    loader = ReplayLoader(costs, emulate=costs.source == "emulated")
+    loader = PipelineLoader(costs)
     settings = {"config": config.to_dict(), "device": costs.device, "device_notes": costs.notes,
                 "requested_budget_bytes": int(memory_budget_bytes), "least_budget_bytes": needed,
                 "budget_raised": budget > int(memory_budget_bytes), "max_new_tokens": max_new_tokens,

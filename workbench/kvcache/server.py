@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from workbench.errors import WorkbenchError
+from workbench.kvcache.costmodel import host_costs_cached
 from workbench.kvcache.service import (DEFAULT_MAX_CONTEXTS_PER_APP, DEFAULT_MEMORY_BUDGET, CtxStub, LLMService,
                                        ServiceConfig)
 
@@ -210,14 +211,20 @@ class LLMServer:
 def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
           memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET, max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP,
           config: ServiceConfig | None = None, metrics_port: int | None = None, model=None,
-          out: Callable[[str], None] | None = None) -> None:
+          device: str = "host", out: Callable[[str], None] | None = None) -> None:
     """Run an LLM service on ``address`` until SIGTERM or SIGINT (the ``workbench serve llms`` command).
 
     Prints one line when ready (address, swap directory, contexts restored, metrics URL when
-    ``metrics_port`` is given; 0 picks a free port) and one when stopped. Must run in the main thread."""
+    ``metrics_port`` is given; 0 picks a free port) and one when stopped. Must run in the main thread.
+    ``device``: the cost model the swapping-recompute pipeline plans on (``"host"``, measured once and
+    cached, or an emulated preset whose loads are padded to its speed); resolved before serving."""
     out = out or (lambda line: print(line, flush=True))
-    service = LLMService(model, swap_dir, memory_budget_bytes, max_contexts_per_app, config)
+    service = LLMService(model, swap_dir, memory_budget_bytes, max_contexts_per_app, config, device=device)
     try:
+        chunk_size = service.config.chunk_size
+        if not host_costs_cached(service.model, chunk_size):
+            out("llms: measuring this host's swap and recompute costs once (about 10 s; cached after)")
+        costs = service.loader.costs_for(service.model, chunk_size)
         server = LLMServer(service, address)
     except BaseException:
         service.close()
@@ -234,7 +241,9 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
             http, _ = service.start_metrics_server(metrics_port)
             extra = f", metrics on http://127.0.0.1:{http.server_port}/metrics"
         contexts = len(service.snapshot()["contexts"])
-        out(f"llms: serving on {server.address} (swap dir {service.swap_dir}, {contexts} contexts restored{extra})")
+        pipeline = costs.device + (" (emulated)" if costs.source == "emulated" else "")
+        out(f"llms: serving on {server.address} (swap dir {service.swap_dir}, {contexts} contexts restored, "
+            f"swap-in pipeline planned for {pipeline}{extra})")
         server.serve_forever()
     finally:
         for sig, handler in previous.items():

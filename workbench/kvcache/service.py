@@ -6,7 +6,8 @@ A call on a context:
 1. waits its turn (a FIFO lock: one model, calls served in arrival order; the wait is recorded);
 2. switches to the context: locks it against eviction, evicts other chunks until its missing chunks
    and the call's growth fit the budget, and brings its missing chunks into memory through the
-   loader (a pluggable callable; the built-in one reads every file, recomputes chunks that have none);
+   loader (a pluggable callable; by default the swapping-recompute pipeline, ``loader.PipelineLoader``:
+   equation 4 picks which chunks to read and which to recompute, overlapped layer by layer);
 3. runs the prompt and the greedy continuation (``engine.run_call``);
 4. compresses by tolerance: full chunks get levels from their information density (``assign_levels``),
    a chunk's level only goes down; the open last chunk stays at the base level until it is full;
@@ -25,19 +26,20 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.density import assign_levels
+from workbench.kvcache.loader import (ChunkSpec, Loader, LoadReport, LoadRequest, PipelineLoader,  # noqa: F401
+                                      loader_name, read_files_then_recompute)
 from workbench.kvcache.lifecycle import (DROP, KILL, SWAP_OUT, EvictionRecord, LCTRUQueue, MemoryBudgetError,
                                          QueueEntry, check_policy)
 from workbench.kvcache.metrics import ServiceMetrics
 from workbench.kvcache.store import (BOTH, DROPPED, FILE, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow,
                                      SwapStore)
-from workbench.kvcache.swapfile import read_chunk
 
 DEFAULT_MEMORY_BUDGET = 512 << 20
 DEFAULT_MAX_CONTEXTS_PER_APP = 16
@@ -188,58 +190,6 @@ class CallStats:
         return asdict(self)
 
 
-# ----------------------------------------------------------------------------- loading
-
-@dataclass(frozen=True, kw_only=True)
-class ChunkSpec:
-    """A missing chunk: its level and shape, and its file (None when it has none and must be recomputed)."""
-    bits: int
-    shape: tuple[int, ...]
-    path: Path | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadRequest:
-    """Bring ``specs``' chunks of ``kv`` into memory (fill ``kv.chunks[i]``), at their recorded levels."""
-    model: object
-    kv: ChunkedKV
-    specs: dict[int, ChunkSpec]
-    loading: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadReport:
-    loaded: tuple[int, ...] = ()          # read from files
-    recomputed: tuple[int, ...] = ()      # recomputed from tokens
-    bytes_read: int = 0
-    io_s: float = 0.0
-    recompute_s: float = 0.0
-
-
-Loader = Callable[[LoadRequest], LoadReport]
-
-
-def read_files_then_recompute(request: LoadRequest) -> LoadReport:
-    """The built-in loader: read every missing chunk that has a file, then recompute the others from
-    their tokens and the chunks now held (``recompute_chunks``), one after the other, no pipeline."""
-    kv = request.kv
-    t0 = time.perf_counter()
-    loaded, nbytes = [], 0
-    for i, spec in sorted(request.specs.items()):
-        if spec.path is not None:
-            kv.chunks[i] = read_chunk(spec.path, spec.bits, spec.shape)
-            loaded.append(i)
-            nbytes += spec.path.stat().st_size
-    t1 = time.perf_counter()
-    rest = {i: s for i, s in request.specs.items() if s.path is None}
-    if rest:
-        from workbench.kvcache.recompute import recompute_chunks
-
-        recompute_chunks(request.model, kv.tokens, kv, list(rest), bits={i: s.bits for i, s in rest.items()})
-    return LoadReport(loaded=tuple(loaded), recomputed=tuple(sorted(rest)), bytes_read=nbytes, io_s=t1 - t0,
-                      recompute_s=time.perf_counter() - t1)
-
-
 # ----------------------------------------------------------------------------- fairness
 
 class FairLock:
@@ -283,16 +233,19 @@ class _Context:
 
 class LLMService:
     """The context service on one model. ``LLMService()`` serves the prepared decoder (and its
-    tokenizer: ``tokenizer`` must be given with any other model) with a swap directory in the cache; contexts found in ``swap_dir`` are served again (nothing in memory yet).
+    tokenizer: ``tokenizer`` must be given with any other model) with a swap directory in the cache;
+    contexts found in ``swap_dir`` are served again (nothing in memory yet).
 
-    ``loader`` brings a context's missing chunks into memory (default: ``read_files_then_recompute``).
+    ``loader`` brings a context's missing chunks into memory; by default the swapping-recompute pipeline
+    planned on ``device``'s cost model (``PipelineLoader(device)``: ``"host"``, measured once and cached,
+    or an emulated preset such as ``"orin-nx"``, whose loads are padded to its speed).
     A context that cannot fit the budget by itself is refused (``MemoryBudgetError``), never evicted
     while it is served."""
 
     def __init__(self, model=None, swap_dir: Path | str | None = None,
                  memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
                  max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP, config: ServiceConfig | None = None,
-                 *, tokenizer=None, loader: Loader | None = None):
+                 *, tokenizer=None, loader: Loader | None = None, device: str = "host"):
         if memory_budget_bytes <= 0:
             raise WorkbenchError(f"the memory budget must be positive, got {memory_budget_bytes} bytes")
         if max_contexts_per_app < 1:
@@ -308,7 +261,9 @@ class LLMService:
         self.config = config or ServiceConfig()
         self.memory_budget_bytes = int(memory_budget_bytes)
         self.max_contexts_per_app = int(max_contexts_per_app)
-        self.loader: Loader = loader or read_files_then_recompute
+        if loader is not None and device != "host":
+            raise WorkbenchError("give either a loader or a device for the built-in pipeline loader, not both")
+        self.loader: Loader = loader if loader is not None else PipelineLoader(device)
         self.swap_dir = Path(swap_dir) if swap_dir is not None else default_swap_dir()
         cfg = model.cfg
         self.store = SwapStore(self.swap_dir, meta={
@@ -468,7 +423,7 @@ class LLMService:
                 chunks_recomputed=len(report.recomputed), bytes_read=report.bytes_read, bytes_written=written_bytes,
                 evictions=len(records), evicted_bytes=sum(r.nbytes for r in records), prompt_tokens=len(ids),
                 output_tokens=len(result.output_ids), context_tokens=len(kv.tokens),
-                loader=getattr(self.loader, "__name__", type(self.loader).__name__))
+                loader=loader_name(self.loader))
             self.metrics.record_call(stats)
             self.metrics.record_writes(written_files, written_bytes, "ahead_of_time")
             self._update_memory_metrics()
@@ -653,7 +608,7 @@ class LLMService:
             "queue": {"policy": self.queue.policy, "granularity": self.queue.granularity, "order": order,
                       "sub_queues": subs},
             "evictions": evictions, "waiting_calls": self._turn.waiting,
-            "loader": getattr(self.loader, "__name__", type(self.loader).__name__),
+            "loader": loader_name(self.loader),
             "metrics": self.metrics.values(),
             "last_call": None if self.last_call is None else self.last_call.to_dict(),
         }
