@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 import threading
 import time
 import urllib.request
@@ -269,4 +270,26 @@ def test_the_services_pipeline_recomputes_what_equation_4_says_to(tmp_path, mode
     assert loader.last.recomputed == tuple(evicted) and stats.loader == "pipeline on host" and text
     kinds = {s.kind for s in loader.last.timeline.spans}
     assert "recompute" in kinds and "swap_in" not in kinds
+    svc.close()
+
+
+def test_on_an_emulated_device_writes_at_eviction_take_the_devices_time(tmp_path, model):
+    """vLLM-SQ writes evicted chunks when it evicts them: on an emulated device that write is padded to the
+    device's bandwidth (reads' line), inside the switch; on the host nothing is padded."""
+    slow = SwapCostModel(device="orin-nx", source="emulated", num_layers=model.cfg.num_layers, chunk_size=16,
+                         chunk_bytes=model_chunk_bytes(model.cfg), recompute_fixed_s=1.0, recompute_per_chunk_s=1.0,
+                         io_fixed_s=0.0, read_bytes_per_s=2e6)
+    assert PipelineLoader(replace(slow, source="measured")).write_seconds(10**6, 4) == 0.0
+    assert PipelineLoader(slow).write_seconds(10**6, 4) == pytest.approx(0.5)
+    svc = LLMService(model, tmp_path, memory_budget_bytes=RUNS["vllm_sq"][1], config=PRESETS["vllm_sq"],
+                     loader=PipelineLoader(slow))
+    app = svc.bind("a")
+    a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
+    app.call(a, A_PROMPTS[0], max_new_tokens=NEW)
+    before = len(svc.evictions)
+    _, stats = app.call_with_stats(b, B_PROMPT, max_new_tokens=NEW)
+    evicted = svc.evictions[before:]
+    assert evicted and all(r.action == SWAP_OUT for r in evicted)
+    written = sum(svc.store.chunk_path(r.ctx, r.chunk).stat().st_size for r in evicted)
+    assert stats.reclaim_s >= slow.t_io(written, len(evicted)) > 0.1
     svc.close()

@@ -335,6 +335,14 @@ class PipelineLoader:
             self.costs = device_cost_model(self.device, profile_host(model, chunk_size))
         return self.costs
 
+    def write_seconds(self, nbytes: int, chunks: int) -> float:
+        """Seconds the service's writes of ``nbytes`` in ``chunks`` chunk files at eviction should take: on an
+        emulated device its read line (the presets take writes to run at read bandwidth), so baselines that
+        swap out at eviction pay for it as they would there; 0 on the host (writes take what they take)."""
+        costs = self.costs
+        emulate = costs is not None and (costs.source == "emulated" if self._emulate is None else self._emulate)
+        return costs.t_io(nbytes, chunks) if emulate and chunks else 0.0
+
     def __call__(self, request: LoadRequest) -> LoadReport:
         from workbench.kvcache.planner import fixed_plan, plan_swap_recompute
 

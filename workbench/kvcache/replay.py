@@ -11,8 +11,8 @@ nothing of the context is brought back, and the room it makes is part of creatin
 Device: ``"host"`` runs at this machine's speed; a preset of :mod:`~workbench.kvcache.costmodel`
 (``mi14``, ``orin-nx``, ``jetson-tx2``) pads every load to what the preset's cost model says it
 takes there: reads throttled to its bandwidth, recompute (the pipeline's, or LMK's whole-context
-recompute) padded to its per-chunk cost, so all methods are compared on one device. Writes of
-chunks evicted without a file (the baselines swap out at eviction) run at host speed.
+recompute) padded to its per-chunk cost, and writes of chunks evicted without a file (the baselines
+swap out at eviction) padded to its bandwidth too, so all methods are compared on one device.
 
 Memory budgets are relative to a trace's working set: the bytes every context would hold at 8 bits
 when the trace ends (:func:`working_set_bytes`, from token counts, :func:`budget_for`). A method

@@ -30,6 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
+from workbench.devices import pad_until
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.density import assign_levels
@@ -264,6 +265,8 @@ class LLMService:
         if loader is not None and device != "host":
             raise WorkbenchError("give either a loader or a device for the built-in pipeline loader, not both")
         self.loader: Loader = loader if loader is not None else PipelineLoader(device)
+        if loader is None and device != "host":          # a preset also paces eviction writes, before any load
+            self.loader.costs_for(model, self.config.chunk_size)
         self.swap_dir = Path(swap_dir) if swap_dir is not None else default_swap_dir()
         cfg = model.cfg
         self.store = SwapStore(self.swap_dir, meta={
@@ -479,8 +482,12 @@ class LLMService:
                 records.append(EvictionRecord(policy=self.config.policy, ctx=e.ctx, chunk=e.chunk, bits=e.bits,
                                               last_used=e.last_used, nbytes=e.nbytes, bytes_needed=deficit,
                                               action=action, served_ctx=served))
+            t0 = time.perf_counter()
             written = self.store.commit(chunks=rows, files=files)
             self._evictions.extend(records)
+        write_seconds = getattr(self.loader, "write_seconds", None)
+        if files and write_seconds is not None:                  # an emulated device's write time
+            pad_until(t0 + write_seconds(written, len(files)))
         for r in records:
             self.metrics.record_eviction(r.policy, r.action)
         self.metrics.record_writes(len(files), written, "eviction")
