@@ -50,9 +50,7 @@ def test_switching_ratios_average_each_method_over_every_cell():
 
 
 @pytest.mark.slow
-def test_quick_bench_makes_every_table(monkeypatch):
-    if "llms" not in bench.benchmarks():                                       # until the mechanism is registered
-        monkeypatch.setitem(bench.SHARED, "llms", "workbench.bench.llms")
+def test_quick_bench_makes_every_table():
     tables = bench.run_benchmark("llms", ["--quick"])
     assert set(tables) == set(llms.TABLES)
     assert {r["method"] for r in tables["switching"]} == set(llms.METHODS)
@@ -62,3 +60,6 @@ def test_quick_bench_makes_every_table(monkeypatch):
     assert {r["setting"] for r in tables["perplexity"]} == {str(s) for s in llms.PPL_SETTINGS}
     for row in tables["switching"]:
         assert row["mean_switch_ms"] >= 0 and row["calls"] == llms.QUICK["calls"] * row["contexts"]
+    load = tables["load"]
+    assert len(load) == 1 and load[0]["problems"] == 0
+    assert load[0]["answered"] == llms.QUICK["load_clients"] * llms.QUICK["load_calls"] and load[0]["calls_per_s"] > 0

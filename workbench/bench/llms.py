@@ -23,6 +23,10 @@ Tables:
   Every probe is one trace, so a latency need not grow with the count; each row lists its probes.
 - ``perplexity`` (Figure 6b / 12): held-out perplexity of the decoder reading its own KV cache at
   static 8/4/2 bits and with tolerance-aware levels at the 50% global ratio (:func:`kv_perplexity`).
+- ``load``: ``--load-clients`` client processes make ``--load-calls`` calls each over the socket of a
+  `workbench serve llms` process against ``--load-contexts`` contexts, under ``--load-memory-mb``;
+  wall time, calls per second and call latency, then every reply checked against one process making
+  the same calls in the order the service served them (:mod:`workbench.kvcache.loadtest`).
 
 The default run replays about 2,000 calls and scores 27 windows: 25 minutes on this project's
 2-core host (shared with other work); ``--quick`` about one minute.
@@ -45,7 +49,7 @@ PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_
                     "llms_without_pipeline": 1.62}
 """Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
 THRESHOLDS_MS = (10.0, 25.0)
-TABLES = ("switching", "active_contexts", "ablation", "perplexity")
+TABLES = ("switching", "active_contexts", "ablation", "perplexity", "load")
 REFERENCE_CONTEXTS = 8
 TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
 PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
@@ -53,7 +57,8 @@ PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
 tolerance-aware level counts placed at random (what ranking chunks by density is worth)."""
 
 QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12, "budgets": [0.5, 0.75, 1.0],
-         "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2}
+         "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2,
+         "load_clients": 2, "load_calls": 3, "load_contexts": 3}
 """--quick: tiny sizes so every table is made in a minute or two (the tests)."""
 
 
@@ -87,6 +92,12 @@ def parser() -> Parser:
                    help="perplexity: tokens prefilled into chunks per window (a multiple of 16)")
     p.add_argument("--target", type=count(2), default=64, help="perplexity: tokens scored per window")
     p.add_argument("--windows", type=count(1), default=32, help="perplexity: most windows scored")
+    p.add_argument("--load-clients", type=count(1), default=8, help="load: client processes")
+    p.add_argument("--load-calls", type=count(1), default=200, help="load: calls per client")
+    p.add_argument("--load-contexts", type=count(1), default=16, help="load: contexts, shared out among the clients")
+    p.add_argument("--load-memory-mb", type=positive("MB"), default=32.0, help="load: the served service's budget")
+    p.add_argument("--load-new-tokens", type=count(1), default=2, help="load: tokens generated per call")
+    p.add_argument("--load-prompt-words", type=count(1), default=6, help="load: words per prompt, at most")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
     p.add_argument("--quick", action="store_true", help="tiny sizes (tests): " +
                    ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
@@ -100,6 +111,9 @@ def options(args: list[str]):
             setattr(opts, key, value)
     if opts.prefix % 16:
         parser().error(f"--prefix must be a multiple of 16 (whole chunks), got {opts.prefix}")
+    if opts.load_contexts < opts.load_clients:
+        parser().error(f"--load-contexts must be at least --load-clients (every client holds a context of its own), "
+                       f"got {opts.load_contexts} for {opts.load_clients}")
     return opts
 
 
@@ -344,6 +358,50 @@ def perplexity_table(opts, model) -> list[dict]:
             for s, (ppl, nbytes) in measured.items()]
 
 
+# ----------------------------------------------------------------------------- load
+
+def load_table(opts, model) -> list[dict]:
+    """One load run against a served service and its check (module docstring)."""
+    import tempfile
+
+    from workbench.kvcache.loadtest import (budget_bytes, check_replies, plan_calls, reference_replies, run_load,
+                                            served)
+
+    plans = plan_calls(opts.load_clients, opts.load_calls, opts.load_contexts, seed=opts.seed,
+                       prompt_words=opts.load_prompt_words)
+    total = opts.load_clients * opts.load_calls
+    print(f"load: {opts.load_clients} client processes x {opts.load_calls} calls against {opts.load_contexts} "
+          f"contexts, {opts.load_new_tokens} new tokens per call, {opts.load_memory_mb:g} MB", flush=True)
+    with tempfile.TemporaryDirectory(prefix="llms-load-swap-") as swap:
+        with served(swap, opts.load_memory_mb) as address:
+            result = run_load(address, plans, max_new_tokens=opts.load_new_tokens)
+    print(f"load: {len(result.replies)} of {total} calls answered in {result.wall_s:.1f} s "
+          f"({result.calls_per_s:.2f} calls/s; latency p50 {result.latency_ms(50):.0f} ms, "
+          f"p95 {result.latency_ms(95):.0f} ms); checking against one process making the same calls", flush=True)
+    t0 = time.perf_counter()
+    step = max(1, total // 10)
+
+    def progress(done, n):
+        if done % step == 0 or done == n:
+            print(f"  reference {done}/{n} calls ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    reference = reference_replies(plans, result, memory_budget_bytes=budget_bytes(opts.load_memory_mb),
+                                  model=model, progress=progress)
+    problems = check_replies(plans, result, reference)
+    for line in problems[:10]:
+        print(f"  {line}")
+    print(f"load check: {'every reply equals the single-process run' if not problems else f'{len(problems)} problems'}"
+          f" ({len(result.replies)} replies, {len(reference)} reference calls)", flush=True)
+    return [{"clients": result.clients, "calls_per_client": opts.load_calls, "contexts": result.contexts,
+             "new_tokens": opts.load_new_tokens, "memory_mb": opts.load_memory_mb, "answered": len(result.replies),
+             "wall_s": result.wall_s, "calls_per_s": result.calls_per_s, "p50_ms": result.latency_ms(50),
+             "p95_ms": result.latency_ms(95),
+             "mean_queue_wait_ms": float(np.mean([r.queue_wait_s for r in result.replies]) * 1e3)
+             if result.replies else 0.0,
+             "mean_switch_ms": float(np.mean([r.switch_s for r in result.replies]) * 1e3) if result.replies else 0.0,
+             "problems": len(problems), "reference_s": time.perf_counter() - t0}]
+
+
 # ----------------------------------------------------------------------------- the run
 
 def run(args: list[str]) -> dict[str, list[dict]]:
@@ -398,5 +456,7 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         print(f"tolerance-aware at 50% vs static 4-bit: {got['tolerance']['perplexity']:.3f} vs "
               f"{got['4']['perplexity']:.3f} at {got['tolerance']['bytes_vs_8bit']:.3f}x / "
               f"{got['4']['bytes_vs_8bit']:.3f}x the 8-bit bytes (criterion lower: {'met' if better else 'MISSED'})")
+    if "load" in opts.tables:
+        tables["load"] = load_table(opts, model)
     print(f"bench llms: replays of traces of {replays.calls_run} calls, {time.perf_counter() - t0:.0f} s", flush=True)
     return tables

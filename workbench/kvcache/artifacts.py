@@ -11,6 +11,10 @@ from workbench.errors import WorkbenchError
 METHODS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk")
 """LLMS and the paper's baselines, as service presets."""
 
+REPLAYS_FORMAT = 2
+"""Bumped when what a replay records or how it emulates a device changes (2: presets read at their
+bandwidth and pace eviction writes); replays of another format are made again."""
+
 DEFAULTS = {
     "full": {"contexts": 6, "calls": 30, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,
              "max_new_tokens": 4, "mean_interval_s": 300.0, "seed": 0},
@@ -30,8 +34,10 @@ def replays_ready(preset: str) -> bool:
     if not path.exists():
         return False
     try:
-        return set(json.loads(path.read_text())["replays"]) == set(METHODS)
-    except (ValueError, KeyError):
+        raw = json.loads(path.read_text())
+        return (raw.get("format") == REPLAYS_FORMAT and raw["settings"] == DEFAULTS[preset]
+                and set(raw["replays"]) == set(METHODS))
+    except (ValueError, KeyError, AttributeError):
         return False
 
 
@@ -71,7 +77,7 @@ def prepare_replays(preset: str, progress: bool = False, force: bool = False) ->
     with progress_bar(calls, "llms replays", enabled=progress) as bar:
         results = run_replays(settings, progress=lambda done, total: bar.update(done - bar.done))
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"settings": settings, "replays": {m: r.to_json() for m, r in results.items()}})
+    write_json(path, {"format": REPLAYS_FORMAT, "settings": settings, "replays": {m: r.to_json() for m, r in results.items()}})
     means = ", ".join(f"{m} {1e3 * r.mean_switch_s():.1f} ms" for m, r in results.items())
     return f"mean switching latency on {settings['device']}: {means}"
 

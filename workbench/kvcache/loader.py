@@ -277,28 +277,6 @@ def loader_name(loader: Loader) -> str:
     return getattr(loader, "name", None) or getattr(loader, "__name__", None) or type(loader).__name__
 
 
-def read_files_then_recompute(request: LoadRequest) -> LoadReport:
-    """A loader without the pipeline: read every missing chunk that has a file, then recompute the others
-    from their tokens and the chunks now held, one after the other (a reference for the pipeline)."""
-    from workbench.kvcache.recompute import recompute_chunks
-    from workbench.kvcache.swapfile import read_chunk
-
-    kv = request.kv
-    t0 = time.perf_counter()
-    loaded, nbytes = [], 0
-    for i, spec in sorted(request.specs.items()):
-        if spec.path is not None:
-            kv.chunks[i] = read_chunk(spec.path, spec.bits, spec.shape)
-            loaded.append(i)
-            nbytes += spec.path.stat().st_size
-    t1 = time.perf_counter()
-    rest = {i: s for i, s in request.specs.items() if s.path is None}
-    if rest:
-        recompute_chunks(request.model, kv.tokens, kv, list(rest), bits={i: s.bits for i, s in rest.items()})
-    return LoadReport(loaded=tuple(loaded), recomputed=tuple(sorted(rest)), bytes_read=nbytes, io_s=t1 - t0,
-                      recompute_s=time.perf_counter() - t1)
-
-
 class PipelineLoader:
     """The service's default loader: the swapping-recompute pipeline (LLMS 3.3).
 

@@ -35,7 +35,7 @@ from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.density import assign_levels
 from workbench.kvcache.loader import (ChunkSpec, Loader, LoadReport, LoadRequest, PipelineLoader,  # noqa: F401
-                                      loader_name, read_files_then_recompute)
+                                      loader_name)
 from workbench.kvcache.lifecycle import (DROP, KILL, SWAP_OUT, EvictionRecord, LCTRUQueue, MemoryBudgetError,
                                          QueueEntry, check_policy)
 from workbench.kvcache.metrics import ServiceMetrics
@@ -165,6 +165,7 @@ class CallStats:
     ``load_s`` (bringing the context's missing chunks into memory), all before inference."""
     ctx: str
     app: str
+    tick: int                 # the service's call counter: calls are served in this order
     queue_wait_s: float
     reclaim_s: float
     load_s: float
@@ -419,7 +420,8 @@ class LLMService:
                     self.queue.unlock(ctx.row.id)
                     self._enqueue(ctx)
             stats = CallStats(
-                ctx=ctx.row.id, app=app, queue_wait_s=wait, reclaim_s=t_loaded - t_start, load_s=t_infer - t_loaded,
+                ctx=ctx.row.id, app=app, tick=self._tick, queue_wait_s=wait, reclaim_s=t_loaded - t_start,
+                load_s=t_infer - t_loaded,
                 switch_s=t_infer - t_start, io_s=report.io_s, recompute_s=report.recompute_s,
                 inference_s=t_compress - t_infer, compress_s=t_write - t_compress, swap_out_s=t_end - t_write,
                 total_s=t_end - t_start, chunks_missing=len(missing), chunks_loaded=len(report.loaded),
