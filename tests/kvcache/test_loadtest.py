@@ -15,15 +15,18 @@ CLIENTS, CALLS, CONTEXTS, MEMORY_MB = 8, 10, 16, 2.0          # 2 MB holds a few
 @pytest.fixture(scope="module")
 def load(tmp_path_factory):
     plans = plan_calls(CLIENTS, CALLS, CONTEXTS, prompt_words=6)
+    reports = []
     with served(tmp_path_factory.mktemp("swap"), MEMORY_MB) as address:
-        result = run_load(address, plans, max_new_tokens=2)
+        result = run_load(address, plans, max_new_tokens=2, progress=lambda done, total: reports.append((done, total)))
     reference = reference_replies(plans, result, memory_budget_bytes=budget_bytes(MEMORY_MB), model=load_decoder())
-    return plans, result, reference
+    return plans, result, reference, reports
 
 
 def test_eight_clients_lose_and_mix_up_nothing(load):
-    plans, result, reference = load
+    plans, result, reference, reports = load
     assert check_replies(plans, result, reference) == []
+    assert reports and all(total == CLIENTS * CALLS for _, total in reports)          # progress every 5 s
+    assert [d for d, _ in reports] == sorted(d for d, _ in reports) and reports[-1][0] <= CLIENTS * CALLS
     assert len(result.replies) == CLIENTS * CALLS and result.errors == ()
     assert sorted(r.tick for r in result.replies) == list(range(1, CLIENTS * CALLS + 1))
     assert {(r.client, r.context) for r in result.replies} == {(c, k) for c in range(CLIENTS) for k in range(2)}
@@ -33,7 +36,7 @@ def test_eight_clients_lose_and_mix_up_nothing(load):
 
 
 def test_the_check_catches_a_mixed_up_reply_and_a_lost_one(load):
-    plans, result, reference = load
+    plans, result, reference, _ = load
     other = next(r for r in result.replies if r.client != 0 and r.text != reference[(0, 0)])
     mixed = replace(result, replies=tuple(replace(r, text=other.text) if (r.client, r.index) == (0, 0) else r
                                           for r in result.replies))

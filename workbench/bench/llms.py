@@ -28,8 +28,10 @@ Tables:
   wall time, calls per second and call latency, then every reply checked against one process making
   the same calls in the order the service served them (:mod:`workbench.kvcache.loadtest`).
 
-The default run replays about 2,000 calls and scores 27 windows: 25 minutes on this project's
-2-core host (shared with other work); ``--quick`` about one minute.
+The replay tables and perplexity (about 1,750 calls and 27 windows) took 19 minutes on this project's
+2-core host; the load's 1,600 calls run about 0.9 a second at first and slow as the 16 contexts grow, and
+its single-process check makes them all again: about an hour more (``--tables load --load-calls 50`` for
+a shorter one). ``--quick`` makes every table in about two minutes.
 """
 from __future__ import annotations
 
@@ -372,9 +374,16 @@ def load_table(opts, model) -> list[dict]:
     total = opts.load_clients * opts.load_calls
     print(f"load: {opts.load_clients} client processes x {opts.load_calls} calls against {opts.load_contexts} "
           f"contexts, {opts.load_new_tokens} new tokens per call, {opts.load_memory_mb:g} MB", flush=True)
+    started, last = time.perf_counter(), [-1]
+
+    def answered(done, n):
+        if done // max(1, n // 20) != last[0]:                 # about every 5 % of the calls
+            last[0] = done // max(1, n // 20)
+            print(f"  {done}/{n} calls answered ({time.perf_counter() - started:.0f} s)", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="llms-load-swap-") as swap:
         with served(swap, opts.load_memory_mb) as address:
-            result = run_load(address, plans, max_new_tokens=opts.load_new_tokens)
+            result = run_load(address, plans, max_new_tokens=opts.load_new_tokens, progress=answered)
     print(f"load: {len(result.replies)} of {total} calls answered in {result.wall_s:.1f} s "
           f"({result.calls_per_s:.2f} calls/s; latency p50 {result.latency_ms(50):.0f} ms, "
           f"p95 {result.latency_ms(95):.0f} ms); checking against one process making the same calls", flush=True)

@@ -121,14 +121,23 @@ def _client_main(spec_path: str, out_path: str) -> int:
                 continue
             replies.append(LoadReply(call.client, call.index, call.context, text, stats.tick,
                                      time.perf_counter() - t0, stats.queue_wait_s, stats.switch_s))
+            print("done", flush=True)
     Path(out_path).write_text(json.dumps({"replies": [asdict(r) for r in replies], "errors": errors}))
     return 0
 
 
 def run_load(address: str, plans: list[list[LoadCall]], max_new_tokens: int = 2,
-             workdir: Path | str | None = None) -> LoadResult:
-    """Start one process per client plan, release them together once all are bound, wait for all."""
+             workdir: Path | str | None = None, progress=None) -> LoadResult:
+    """Start one process per client plan, release them together once all are bound, wait for all.
+    ``progress(done, total)`` is called every few seconds with the calls answered so far."""
     procs = []
+    done = [0] * len(plans)
+
+    def count(c, stream):
+        for line in stream:
+            if line.strip() == "done":
+                done[c] += 1
+
     with tempfile.TemporaryDirectory(prefix="llms-load-", dir=workdir) as tmp:
         try:
             for c, calls in enumerate(plans):
@@ -143,10 +152,22 @@ def run_load(address: str, plans: list[list[LoadCall]], max_new_tokens: int = 2,
                 if proc.stdout.readline().strip() != "ready":
                     raise WorkbenchError(f"load client {c} could not bind to the service on {address} "
                                          f"(exit status {proc.wait()})")
+            readers = [threading.Thread(target=count, args=(c, proc.stdout), daemon=True)
+                       for c, proc in enumerate(procs)]
+            for reader in readers:
+                reader.start()
             t0 = time.perf_counter()
             for proc in procs:
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
+            total, next_report = sum(len(p) for p in plans), t0 + 5.0
+            while any(proc.poll() is None for proc in procs):
+                time.sleep(0.05)
+                if progress is not None and time.perf_counter() >= next_report:
+                    progress(sum(done), total)
+                    next_report += 5.0
+            for reader in readers:
+                reader.join(5)
             codes = [proc.wait() for proc in procs]
             wall = time.perf_counter() - t0
         finally:
