@@ -467,5 +467,6 @@ def run(args: list[str]) -> dict[str, list[dict]]:
               f"{got['4']['bytes_vs_8bit']:.3f}x the 8-bit bytes (criterion lower: {'met' if better else 'MISSED'})")
     if "load" in opts.tables:
         tables["load"] = load_table(opts, model)
-    print(f"bench llms: replays of traces of {replays.calls_run} calls, {time.perf_counter() - t0:.0f} s", flush=True)
+    replayed = f"replays of traces of {replays.calls_run} calls, " if replays.calls_run else ""
+    print(f"bench llms: {replayed}{time.perf_counter() - t0:.0f} s", flush=True)
     return tables
