@@ -29,9 +29,9 @@ Tables:
   the same calls in the order the service served them (:mod:`workbench.kvcache.loadtest`).
 
 The replay tables and perplexity (about 1,750 calls and 27 windows) took 19 minutes on this project's
-2-core host; the load's 1,600 calls run about 0.9 a second at first and slow as the 16 contexts grow, and
-its single-process check makes them all again: about an hour more (``--tables load --load-calls 50`` for
-a shorter one). ``--quick`` makes every table in about two minutes.
+2-core host; the load (1,600 calls, 1.55 a second with 8 clients, then its single-process check making
+them all again) 31 minutes more (``--tables load --load-calls 50`` for a shorter one, 12 minutes).
+``--quick`` makes every table in about two minutes.
 """
 from __future__ import annotations
 
