@@ -293,3 +293,21 @@ def test_on_an_emulated_device_writes_at_eviction_take_the_devices_time(tmp_path
     written = sum(svc.store.chunk_path(r.ctx, r.chunk).stat().st_size for r in evicted)
     assert stats.reclaim_s >= slow.t_io(written, len(evicted)) > 0.1
     svc.close()
+
+
+def test_empty_and_over_long_prompts_are_refused_and_leave_the_context_as_it_was(tmp_path, model):
+    config = ServiceConfig(max_context_tokens=64)
+    with LLMService(model, tmp_path, config=config) as svc:
+        app = svc.bind("a")
+        stub, other = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
+        app.call(stub, A_PROMPTS[0], max_new_tokens=NEW)
+        before = json.dumps(svc.snapshot()["contexts"], sort_keys=True)
+        for prompt in ("", "   \n"):
+            with pytest.raises(WorkbenchError, match="the prompt is empty"):
+                app.call(stub, prompt, max_new_tokens=NEW)
+        with pytest.raises(WorkbenchError, match=r"would grow to \d+ tokens, beyond its limit of 64; start a new "
+                                                  r"context or delete this one"):
+            app.call(stub, "tell me everything " * 20, max_new_tokens=NEW)
+        assert json.dumps(svc.snapshot()["contexts"], sort_keys=True) == before
+        assert app.call(other, B_PROMPT, max_new_tokens=NEW)              # the other context is served as usual
+        assert app.call(stub, A_PROMPTS[1], max_new_tokens=NEW)
