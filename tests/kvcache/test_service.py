@@ -11,8 +11,8 @@ from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
 from workbench.kvcache.lifecycle import DROP, KILL, SWAP_OUT, MemoryBudgetError
 from workbench.kvcache.loader import PipelineLoader
-from workbench.kvcache.service import (PRESETS, ContextLimitError, CtxStub, FairLock, LLMService, ServiceConfig,
-                                       StubError)
+from workbench.kvcache.service import (PRESETS, _digest, ContextLimitError, CtxStub, FairLock, LLMService, ServiceConfig,
+                                       StubError, SwapStoreError)
 from workbench.models.decoder import decoder_tokenizer, load_decoder
 
 NEW = 4
@@ -311,3 +311,44 @@ def test_empty_and_over_long_prompts_are_refused_and_leave_the_context_as_it_was
         assert json.dumps(svc.snapshot()["contexts"], sort_keys=True) == before
         assert app.call(other, B_PROMPT, max_new_tokens=NEW)              # the other context is served as usual
         assert app.call(stub, A_PROMPTS[1], max_new_tokens=NEW)
+
+
+
+@pytest.mark.parametrize("name, budget, fail_at", [("llms", 600_000, 1), ("vllm_sq", 900_000, 2)])
+def test_a_full_disk_undoes_the_call_or_eviction_and_every_context_continues_as_without_it(
+        tmp_path, model, monkeypatch, name, budget, fail_at):
+    """LLMS writes chunks as a call returns, vLLM-SQ when it evicts: a full disk at that write is refused with
+    one line, and afterwards both contexts continue exactly as on a service whose disk never filled."""
+    from workbench.kvcache import store
+
+    config = RUNS[name][0]                                # budgets: one grown context fits, two do not
+    real_write = store.write_chunk
+    full = {"on": False}
+
+    def write_chunk(path, data):
+        if full["on"]:
+            raise OSError(28, "No space left on device", str(path))
+        return real_write(path, data)
+
+    monkeypatch.setattr(store, "write_chunk", write_chunk)
+
+    def session(folder, fail_at: int | None):
+        svc = LLMService(model, tmp_path / folder, memory_budget_bytes=budget, config=config)
+        app = svc.bind("a")
+        a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
+        steps = [(a, A_PROMPTS[0]), (b, B_PROMPT), (a, A_PROMPTS[1]), (b, "Say bye.")]
+        out = []
+        for n, (stub, prompt) in enumerate(steps):
+            if n == fail_at:
+                full["on"] = True
+                with pytest.raises(SwapStoreError, match=r"No space left on device.*(undone|nothing was evicted)"):
+                    app.call(stub, prompt, max_new_tokens=NEW)
+                full["on"] = False
+                assert svc.store.verify() == []
+            out.append(app.call(stub, prompt, max_new_tokens=NEW))
+        assert {r.ctx for r in svc.evictions} == {svc._stubs[_digest(s.token)] for s in (a, b)}
+        svc.close()
+        return out
+
+    # LLMS writes at the end of every call (B's first here); vLLM-SQ writes B's chunks as A's second call evicts them
+    assert session("failed", fail_at) == session("clean", None)

@@ -17,10 +17,11 @@ import threading
 from workbench.errors import WorkbenchError
 from workbench.kvcache.lifecycle import MemoryBudgetError
 from workbench.kvcache.server import MAX_LINE, ProtocolError, default_address, parse_address
-from workbench.kvcache.service import CallStats, ContextLimitError, CtxStub, ServiceClosedError, StubError
+from workbench.kvcache.service import (CallStats, ContextLimitError, CtxStub, ServiceClosedError, StubError,
+                                       SwapStoreError)
 
 _ERRORS = {cls.__name__: cls for cls in (StubError, ContextLimitError, MemoryBudgetError, ServiceClosedError,
-                                         ProtocolError)}
+                                         SwapStoreError, ProtocolError)}
 
 
 class RemoteError(WorkbenchError):

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import sqlite3
 import threading
 import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -53,6 +54,10 @@ class StubError(WorkbenchError):
 
 class ContextLimitError(WorkbenchError):
     """The app already holds as many contexts as one app may."""
+
+
+class SwapStoreError(WorkbenchError):
+    """The swap store could not be written (a full disk, say); the call or eviction was undone."""
 
 
 class ServiceClosedError(WorkbenchError):
@@ -408,12 +413,19 @@ class LLMService:
                 t_infer = time.perf_counter()
                 from workbench.kvcache.engine import run_call
 
+                undo = self._undo_for(ctx)
                 result = run_call(self.model, kv, ids, max_new_tokens, stop_ids=(self.tokenizer.im_end_id,),
                                   bits=self.config.base_bits, max_context=limit)
                 t_compress = time.perf_counter()
                 dirty = set(result.changed_chunks) | set(report.recomputed) | self._compress(ctx)
                 t_write = time.perf_counter()
-                written_bytes, written_files = self._finish_call(ctx, dirty)
+                try:
+                    written_bytes, written_files = self._finish_call(ctx, dirty)
+                except (OSError, sqlite3.Error) as exc:
+                    with self._state:
+                        undo()
+                    raise SwapStoreError(f"could not save context {ctx.row.id} to the swap store in {self.swap_dir} "
+                                         f"({exc}); the call was undone and every context is as it was") from exc
                 t_end = time.perf_counter()
             finally:
                 with self._state:
@@ -468,10 +480,11 @@ class LLMService:
         kill = self.config.eviction == "kill"
         with self._state:
             victims = self.queue.victims(deficit, whole_contexts=kill)
-            records, rows, files = [], [], {}
+            records, rows, files, undo = [], [], {}, []
             for e in victims:
                 ctx = self._contexts[e.ctx]
                 row = ctx.chunks[e.chunk]
+                undo.append((e, row, row.state, ctx.kv.chunks[e.chunk]))
                 if kill:
                     action, row.state = KILL, DROPPED
                 elif row.state == BOTH:
@@ -485,7 +498,15 @@ class LLMService:
                                               last_used=e.last_used, nbytes=e.nbytes, bytes_needed=deficit,
                                               action=action, served_ctx=served))
             t0 = time.perf_counter()
-            written = self.store.commit(chunks=rows, files=files)
+            try:
+                written = self.store.commit(chunks=rows, files=files)
+            except (OSError, sqlite3.Error) as exc:
+                for e, row, state, data in undo:
+                    row.state = state
+                    self._contexts[e.ctx].kv.chunks[e.chunk] = data
+                    self.queue.put(e)
+                raise SwapStoreError(f"could not swap chunks out to {self.swap_dir} to make room ({exc}); "
+                                     "nothing was evicted and every context is as it was") from exc
             self._evictions.extend(records)
         write_seconds = getattr(self.loader, "write_seconds", None)
         if files and write_seconds is not None:                  # an emulated device's write time
@@ -535,6 +556,19 @@ class LLMService:
                 kv.chunks[i] = recompress(kv.chunks[i], int(bits))
                 lowered.add(i)
         return lowered
+
+    @staticmethod
+    def _undo_for(ctx: _Context) -> Callable[[], None]:
+        """What puts ``ctx`` back as it is now (its tokens, chunks, rows and density), for a call whose
+        results cannot be saved."""
+        kv = ctx.kv
+        saved_kv = (list(kv.tokens), list(kv.pending), kv.attn_sum.copy(), kv.attn_rows.copy(), list(kv.chunks))
+        saved_rows, saved_row, saved_density = [replace(r) for r in ctx.chunks], replace(ctx.row), ctx.density
+
+        def undo() -> None:
+            kv.tokens, kv.pending, kv.attn_sum, kv.attn_rows, kv.chunks = saved_kv
+            ctx.chunks, ctx.row, ctx.density = saved_rows, saved_row, saved_density
+        return undo
 
     def _finish_call(self, ctx: _Context, dirty: set[int]) -> tuple[int, int]:
         """Record the call in one index transaction, writing the changed chunks first when swapping out
