@@ -291,11 +291,10 @@ class PipelineLoader:
     it (the host is measured once, about 10 s, unless ``workbench prepare`` cached it), or by :meth:`costs_for`.
     ``last`` keeps the last load's plan and measured run."""
 
-    def __init__(self, device: str | SwapCostModel = "host", emulate: bool | None = None):
+    def __init__(self, device: str | SwapCostModel = "host"):
         if isinstance(device, str) and device not in ("host", *SWAP_PRESETS):
             raise UnknownNameError("swap device preset", device, ["host", *SWAP_PRESETS])
         self.device = device
-        self._emulate = emulate
         self.costs: SwapCostModel | None = device if isinstance(device, SwapCostModel) else None
         self.last: LoadResult | None = None
 
@@ -318,14 +317,12 @@ class PipelineLoader:
         emulated device its read line (the presets take writes to run at read bandwidth), so baselines that
         swap out at eviction pay for it as they would there; 0 on the host (writes take what they take)."""
         costs = self.costs
-        emulate = costs is not None and (costs.source == "emulated" if self._emulate is None else self._emulate)
-        return costs.t_io(nbytes, chunks) if emulate and chunks else 0.0
+        return costs.t_io(nbytes, chunks) if costs is not None and costs.source == "emulated" and chunks else 0.0
 
     def __call__(self, request: LoadRequest) -> LoadReport:
         from workbench.kvcache.planner import fixed_plan, plan_swap_recompute
 
         costs = self.costs_for(request.model, request.kv.chunk_size)
-        emulate = costs.source == "emulated" if self._emulate is None else self._emulate
         specs = request.specs
         with_file = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is not None]
         fileless = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is None]
@@ -335,7 +332,8 @@ class PipelineLoader:
             plan = plan_swap_recompute(costs, with_file)
         files = {i: (s.path, s.bits) for i, s in specs.items()}       # a fileless chunk's entry only gives its level
         self.last = None
-        result = load_context(request.model, request.kv, files, plan, emulate=costs if emulate else None)
+        emulate = costs if costs.source == "emulated" else None
+        result = load_context(request.model, request.kv, files, plan, emulate=emulate)
         self.last = result
         spans = result.timeline.spans
         return LoadReport(loaded=result.loaded, recomputed=result.recomputed, bytes_read=result.bytes_read,
