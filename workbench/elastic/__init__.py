@@ -4,7 +4,7 @@ two-stage planner, the IO/compute pipeline, the baselines and the evaluation.
 The public names are importable from here; each is loaded on first use, so importing the
 package stays cheap (the pipeline pulls in torch, the quantizer scikit-learn).
 """
-from importlib import import_module
+from workbench.lazy import lazy_exports
 
 _EXPORTS = {
     "gobo_quantize": "quantize", "QuantizedTensor": "quantize", "decompress_reference": "quantize",
@@ -22,20 +22,4 @@ _EXPORTS = {
 }
 _ALIASES = {"plan": ("planner", "plan_elastic")}       # DESIGN.md's name for running both stages
 
-__all__ = sorted([*_EXPORTS, *_ALIASES])
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module, attr = _EXPORTS[name], name
-    elif name in _ALIASES:
-        module, attr = _ALIASES[name]
-    else:
-        raise AttributeError(f"module 'workbench.elastic' has no attribute {name!r}")
-    value = getattr(import_module(f"workbench.elastic.{module}"), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _ALIASES)
