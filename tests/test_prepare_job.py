@@ -27,27 +27,27 @@ def fake_steps(log, ready=()):
 
 
 def test_the_lock_refuses_a_second_prepare_and_names_the_holder(tmp_cache):
-    with prepare_job.prepare_lock():
-        assert prepare_job.lock_held()
+    with prepare_module.prepare_lock():
+        assert prepare_module.lock_held()
         with pytest.raises(WorkbenchError, match=r"another `workbench prepare` is running on this cache \(pid \d+\)"):
-            with prepare_job.prepare_lock():
+            with prepare_module.prepare_lock():
                 pass
-    assert not prepare_job.lock_held()
+    assert not prepare_module.lock_held()
 
 
 def test_the_lock_is_held_across_processes(tmp_cache):
-    code = ("import time\nfrom workbench.prepare_job import prepare_lock\n"
+    code = ("import time\nfrom workbench.prepare import prepare_lock\n"
             "with prepare_lock():\n    print('held', flush=True)\n    time.sleep(30)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert prepare_job.lock_held()
+        assert prepare_module.lock_held()
         with pytest.raises(WorkbenchError, match=f"pid {holder.pid}"):
             prepare_module.prepare("quick")
     finally:
         holder.kill()
         holder.wait()
-    assert not prepare_job.lock_held()
+    assert not prepare_module.lock_held()
 
 
 def test_a_job_writes_each_steps_state_and_progress(tmp_cache, monkeypatch):
@@ -88,7 +88,7 @@ def test_start_background_does_nothing_when_ready_or_locked(tmp_cache, monkeypat
     monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True:
                         fake_steps([], ready=("one", "two")))
     assert prepare_job.start_background("quick") == ("ready", None)
-    with prepare_job.prepare_lock():
+    with prepare_module.prepare_lock():
         assert prepare_job.start_background("quick") == ("running", None)
 
 
@@ -103,7 +103,7 @@ def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypat
     status = page.children[1]
     assert isinstance(status, PrepareStatus) and built == []
     assert "2 prepare step(s) missing" in status.view.value and "workbench prepare --preset quick" in status.view.value
-    with prepare_job.prepare_lock():
+    with prepare_module.prepare_lock():
         writer = prepare_job.StatusWriter("quick", fake_steps(log))
         writer.on_step("one", "running")
         status.refresh()

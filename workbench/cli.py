@@ -38,7 +38,7 @@ def _cmd_prepare(args) -> int:
 def _cmd_info(args) -> int:
     from workbench.info import print_device, print_info
 
-    from workbench.presets import print_preset_notice
+    from workbench.prepare import print_preset_notice
 
     if args.device:
         print_device(args.device)

@@ -1,4 +1,8 @@
-"""What `workbench info` reports: packages, models, tasks, the cache, mechanisms and device profiles."""
+"""What `workbench info` reports: packages, models, tasks, the cache, mechanisms and device profiles.
+
+What a mechanism's prepared artifacts say (e.g. elastic's fine-tuned accuracies) is that mechanism's own
+section (:class:`workbench.mechanisms.InfoSection`); this module imports no mechanism.
+"""
 from __future__ import annotations
 
 import json
@@ -14,13 +18,12 @@ def info_dict(preset: str) -> dict:
     from workbench.cache import cache_dir
     from workbench.data import TASKS
     from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile, host_profile_path
-    from workbench.elastic.artifacts import model_summary
-    from workbench.errors import WorkbenchError
-    from workbench.mechanisms import mechanisms, planned
+    from workbench.mechanisms import InfoSection, mechanisms, planned
     from workbench.prepare import steps
 
     root = cache_dir()
     prepared = root / f"prepared-{preset}.json"
+    sections = {m.name: m.info(preset) if m.info else InfoSection(data={}) for m in mechanisms()}
     out = {"preset": preset,
            "cache": {"path": str(root), "bytes": _dir_bytes(root), "prepared": prepared.exists()},
            "packages": {a.package: {"pinned": a.version, "installed": a.installed_version(), "what": a.what}
@@ -31,16 +34,12 @@ def info_dict(preset: str) -> dict:
            "mechanisms": {m.name: {"title": m.title, "commands": [c.name for c in m.commands],
                                    "benchmarks": sorted(m.benchmarks),
                                    "dashboard": m.dashboard.page if m.dashboard else None,
-                                   "notebooks": [n.path for n in m.notebooks]} for m in mechanisms()},
+                                   "notebooks": [n.path for n in m.notebooks],
+                                   "prepared": sections[m.name].data, "summary": list(sections[m.name].lines)}
+                          for m in mechanisms()},
            "planned": [p.title for p in planned()],
-           "tasks": {}, "device_profiles": {}}
-    for name, spec in TASKS.items():
-        entry = {"title": spec.title, "labels": list(spec.labels)}
-        try:
-            entry["full_model_dev_accuracy"] = float(model_summary(name, preset)["accuracy_grid"][-1, -1])
-        except WorkbenchError:             # not prepared yet: reported as such
-            entry["full_model_dev_accuracy"] = None
-        out["tasks"][name] = entry
+           "tasks": {name: {"title": spec.title, "labels": list(spec.labels)} for name, spec in TASKS.items()},
+           "device_profiles": {}}
     names = ["host"] if host_profile_path().exists() else []
     for name in names + list(PRESETS):
         p = get_profile(name)
@@ -63,12 +62,12 @@ def print_info(preset: str, as_json: bool = False) -> None:
     for name, text in info["models"].items():
         print(f"model      {name:<9} {text}")
     for name, t in info["tasks"].items():
-        acc = t["full_model_dev_accuracy"]
-        state = f"full-model dev accuracy {100 * acc:.1f}%" if acc is not None else "not prepared"
-        print(f"task       {name:<9} {t['title']} ({len(t['labels'])} classes; {state})")
+        print(f"task       {name:<9} {t['title']} ({len(t['labels'])} classes)")
     for name, m in info["mechanisms"].items():
         print(f"mechanism  {name:<9} {m['title']}: `workbench {name} {{{','.join(m['commands'])}}}`, "
               f"bench {', '.join(m['benchmarks'])}, page {m['dashboard']}")
+        for line in m["summary"]:
+            print(f"{name:<10} {line}")
     for title in info["planned"]:
         print(f"coming     {title}")
     missing = [name for name, ready in info["steps"].items() if not ready]

@@ -1,9 +1,10 @@
-"""Self-checks for the teaching labs: expected answers come from the engine, and feedback says why.
+"""Self-check feedback every teaching lab shares: reading answers, judging them, showing why.
 
 Answers are read loosely: case and spaces do not matter for words, and a number may be an int, a float or a
 numeric string (``12``, ``12.0``, ``"12"``, ``"64.4 ms"``). A wrong number is called too high or too low
-with one sentence built from the engine's figures; a wrong word gets the reason behind the right one. The lab
-speaks milliseconds and MB, like ``workbench elastic plan --target-ms ... --preload-mb ...`` and the dashboard.
+with one sentence built from the engine's figures; a wrong word gets the reason behind the right one. Each
+mechanism's lab (``workbench.elastic.lab``, ``workbench.kvcache.lab``) computes the expected answers with its
+own engine; this module knows no mechanism.
 """
 from __future__ import annotations
 
@@ -12,14 +13,6 @@ import math
 import numbers
 from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
-
-from workbench.elastic.artifacts import load_importance, load_store
-from workbench.elastic.costmodel import CostModel, device_cost_model
-from workbench.elastic.planner import Candidate, ElasticPlan, plan_elastic
-from workbench.errors import WorkbenchError
-from workbench.presets import default_preset
 
 Status = Literal["right", "high", "low", "wrong", "unanswered", "invalid"]
 
@@ -46,6 +39,11 @@ class Feedback:
         color = _COLORS.get(self.status, _WRONG_COLOR)
         return (f"<div class='wb-check wb-check-{self.status}' style='background:{color};padding:6px 10px;"
                 f"border-radius:4px'><b>{html.escape(self.exercise)}</b>: {html.escape(self.text)}</div>")
+
+
+def unanswered(exercise: str, hint: str = "") -> Feedback:
+    """The feedback for an exercise still at ``None``: what to do, and ``hint`` if one helps."""
+    return Feedback(exercise, "unanswered", f"{_UNANSWERED} {hint}".strip())
 
 
 class AnswerError(ValueError):
@@ -94,7 +92,8 @@ def as_choice(answer, choices: tuple[str, ...]) -> str:
     return word
 
 
-def _shown(value: float, unit: str) -> str:
+def with_unit(value: float, unit: str = "") -> str:
+    """``value`` as feedback prints it: compact, followed by its unit if any."""
     text = f"{value:g}"
     return f"{text} {unit}" if unit else text
 
@@ -103,23 +102,23 @@ def check_number(exercise: str, answer, expected: float, *, why_high: str, why_l
                  unit: str = "", tolerance: float = 0.0, whole: bool = False, hint: str = "") -> Feedback:
     """Right within ``tolerance`` of ``expected``, else too high or too low with the matching reason."""
     if answer is None:
-        return Feedback(exercise, "unanswered", f"{_UNANSWERED} {hint}".strip())
+        return unanswered(exercise, hint)
     try:
         value = as_whole(answer) if whole else as_number(answer, unit)
     except AnswerError as exc:
         return Feedback(exercise, "invalid", f"{exc}.")
     if abs(value - expected) <= tolerance:
-        return Feedback(exercise, "right", f"right, {_shown(value, unit)}. {right}")
+        return Feedback(exercise, "right", f"right, {with_unit(value, unit)}. {right}")
     if value > expected:
-        return Feedback(exercise, "high", f"{_shown(value, unit)} is too high. {why_high}")
-    return Feedback(exercise, "low", f"{_shown(value, unit)} is too low. {why_low}")
+        return Feedback(exercise, "high", f"{with_unit(value, unit)} is too high. {why_high}")
+    return Feedback(exercise, "low", f"{with_unit(value, unit)} is too low. {why_low}")
 
 
 def check_choice(exercise: str, answer, expected: str, choices: tuple[str, ...], why: str,
                  hint: str = "") -> Feedback:
     """Right when ``answer`` reads as ``expected``; otherwise the reason (``why``) for the right choice."""
     if answer is None:
-        return Feedback(exercise, "unanswered", f"{_UNANSWERED} {hint}".strip())
+        return unanswered(exercise, hint)
     try:
         word = as_choice(answer, choices)
     except AnswerError as exc:
@@ -127,182 +126,3 @@ def check_choice(exercise: str, answer, expected: str, choices: tuple[str, ...],
     if word == expected:
         return Feedback(exercise, "right", f"right, {word!r}. {why}")
     return Feedback(exercise, "wrong", f"not {word!r}. {why}")
-
-
-def target_seconds(target_ms) -> float:
-    """A target latency typed in ms, as seconds; an AnswerError in ms for anything but a positive number."""
-    value = as_number(target_ms, "ms")
-    if value <= 0:
-        raise AnswerError(f"a target latency must be more than 0 ms, got {_shown(value, 'ms')}")
-    return value / 1e3
-
-
-def buffer_bytes(preload_mb) -> float:
-    """A preload buffer typed in MB, as bytes; an AnswerError in MB for anything but a number >= 0."""
-    value = as_number(preload_mb, "MB")
-    if value < 0:
-        raise AnswerError(f"a preload buffer must be 0 MB or more, got {_shown(value, 'MB')}")
-    return value * 1e6
-
-
-def aibs_ms(aib) -> list[float]:
-    """AIBs given in seconds, in ms rounded to 0.01."""
-    return [round(1e3 * float(a), 2) for a in aib]
-
-
-def _count_32(plan: ElasticPlan) -> int:
-    return int((plan.bits == 32).sum())
-
-
-# ----------------------------------------------------------------------------- the elastic pipelining lab
-
-WIDTH = ("jetson-nano", 200.0)            # exercise 1: device, target ms (no buffer)
-BUDGET = ("odroid-n2", 150.0, 2)          # exercise 2: device, target ms, layer whose initial AIB is asked
-BUFFER = ("odroid-n2", 300.0, 0.0, 2.0)   # exercise 3: device, target ms, buffer MB before and after
-NO_PLAN = ("odroid-n2", 1.0)              # exercise 4: device, buffer MB
-CHANGES = ("up", "down", "same")
-
-
-@dataclass(frozen=True, eq=False)
-class ElasticLab:
-    """The elastic pipelining lab: shard importance and device profiles, each exercise's answer and check."""
-    devices: dict[str, CostModel]     # emulated device name -> profile
-    importance: np.ndarray            # (layers, shards) accuracy importance
-
-    @classmethod
-    def load(cls, preset: str | None = None, task: str = "sentiment", seq_len: int = 64) -> ElasticLab:
-        """The prepared ``task`` of ``preset`` ($WORKBENCH_PRESET by default) on the lab's two devices."""
-        preset = preset or default_preset()
-        store = load_store(task, preset)
-        names = {WIDTH[0], BUDGET[0], BUFFER[0], NO_PLAN[0]}
-        return cls(devices={name: device_cost_model(name, store, seq_len) for name in sorted(names)},
-                   importance=np.asarray(load_importance(task, preset).accuracy))
-
-    def plan(self, device: str, target_ms, preload_mb=0.0) -> ElasticPlan:
-        """WRX's plan on ``device`` for a target in ms and a preload buffer in MB."""
-        return plan_elastic(self.devices[device], target_seconds(target_ms), self.importance,
-                            buffer_bytes(preload_mb))
-
-    def t_comp_ms(self, device: str, m: int) -> float:
-        """Milliseconds to decompress and compute one layer of ``m`` shards on ``device``."""
-        return 1e3 * self.devices[device].t_comp(m)
-
-    # -- exercise 1: width on a GPU
-
-    def width(self) -> int:
-        """Exercise 1: the width m compute planning picks on the GPU."""
-        return self.plan(*WIDTH).m
-
-    def check_width(self, answer) -> Feedback:
-        device, target_ms = WIDTH
-        plan = self.plan(device, target_ms)
-        widest = self.devices[device].num_shards
-        narrowest = min(c.m for c in plan.compute.candidates)
-        narrow_ms, wide_ms = self.t_comp_ms(device, narrowest), self.t_comp_ms(device, widest)
-        return check_number(
-            "Exercise 1", answer, plan.m, whole=True,
-            hint=f"Compare lab.t_comp_ms({device!r}, {narrowest}) with lab.t_comp_ms({device!r}, {widest}).",
-            why_high=f"A layer has only {widest} shards.",
-            why_low=(f"On this GPU a layer of {widest} shards computes in {wide_ms:.2f} ms, only "
-                     f"{wide_ms - narrow_ms:.2f} ms more than {narrowest} shards, so a narrower layer saves almost "
-                     "nothing."),
-            right=(f"{plan.n} layers x {plan.m} shards compute in {plan.n * self.t_comp_ms(device, plan.m):.1f} ms "
-                   f"of the {target_ms:g} ms: width is almost free here, while every layer costs {narrow_ms:.1f} ms."))
-
-    # -- exercise 2: the IO budget at the start
-
-    def initial_aib_ms(self) -> float:
-        """Exercise 2: the asked layer's AIB before any shard is allocated, in ms."""
-        device, target_ms, layer = BUDGET
-        return 1e3 * self.plan(device, target_ms).io.steps[0].aib[layer]
-
-    def check_initial_aib(self, answer) -> Feedback:
-        device, target_ms, layer = BUDGET
-        plan = self.plan(device, target_ms)
-        layer_ms = self.t_comp_ms(device, plan.m)
-        slack_ms = target_ms - plan.n * layer_ms
-        return check_number(
-            "Exercise 2", answer, 1e3 * plan.io.steps[0].aib[layer], unit="ms", tolerance=1.0,
-            hint=f"Compute planning picks {plan.n} x {plan.m} here; one layer of {plan.m} shards computes in "
-                 f"{layer_ms:.2f} ms.",
-            why_high=(f"The slack is the {target_ms:g} ms target minus the compute of all {plan.n} layers "
-                      f"({plan.n} x {layer_ms:.2f} ms), and layer {layer} adds only the {layer} layers before it."),
-            why_low=(f"Besides the slack ({target_ms:g} ms minus {plan.n} x {layer_ms:.2f} ms of compute), layer "
-                     f"{layer} may load while the {layer} layers before it compute ({layer} x {layer_ms:.2f} ms)."),
-            right=(f"{target_ms:g} - {plan.n} x {layer_ms:.2f} + {layer} x {layer_ms:.2f} = "
-                   f"{slack_ms + layer * layer_ms:.2f} ms: the slack plus the compute of the {layer} layers "
-                   "before it."))
-
-    # -- exercise 3: a bigger preload buffer
-
-    def buffer_change(self) -> str:
-        """Exercise 3: how the count of 32-bit shards moves when the buffer grows ("up", "down", "same")."""
-        small, big = self._buffer_plans()
-        before, after = _count_32(small), _count_32(big)
-        return "up" if after > before else "down" if after < before else "same"
-
-    def _buffer_plans(self) -> tuple[ElasticPlan, ElasticPlan]:
-        device, target_ms, before_mb, after_mb = BUFFER
-        return self.plan(device, target_ms, before_mb), self.plan(device, target_ms, after_mb)
-
-    def check_buffer(self, answer) -> Feedback:
-        device, target_ms, before_mb, after_mb = BUFFER
-        small, big = self._buffer_plans()
-        cost = self.devices[device]
-        bonus_ms = 1e3 * sum(cost.t_io(bits) for _, _, bits in big.preload)
-        held = sorted({bits for _, _, bits in big.preload})
-        submodel = (f"the same {big.n} x {big.m} submodel" if (small.n, small.m) == (big.n, big.m) else
-                    f"{small.n} x {small.m} at {before_mb:g} MB, {big.n} x {big.m} at {after_mb:g} MB")
-        why = (f"With {after_mb:g} MB the buffer holds {len(big.preload)} shards at "
-               f"{'/'.join(map(str, held)) or '-'} bits, whose load time ({bonus_ms:.2f} ms) joins the AIB of "
-               f"their layer and every later one; on {submodel} the count of 32-bit shards goes "
-               f"{_count_32(small)} -> {_count_32(big)}.")
-        return check_choice("Exercise 3", answer, self.buffer_change(), CHANGES, why,
-                            hint='Answer "up", "down" or "same".')
-
-    # -- exercise 4: the invariant, and a target with no plan
-
-    def no_plan_below_ms(self) -> float:
-        """Exercise 4: below this target (ms) compute planning fits nothing: one layer of the narrowest width."""
-        return 1e3 * self._fastest().time_s
-
-    def _fastest(self) -> Candidate:
-        device, preload_mb = NO_PLAN
-        return min(self.plan(device, 1e3, preload_mb).compute.candidates, key=lambda c: c.time_s)
-
-    def check_no_plan(self, answer) -> Feedback:
-        device, preload_mb = NO_PLAN
-        if answer is None:
-            return Feedback("Exercise 4", "unanswered", f"{_UNANSWERED} Lower target_ms in the cell above "
-                                                        "until the planner gives up.")
-        try:
-            plan = self.plan(device, answer, preload_mb)
-        except (WorkbenchError, ValueError) as exc:
-            return Feedback("Exercise 4", "invalid", f"{exc}.")
-        shown = _shown(as_number(answer, "ms"), "ms")
-        if not plan.found:
-            return Feedback("Exercise 4", "right", f"right, no plan at {shown}: {plan.reason}.")
-        fastest = self._fastest()
-        return Feedback("Exercise 4", "high",
-                        f"{shown} is too high: the planner finds {plan.n} x {plan.m} (predicted "
-                        f"{1e3 * plan.predicted_s:.1f} ms); one layer of {fastest.m} shards, the narrowest it "
-                        f"considers, computes in {1e3 * fastest.time_s:.2f} ms, so no plan needs a target below that.")
-
-    def explore(self, device: str, target_ms, preload_mb=0.0) -> str:
-        """A plan in words with its invariants (AIBs >= 0, prediction within the target), or a one-line error."""
-        try:
-            plan = self.plan(device, target_ms, preload_mb)
-        except (WorkbenchError, ValueError) as exc:
-            return f"bad input: {exc}"
-        if not plan.found:
-            return plan.describe()
-        limit_ms, predicted_ms = 1e3 * plan.target_s, 1e3 * plan.predicted_s
-        return (f"{plan.describe()}\n"
-                f"AIBs (ms): {aibs_ms(plan.io.aib)}\n"
-                f"all AIBs >= 0: {bool((plan.io.aib >= -1e-9).all())} | predicted {predicted_ms:.1f} ms "
-                f"<= {limit_ms:g} ms: {predicted_ms <= limit_ms + 1e-6}")
-
-    def answers(self) -> dict[str, object]:
-        """The right answer of every exercise, keyed by the notebook's variable."""
-        return {"my_width": self.width(), "my_aib_ms": round(self.initial_aib_ms(), 2),
-                "my_change": self.buffer_change(), "my_target_ms": round(self.no_plan_below_ms() / 2)}

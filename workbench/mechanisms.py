@@ -2,8 +2,9 @@
 
 Each mechanism package (``workbench.elastic``, later ``workbench.kvcache``, ...) has a
 module ``mechanism.py`` whose ``MECHANISM`` says what it brings: prepare steps, CLI
-commands (``workbench <name> ...``), services (``workbench serve <name>``), benchmarks (``workbench bench NAME``), its dashboard
-(a gallery card and the Voila page) and its notebooks. ``workbench prepare``, the CLI,
+commands (``workbench <name> ...``), services (``workbench serve <name>``), benchmarks
+(``workbench bench NAME``), its dashboard (a gallery card and the Voila page), its notebooks
+and its section of ``workbench info``. ``workbench prepare``, the CLI,
 ``workbench bench`` and the gallery are built from :func:`mechanisms`, so adding a
 mechanism adds its package and one line to :data:`REGISTERED`.
 
@@ -72,6 +73,13 @@ class Notebook:
 
 
 @dataclass(frozen=True, kw_only=True)
+class InfoSection:
+    """A mechanism's part of `workbench info`: what its prepared artifacts say, as data and as terminal lines."""
+    data: dict[str, object]                     # JSON-ready: the mechanism's "prepared" in `workbench info --json`
+    lines: tuple[str, ...] = ()                 # the same for a terminal, one line each (its "summary" in JSON)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Mechanism:
     name: str                                   # CLI group and package name, e.g. "elastic"
     title: str                                  # e.g. "Elastic pipelining (WRX)"
@@ -82,6 +90,7 @@ class Mechanism:
     servers: tuple[Command, ...] = ()           # ``workbench serve <name>``: long-running services it offers
     dashboard: Dashboard | None = None
     notebooks: tuple[Notebook, ...] = ()
+    info: Callable[[str], InfoSection] | None = None   # info(preset): reads what is prepared, never builds it
 
 
 @dataclass(frozen=True, kw_only=True)

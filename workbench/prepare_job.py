@@ -5,25 +5,22 @@
 goes to a log and whose state (each step pending, running, done or failed; the running
 step's progress; when it started) is rewritten atomically in ``status.json`` at most
 twice a second. Every prepare, in a terminal or in the background, holds the cache's
-lock (:func:`prepare_lock`) for its whole run, so two servers (or a server and a
+lock (:func:`workbench.prepare.prepare_lock`) for its whole run, so two servers (or a server and a
 terminal) never prepare into one cache at once. An interrupted job resumes where it
 stopped: finished steps are cached, the importance ablation resumes per layer, and a
 fine-tuning that was cut short starts that step again.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from workbench.cache import cache_dir, write_json
-from workbench.errors import WorkbenchError
+from workbench import prepare as preparation
 
 WRITE_EVERY_S = 0.5
 
@@ -38,47 +35,6 @@ def status_path(preset: str) -> Path:
 
 def log_path(preset: str) -> Path:
     return job_dir(preset) / "log.txt"
-
-
-def _lock_path() -> Path:
-    return cache_dir() / "prepare.lock"
-
-
-@contextmanager
-def prepare_lock() -> Iterator[None]:
-    """Hold the cache's prepare lock, or fail at once naming the process that holds it."""
-    path = _lock_path()
-    handle = open(path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise WorkbenchError(f"another `workbench prepare` is running on this cache ({holder}); wait for it to "
-                             f"finish (the gallery shows its progress) or stop it") from None
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}")
-        handle.flush()
-        yield
-    finally:
-        handle.seek(0)
-        handle.truncate()
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
-
-
-def lock_held() -> bool:
-    """Is a prepare running on this cache now (in any process)?"""
-    try:
-        with open(_lock_path(), "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
 
 
 class StatusWriter:
@@ -136,21 +92,20 @@ def read_status(preset: str) -> dict | None:
         status = json.loads(status_path(preset).read_text())
     except (OSError, ValueError):
         return None
-    if status.get("state") == "running" and not lock_held():
+    if status.get("state") == "running" and not preparation.lock_held():
         status["state"] = "stopped"
     return status
 
 
 def run_job(preset: str) -> int:
     """The body of ``workbench prepare --job``: the full prepare, reporting to the status file."""
-    from workbench.prepare import prepare, steps
     from workbench.progress import listen
 
-    with prepare_lock():                         # before any status is written: a second job changes nothing
-        writer = StatusWriter(preset, steps(preset))
+    with preparation.prepare_lock():             # before any status is written: a second job changes nothing
+        writer = StatusWriter(preset, preparation.steps(preset))
         try:
             with listen(writer.on_progress):
-                report = prepare(preset, progress=True, on_step=writer.on_step, hold_lock=False)
+                report = preparation.prepare(preset, progress=True, on_step=writer.on_step, hold_lock=False)
         except BaseException as exc:
             writer.finish(exc)
             raise
@@ -166,11 +121,9 @@ def start_background(preset: str) -> tuple[str, subprocess.Popen | None]:
     the started job's process (its own process group: :func:`workbench.serving.stop_group`
     stops it; it resumes where it stopped when started again).
     """
-    from workbench.prepare import steps
-
-    if lock_held():
+    if preparation.lock_held():
         return "running", None
-    if all(s.ready(preset) for s in steps(preset)):
+    if all(s.ready(preset) for s in preparation.steps(preset)):
         return "ready", None
     job_dir(preset).mkdir(parents=True, exist_ok=True)
     log = open(log_path(preset), "a")

@@ -38,24 +38,6 @@ def prepare_hint(preset: str) -> str:
     return "workbench prepare" if preset == "full" else f"workbench prepare --preset {preset}"
 
 
-def preset_notice(preset: str) -> str:
-    """The one line every output built on quick-prepared artifacts shows ('' for the full preset)."""
-    if preset == "full":
-        return ""
-    return (f"{preset} preset: these artifacts come from a few training steps and tiny traces (enough for tests), so "
-            f"accuracies, classifications, shard importance and replay statistics are not meaningful. For the real "
-            f"ones run `{prepare_hint('full')}` (about 24 minutes on 2 cores), then use --preset full or "
-            f"WORKBENCH_PRESET=full.")
-
-
-def print_preset_notice(preset: str) -> None:
-    """For commands, once their artifacts loaded: the notice on stderr (stdout may be JSON)."""
-    import sys
-
-    if preset_notice(preset):
-        print(preset_notice(preset), file=sys.stderr, flush=True)
-
-
 def add_preset_argument(parser) -> None:
     """The one ``--preset`` option every command and benchmark takes."""
     parser.add_argument("--preset", default=default_preset(), choices=PRESETS,

@@ -5,7 +5,7 @@ import pytest
 from tests.browser.conftest import assert_figures_visible
 from tests.conftest import PRESET
 from workbench.mechanisms import dashboards
-from workbench.presets import preset_notice
+from workbench.prepare import preset_notice
 
 PAGE_TIMEOUT_MS = 180_000
 PAGES = ["index.ipynb"] + [d.page for d in dashboards()]

@@ -66,7 +66,7 @@ def test_a_run_that_misses_its_prediction_says_so_beside_the_number(prepared, mo
 
 
 def test_pages_say_when_they_show_quick_prepared_artifacts(prepared):
-    from workbench.presets import preset_notice
+    from workbench.prepare import preset_notice
     from workbench.ui import Gallery
 
     for widget in (ElasticPanel.page("quick"), Gallery("quick")):

@@ -69,7 +69,7 @@ def run_benchmark(name: str, args: list[str] | None = None) -> dict[str, list[di
     known = benchmarks()
     if name not in known:
         raise UnknownNameError("benchmark", name, known)
-    from workbench.presets import print_preset_notice
+    from workbench.prepare import print_preset_notice
 
     print_preset_notice(getattr(bench_parser(name).parse_args(list(args or [])), "preset", "full"))
     result = importlib.import_module(known[name]).run(list(args or []))

@@ -14,7 +14,8 @@ import time
 from workbench.argtypes import count, non_negative, positive, text, writable_file
 from workbench.data import TASKS
 from workbench.devices import profile_names
-from workbench.presets import add_preset_argument, print_preset_notice
+from workbench.prepare import print_preset_notice
+from workbench.presets import add_preset_argument
 
 
 def format_grid(grid, scale: float = 100.0, fmt: str = "{:5.1f}") -> list[str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from workbench.data import TASKS
 from workbench.elastic import commands
-from workbench.mechanisms import Command, Dashboard, Mechanism, Notebook, PrepareStep
+from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, PrepareStep
 
 ESTIMATES_S = {
     # Seconds measured on 2 cores from an empty cache (`workbench prepare --preset full`, 23.7 min in all;
@@ -55,6 +55,22 @@ def _steps(preset: str) -> list[PrepareStep]:
     return steps
 
 
+def _info(preset: str) -> InfoSection:
+    """The full model's dev accuracy of each task, None where it is not fine-tuned yet."""
+    from workbench.elastic.artifacts import model_summary
+    from workbench.errors import WorkbenchError
+
+    accuracy = {}
+    for task in TASKS:
+        try:
+            accuracy[task] = float(model_summary(task, preset)["accuracy_grid"][-1, -1])
+        except WorkbenchError:
+            accuracy[task] = None
+    lines = tuple(f"{task:<9} " + (f"full-model dev accuracy {100 * acc:.1f}%" if acc is not None else "not fine-tuned")
+                  for task, acc in accuracy.items())
+    return InfoSection(data={"full_model_dev_accuracy": accuracy}, lines=lines)
+
+
 MECHANISM = Mechanism(
     name="elastic",
     title="Elastic pipelining (WRX)",
@@ -81,4 +97,5 @@ MECHANISM = Mechanism(
         Notebook(path="labs/elastic_lab.ipynb", title="Elastic pipelining: a teaching lab", kind="lab"),
         Notebook(path="elastic_evaluation.ipynb", title="Elastic pipelining beside the paper", kind="evaluation"),
     ),
+    info=_info,
 )

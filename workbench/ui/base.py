@@ -27,7 +27,6 @@ import html
 import logging
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 import ipywidgets as widgets
@@ -35,9 +34,9 @@ import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
 from workbench.ui.figure import DEFAULT_HEIGHT_PX, FigureView
+from workbench.ui.messages import error_html
 
 SETTLE_S = 0.03
-ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px;margin:2px 0"
 log = logging.getLogger("workbench.ui")
 
 Update = Callable[[], None]
@@ -62,24 +61,14 @@ def kernel_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def error_html(exc: BaseException) -> str:
-    """How an exception reads in a page: a user error as its message, anything else as an internal error."""
-    if isinstance(exc, WorkbenchError):
-        return f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(str(exc))}</div>"
-    trace = "".join(traceback.format_exception(exc))
-    return (f"<div class='wb-error wb-internal-error' style='{ERROR_STYLE}'>internal error: "
-            f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))} (a bug in the workbench; please report it)"
-            f"<details><summary>traceback</summary><pre style='white-space:pre-wrap;font-size:11px'>"
-            f"{html.escape(trace)}</pre></details></div>")
-
-
 NOTICE_STYLE = ("background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;padding:4px 10px;margin:2px 0 6px 0;"
                 "color:#6b4e16;font-size:13px")
 
 
 def preset_notice_html(preset: str | None = None) -> str:
-    """The quick-preset line (``workbench.presets.preset_notice``) as HTML; '' for the full preset."""
-    from workbench.presets import default_preset, preset_notice
+    """The quick-preset line (``workbench.prepare.preset_notice``) as HTML; '' for the full preset."""
+    from workbench.prepare import preset_notice
+    from workbench.presets import default_preset
 
     text = preset_notice(preset or default_preset())
     return f"<div class='wb-preset-notice' style='{NOTICE_STYLE}'>{html.escape(text)}</div>" if text else ""

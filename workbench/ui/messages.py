@@ -1,0 +1,22 @@
+"""How an exception reads in a page, shared by the panels (:mod:`workbench.ui.base`) and the prepare progress
+(:mod:`workbench.ui.preparing`); it sits below both so neither imports the other for it."""
+from __future__ import annotations
+
+import html
+import traceback
+
+from workbench.errors import WorkbenchError
+
+ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px;margin:2px 0"
+
+
+def error_html(exc: BaseException) -> str:
+    """A user error (:class:`WorkbenchError`) as its message; anything else as an internal error with its
+    traceback folded away, so a bug never passes for something the user did."""
+    if isinstance(exc, WorkbenchError):
+        return f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(str(exc))}</div>"
+    trace = "".join(traceback.format_exception(exc))
+    return (f"<div class='wb-error wb-internal-error' style='{ERROR_STYLE}'>internal error: "
+            f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))} (a bug in the workbench; please report it)"
+            f"<details><summary>traceback</summary><pre style='white-space:pre-wrap;font-size:11px'>"
+            f"{html.escape(trace)}</pre></details></div>")
