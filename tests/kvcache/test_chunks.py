@@ -41,11 +41,24 @@ def test_sub_byte_codes_are_packed_by_the_extension_as_the_numpy_reference_packs
         assert np.array_equal(bitpack.pack_bits_reference(codes, bits), q.payload)
 
 
-def test_lower_levels_are_made_from_the_eight_bit_chunk():
-    kv = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)
-    q8 = encode_chunk(kv, 8)
-    assert recompress(q8, 8) is q8
-    assert np.array_equal(recompress(q8, 4).to_array(), encode_chunk(q8.to_array(), 4).to_array())
+@pytest.mark.parametrize("source, bits", [(8, 4), (8, 2), (4, 2)])
+def test_a_lower_level_keeps_each_channels_range_and_errs_by_at_most_half_its_step(source, bits):
+    """Further compression works on the values the chunk holds: each channel's minimum and maximum
+    survive (to float16), every value moves by at most half the new step, and the codes use the level's
+    whole range. Checked from 8 bits and, as the service does today, 4 -> 2."""
+    kv = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32) * 2
+    held = encode_chunk(kv, 8) if source == 8 else encode_chunk(encode_chunk(kv, 8).to_array(), 4)
+    values = held.to_array()
+    lower = recompress(held, bits)
+    assert lower.bits == bits and lower.shape == held.shape and lower.nbytes == chunk_nbytes(SHAPE, bits)
+    out = lower.to_array()
+    step = lower.step.astype(np.float32)
+    assert (np.abs(out - values) <= step / 2 + 2e-3 * np.abs(values).max()).all()
+    np.testing.assert_allclose(out.min(axis=3), values.min(axis=3), rtol=0, atol=2e-3)
+    np.testing.assert_allclose(out.max(axis=3), values.max(axis=3), rtol=0, atol=2e-2)
+    codes = bitpack.unpack_bits_reference(lower.payload, int(np.prod(SHAPE)), bits)
+    assert codes.min() == 0 and codes.max() == (1 << bits) - 1
+    assert recompress(held, held.bits) is held
 
 
 def test_bad_bits_and_shapes_are_named():
@@ -142,8 +155,41 @@ def test_chunked_generation_equals_plain_generation_over_several_calls(decoder):
         assert ours == ref
     assert len(ctx.tokens) == plain.length and ctx.num_chunks == -(-plain.length // 16)
     assert np.allclose(ctx.to_array()[:, 0], plain.k[:, :, :plain.length].numpy(), atol=1e-4)   # explicit vs fused attention
-    density = ctx.chunk_density(decoder.cfg.num_layers * decoder.cfg.num_heads)
-    assert density.shape == (ctx.num_chunks,) and (density > 0).all() and (density <= 1).all()
+
+
+@torch.no_grad()
+def test_the_density_a_conversation_accumulates_is_equation_1_on_its_whole_attention_matrix(decoder):
+    """The service's density grows call by call from the new tokens' attention; it must equal
+    ``information_density`` of the attention matrix of the whole conversation, taken here from each
+    layer's queries and keys in one plain forward pass."""
+    from workbench.models.decoder import rms_norm, rotary
+
+    cfg = decoder.cfg
+    tok = decoder_tokenizer()
+    ctx = ChunkedKV.for_decoder(cfg, chunk_size=8)
+    for prompt in (tok.chat("Name a river."), tok.encode(" And a lake?"), tok.encode(" Thanks.")):
+        run_call(decoder, ctx, prompt, max_new_tokens=3, bits=32)
+    matrices = []
+
+    def capture(layer, args):
+        x, positions, k_ctx, _, ctx_positions = args[:5]
+        q = rotary(layer.q(rms_norm(x, layer.attn_norm, cfg.rms_eps)).view(x.shape[0], cfg.num_heads, cfg.head_dim)
+                   .transpose(0, 1), positions, cfg.rope_theta)
+        k = k_ctx.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, 0)
+        scores = (q @ k.transpose(1, 2)) / cfg.head_dim ** 0.5
+        causal = ctx_positions[None, :] <= positions[:, None]
+        matrices.append(scores.masked_fill(~causal[None], float("-inf")).softmax(-1).numpy())
+
+    hooks = [layer.register_forward_pre_hook(capture) for layer in decoder.layers]
+    try:
+        decoder.forward_tokens(torch.tensor(ctx.tokens), KVCache.empty(cfg, len(ctx.tokens)))
+    finally:
+        for h in hooks:
+            h.remove()
+    expected = information_density(np.stack(matrices), chunk_size=8)
+    got = ctx.chunk_density(cfg.num_layers * cfg.num_heads)
+    assert len(got) == ctx.num_chunks == len(expected) >= 4
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=0)
 
 
 def test_eight_bit_chunks_keep_the_continuation_of_a_short_call(decoder):

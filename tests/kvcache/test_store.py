@@ -64,7 +64,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("point", ["chunk_files_written", "index_committed"])
+@pytest.mark.parametrize("point", ["chunk_files_written", "index_committed", "first_file_renamed"])
 def test_a_process_killed_while_committing_leaves_the_old_or_the_new_state_whole(tmp_path, point):
     with SwapStore(tmp_path, META) as store:
         store.add_app("a")
@@ -113,3 +113,61 @@ def test_one_service_per_swap_directory_and_the_same_setup_each_time(tmp_path):
     with pytest.raises(WorkbenchError, match="chunk_size is 4 there, 16 here"):
         SwapStore(tmp_path, {**META, "chunk_size": 16})
     SwapStore(tmp_path, META).close()
+
+
+def test_a_commit_that_fails_before_the_index_leaves_no_next_files_and_the_old_state(tmp_path, monkeypatch):
+    """A full disk at the second of two files: the first file's ``.next`` and the second's ``.tmp`` are
+    removed, the rows keep their old file size and CRC, and the index and files still agree."""
+    from workbench.kvcache import store as store_module
+
+    with SwapStore(tmp_path, META) as store:
+        store.add_app("a")
+        store.add_context(context_row(range(4)))
+        old_rows = chunk_rows([chunk(0, 8)])
+        store.commit(contexts=[context_row(range(4))], chunks=old_rows, files={("c1", 0): chunk(0, 8)})
+        real_write, writes = store_module.write_chunk, []
+
+        def write_chunk(path, data):
+            writes.append(path)
+            if len(writes) == 2:
+                path.with_name(path.name + ".tmp").write_bytes(b"half")
+                raise OSError(28, "No space left on device", str(path))
+            return real_write(path, data)
+
+        monkeypatch.setattr(store_module, "write_chunk", write_chunk)
+        rows = chunk_rows([chunk(10, 4), chunk(11, 8)])
+        rows[0].file_bytes, rows[0].crc32 = old_rows[0].file_bytes, old_rows[0].crc32
+        with pytest.raises(OSError, match="No space left"):
+            store.commit(contexts=[context_row(range(8))], chunks=rows,
+                         files={("c1", 0): chunk(10, 4), ("c1", 1): chunk(11, 8)})
+        assert not [p.name for p in tmp_path.glob("*/*") if p.name.endswith((".next", ".tmp"))]
+        assert (rows[0].file_bytes, rows[0].crc32) == (old_rows[0].file_bytes, old_rows[0].crc32)
+        assert store.verify() == []
+        [(row, chunks)] = store.load()
+        assert row.tokens == list(range(4)) and np.array_equal(store.read(chunks[0]).to_array(), chunk(0, 8).to_array())
+
+
+def test_a_rename_that_fails_after_the_commit_is_served_from_next_and_finished_later(tmp_path, monkeypatch):
+    from workbench.kvcache import store as store_module
+
+    real_move = store_module._move_into_place
+    failing = {"on": True}
+
+    def move(src, dst):
+        if failing["on"]:
+            raise OSError(5, "Input/output error", str(dst))
+        real_move(src, dst)
+
+    monkeypatch.setattr(store_module, "_move_into_place", move)
+    with SwapStore(tmp_path, META) as store:
+        store.add_app("a")
+        store.add_context(context_row(range(4)))
+        rows = chunk_rows([chunk(0, 8)])
+        store.commit(contexts=[context_row(range(4))], chunks=rows, files={("c1", 0): chunk(0, 8)})   # no raise
+        assert store.current_path("c1", 0).name == "0.bin.next" and store.verify() == []
+        assert np.array_equal(store.read(rows[0]).to_array(), chunk(0, 8).to_array())
+        failing["on"] = False
+        rows = chunk_rows([chunk(1, 4)])
+        store.commit(chunks=rows, files={("c1", 0): chunk(1, 4)})          # retries the pending rename first
+        assert store.current_path("c1", 0).name == "0.bin" and not list(tmp_path.glob("*/*.next"))
+        assert np.array_equal(store.read(rows[0]).to_array(), chunk(1, 4).to_array()) and store.verify() == []

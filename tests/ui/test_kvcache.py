@@ -1,5 +1,4 @@
 """The LLMS dashboard on hand-built replays (no model); one real tiny replay through the Replay button."""
-import importlib.util
 from dataclasses import replace
 
 import pytest
@@ -107,8 +106,6 @@ def test_a_budget_fraction_above_one_is_refused_beside_the_button():
     assert panel.message.value == ""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("workbench.kvcache.replay") is None,
-                    reason="workbench.kvcache.replay is not there yet")
 def test_a_real_tiny_replay_through_the_button():
     panel = panel_on()
     panel.contexts.value, panel.calls.value, panel.device.value = 2, 3, "host"

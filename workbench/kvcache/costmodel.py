@@ -31,7 +31,7 @@ from workbench.cache import cache_dir, fingerprint, write_json
 from workbench.devices import get_profile
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
-from workbench.kvcache.swapfile import write_chunk
+from workbench.kvcache.swapfile import COLD_READS, read_chunk_layers, write_chunk
 
 PROFILE_FORMAT = 2
 """Version of the saved JSON; format 1 had no per-chunk read term (measured again when found)."""
@@ -169,7 +169,6 @@ def measure_swap_in(model, chunk_size: int = CHUNK_SIZE, counts=(1, 2, 4, 8), le
                     repeats: int = 3, directory: Path | None = None) -> tuple[list[tuple[int, int, float]], bool]:
     """(x, bytes, median seconds) to read x chunk files layer by layer, as the loader's IO thread does, each
     file dropped from the page cache first; per level and x in ``counts``. Also whether the cache could be dropped."""
-    from workbench.kvcache.loader import COLD_READS, read_chunk_layers          # the loader imports this module
 
     kv = synthetic_context(model, max(counts), chunk_size)
     shape = kv.chunks[0].shape

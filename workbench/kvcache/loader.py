@@ -15,109 +15,25 @@ recomputed chunks are stored at the level they were swapped out with.
 """
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from workbench.devices import pad_until
-from workbench.errors import CorruptArtifactError, UnknownNameError, WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, ChunkData, ChunkedKV, encode_chunk
-from workbench.kvcache.costmodel import SWAP_PRESETS, SwapCostModel, device_label
-from workbench.kvcache.planner import SwapPlan
+from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.kvcache.chunks import CHUNK_SIZE, ChunkedKV, encode_chunk
+from workbench.kvcache.costmodel import SWAP_PRESETS, SwapCostModel, device_cost_model, device_label, profile_host
+from workbench.kvcache.planner import SwapPlan, fixed_plan, plan_swap_recompute
 from workbench.kvcache.recompute import LayerRecompute, held_layers
-from workbench.kvcache.swapfile import check_file_size, file_size, layer_part_sizes
+from workbench.kvcache.swapfile import DamagedChunkFileError, LayerBytes, file_size, stack_layers, stream_layers
 from workbench.timeline import Span, Timeline
-
-
-LayerBytes = tuple[bytes, bytes, bytes]
-"""One layer of a swap file as stored: payload, channel minimum and channel step (both empty when raw)."""
-
-
-def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
-                     sizes: tuple[int, int] | None = None) -> LayerBytes:
-    """Layer ``layer`` of the swap file of a chunk of ``shape`` opened as ``handle``: three positioned reads.
-    ``sizes``: bytes per layer of the payload and of each channel array, when the caller has them."""
-    payload_bytes, channel_bytes = sizes or layer_part_sizes(bits, shape)
-    layers, fd = shape[0], handle.fileno()
-
-    def read(nbytes: int, offset: int) -> bytes:
-        raw = os.pread(fd, nbytes, offset)
-        if len(raw) != nbytes:
-            raise CorruptArtifactError(f"swap file {getattr(handle, 'name', fd)} is short at layer {layer}")
-        return raw
-
-    payload = read(payload_bytes, layer * payload_bytes)
-    if bits == FLOAT_BITS:
-        return payload, b"", b""
-    base = layers * payload_bytes
-    return (payload, read(channel_bytes, base + layer * channel_bytes),
-            read(channel_bytes, base + (layers + layer) * channel_bytes))
-
-
-def stack_layers(bits: int, layer_shape: tuple[int, ...], parts: list[LayerBytes]) -> ChunkData:
-    """A chunk whose leading axis runs over ``parts``, each one layer (2, kv_heads, tokens, head_dim) as stored:
-    a file's layers in order give the file's chunk; one layer of several same-shaped files gives them all at
-    once, so one ``to_array`` dequantizes the lot."""
-    shape = (len(parts), *layer_shape)
-    payload = b"".join(p[0] for p in parts)
-    if bits == FLOAT_BITS:
-        writable = np.frombuffer(payload, np.float32).copy()           # torch warns on read-only arrays
-        return ChunkData(bits=bits, shape=shape, payload=writable)
-    scales = (len(parts), layer_shape[0], layer_shape[1], 1, layer_shape[3])
-    return ChunkData(bits=bits, shape=shape, payload=np.frombuffer(payload, np.uint8),
-                     low=np.frombuffer(b"".join(p[1] for p in parts), np.float16).reshape(scales),
-                     step=np.frombuffer(b"".join(p[2] for p in parts), np.float16).reshape(scales))
-
-
-COLD_READS = hasattr(os, "posix_fadvise")
-"""Whether swap files can be dropped from the page cache before they are read (so reads come from disk)."""
-
-
-def stream_layers(files, cold: bool = False):
-    """Yield, layer after layer, ``(layer, parts, values)`` for swap files ``(path, bits, shape)``: each file's
-    stored layer (:data:`LayerBytes`) and its float32 K/V (2, kv_heads, tokens, head_dim). Files of one level
-    and shape are dequantized together. ``cold``: each file is first dropped from the page cache
-    (``posix_fadvise(DONTNEED)``, where the platform has it)."""
-    files = list(files)
-    groups: dict[tuple, list[int]] = {}
-    for n, (path, bits, shape) in enumerate(files):
-        check_file_size(path, Path(path).stat().st_size, bits, shape)
-        groups.setdefault((bits, tuple(shape[1:])), []).append(n)
-    sizes = [layer_part_sizes(bits, shape) for _, bits, shape in files]
-    handles = [open(path, "rb", buffering=0) for path, _, _ in files]
-    try:
-        for handle in handles if cold and COLD_READS else ():
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        for layer in range(files[0][2][0] if files else 0):
-            parts = [read_layer_bytes(h, bits, shape, layer, size)
-                     for h, (_, bits, shape), size in zip(handles, files, sizes)]
-            values: list[np.ndarray | None] = [None] * len(files)
-            for (bits, layer_shape), members in groups.items():
-                stacked = stack_layers(bits, layer_shape, [parts[n] for n in members]).to_array()
-                for row, n in enumerate(members):
-                    values[n] = stacked[row]
-            yield layer, parts, values
-    finally:
-        for h in handles:
-            h.close()
-
-
-def read_chunk_layers(files, cold: bool = False) -> list[ChunkData]:
-    """Read whole swap files ``(path, bits, shape)`` layer by layer, as the loader's IO thread does."""
-    files = list(files)
-    per_file: list[list[LayerBytes]] = [[] for _ in files]
-    for _, parts, _ in stream_layers(files, cold):
-        for collected, part in zip(per_file, parts):
-            collected.append(part)
-    return [stack_layers(bits, tuple(shape[1:]), layers) for (_, bits, shape), layers in zip(files, per_file)]
 
 
 def missing_chunks(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]]) -> list[tuple[int, int, int]]:
@@ -165,15 +81,52 @@ def _check_plan(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]], plan: Swap
         raise WorkbenchError(f"chunks {absent} have no swap file (needed for their level, or to read them)")
 
 
+def _check_sizes(to_load, indices) -> None:
+    """Every file to read exists with the size its level and shape make; else the chunks are named."""
+    bad = {}
+    for (path, bits, shape), i in zip(to_load, indices):
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            bad[i] = f"{path} cannot be read ({exc.strerror or exc})"
+            continue
+        if size != file_size(bits, shape):
+            bad[i] = f"{path} holds {size} bytes, expected {file_size(bits, shape)}"
+    if bad:
+        raise DamagedChunkFileError(bad)
+
+
+def _check_crcs(to_load, indices, stored: list[list[LayerBytes]], crcs: Mapping[int, int | None]) -> None:
+    """Each read file's CRC-32 over its bytes in file order (payloads, minima, steps) equals the index's."""
+    bad = {}
+    for (path, _, _), i, parts in zip(to_load, indices, stored):
+        expected = crcs.get(i)
+        if expected is None:
+            continue
+        crc = 0
+        for part in range(3):
+            for layer in parts:
+                crc = zlib.crc32(layer[part], crc)
+        if crc != expected:
+            bad[i] = f"{path} fails its CRC-32 check ({crc:#010x}, the index says {expected:#010x})"
+    if bad:
+        raise DamagedChunkFileError(bad)
+
+
 @torch.no_grad()
 def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, int]], plan: SwapPlan,
-                 emulate: SwapCostModel | None = None, cold: bool = True) -> LoadResult:
+                 emulate: SwapCostModel | None = None, cold: bool = True,
+                 crcs: Mapping[int, int | None] | None = None) -> LoadResult:
     """Bring every missing chunk of ``kv`` back following ``plan``; ``missing_files`` maps each missing chunk
-    to ``(swap file, bits)``. ``cold`` drops the files to read from the page cache as they are opened."""
+    to ``(swap file, bits)``. ``cold`` drops the files to read from the page cache as they are opened.
+
+    ``crcs``: the index's CRC-32 per chunk file; a file of the wrong size, or whose bytes fail the check,
+    raises :class:`DamagedChunkFileError` naming every such chunk, and ``kv`` is left as it was."""
     _check_plan(kv, missing_files, plan)
     device = device_label(emulate)
     layers = kv.layers
     to_load = [(Path(missing_files[i][0]), int(missing_files[i][1]), chunk_shape(kv, i)) for i in plan.load]
+    _check_sizes(to_load, plan.load)
     bytes_read = sum(file_size(bits, shape) for _, bits, shape in to_load)
     job = LayerRecompute(model, kv.tokens, kv, plan.recompute)
     needed = set(job.needed)
@@ -226,6 +179,9 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
         spans.append(Span("compute", "recompute", start - t0, time.perf_counter() - t0, f"layer {layer}",
                           {"chunks": len(job.missing)}, device))
     io_thread.join()
+    if failure:
+        raise failure[0]
+    _check_crcs(to_load, plan.load, stored, crcs or {})
     for (_, bits, shape), i, parts in zip(to_load, plan.load, stored):
         kv.chunks[i] = stack_layers(bits, shape[1:], parts)
     for i, array in (job.chunk_arrays(outputs).items() if job.missing else ()):
@@ -242,10 +198,12 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
 
 @dataclass(frozen=True, kw_only=True)
 class ChunkSpec:
-    """A missing chunk: its level and shape, and its file (None when it has none and must be recomputed)."""
+    """A missing chunk: its level and shape, and its file (None when it has none and must be recomputed)
+    with the CRC-32 the index recorded for it (None: not checked)."""
     bits: int
     shape: tuple[int, ...]
     path: Path | None
+    crc32: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -307,8 +265,6 @@ class PipelineLoader:
         """The cost model this loader plans with for ``chunk_size``-token chunks, measured or read from the
         cache on first use."""
         if self.costs is None or (self.costs.chunk_size != chunk_size and isinstance(self.device, str)):
-            from workbench.kvcache.costmodel import device_cost_model, profile_host
-
             self.costs = device_cost_model(self.device, profile_host(model, chunk_size))
         return self.costs
 
@@ -320,8 +276,6 @@ class PipelineLoader:
         return costs.t_io(nbytes, chunks) if costs is not None and costs.source == "emulated" and chunks else 0.0
 
     def __call__(self, request: LoadRequest) -> LoadReport:
-        from workbench.kvcache.planner import fixed_plan, plan_swap_recompute
-
         costs = self.costs_for(request.model, request.kv.chunk_size)
         specs = request.specs
         with_file = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is not None]
@@ -333,7 +287,8 @@ class PipelineLoader:
         files = {i: (s.path, s.bits) for i, s in specs.items()}       # a fileless chunk's entry only gives its level
         self.last = None
         emulate = costs if costs.source == "emulated" else None
-        result = load_context(request.model, request.kv, files, plan, emulate=emulate)
+        result = load_context(request.model, request.kv, files, plan, emulate=emulate,
+                              crcs={i: s.crc32 for i, s in specs.items()})
         self.last = result
         spans = result.timeline.spans
         return LoadReport(loaded=result.loaded, recomputed=result.recomputed, bytes_read=result.bytes_read,

@@ -33,6 +33,8 @@ class ServiceMetrics:
         self.evictions = Counter("llms_evictions", "Chunks evicted, by policy and action", ["policy", "action"],
                                  registry=r)
         self.contexts = Gauge("llms_contexts", "Contexts held (in memory or not)", registry=r)
+        self.damaged_files = Counter("llms_damaged_chunk_files", "Swap files that failed their size or CRC-32 "
+                                     "check when read; each chunk was recomputed from its tokens", registry=r)
 
     def record_call(self, stats) -> None:
         self.calls.inc()
@@ -51,6 +53,9 @@ class ServiceMetrics:
         """``when``: ``ahead_of_time`` (as a call returns) or ``eviction``."""
         self.swap_outs.labels(when=when).inc(chunks)
         self.bytes_written.inc(nbytes)
+
+    def record_damaged(self, chunks: int) -> None:
+        self.damaged_files.inc(chunks)
 
     def record_eviction(self, policy: str, action: str) -> None:
         self.evictions.labels(policy=policy, action=action).inc()

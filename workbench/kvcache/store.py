@@ -23,11 +23,17 @@ CRC) commits, then ``.next`` is renamed over ``.bin``. A process killed anywhere
 old row with the old file, or the new row with a ``.next`` whose CRC matches it; opening the store
 finishes or discards such leftovers, so the index and the files always agree. Memory is empty after
 an open: ``memory+file`` rows become ``file`` and ``memory`` rows become ``dropped``.
+
+The index transaction is the commit point, for a crash and for an error alike: an error before it
+(a full disk, say) removes the ``.next`` files of that commit and raises, so the caller undoes its
+change; after it nothing raises, and a rename that fails is retried later while reads use ``.next``
+(``current_path``), so the running service and a restarted one see the same committed state.
 """
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import signal
@@ -46,6 +52,7 @@ from workbench.kvcache.chunks import ChunkData
 from workbench.kvcache.swapfile import read_chunk, write_chunk
 
 FORMAT = 1
+log = logging.getLogger("workbench.kvcache")
 INDEX_NAME = "index.sqlite3"
 MEMORY, BOTH, FILE, DROPPED = "memory", "memory+file", "file", "dropped"
 STATES = (MEMORY, BOTH, FILE, DROPPED)
@@ -135,6 +142,10 @@ def _failpoint(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _move_into_place(src: Path, dst: Path) -> None:
+    os.replace(src, dst)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -184,6 +195,7 @@ class SwapStore:
         self._db.executescript(SCHEMA)
         self._check_meta({"format": FORMAT, **(meta or {})})
         self.recovery_notes: list[str] = []
+        self._pending_renames: set[tuple[str, int]] = set()
         self._recover()
 
     # ------------------------------------------------------------------ paths and transactions
@@ -247,6 +259,7 @@ class SwapStore:
         """Rows first (one transaction), then the files; a crash in between leaves an orphan
         directory that the next open removes."""
         self._transaction([("DELETE FROM chunks WHERE ctx = ?", (ctx,)), ("DELETE FROM contexts WHERE id = ?", (ctx,))])
+        self._pending_renames = {k for k in self._pending_renames if k[0] != ctx}
         shutil.rmtree(self.context_dir(ctx), ignore_errors=True)
 
     def load(self) -> list[tuple[ContextRow, list[ChunkRow]]]:
@@ -280,30 +293,78 @@ class SwapStore:
 
     def _commit(self, contexts: list[ContextRow], rows: dict[tuple[str, int], ChunkRow],
                 files: dict[tuple[str, int], ChunkData]) -> int:
+        """The index transaction is the one commit point: a failure before it removes every file this
+        commit wrote and raises (nothing changed); after it nothing raises, and a rename that fails is
+        retried before the next commit or read of that chunk (``current_path`` serves it meanwhile)."""
+        self._retry_renames(keys=files)
         written = 0
         dirs = set()
-        for key, data in files.items():
-            row = rows.get(key)
-            if row is None or row.state not in HAS_FILE:
-                raise WorkbenchError(f"chunk {key} is written to its file but its row does not say so")
-            nxt = self._next_path(*key)
-            nxt.parent.mkdir(exist_ok=True)
-            row.file_bytes = write_chunk(nxt, data)
-            row.crc32 = file_crc(nxt)
-            written += row.file_bytes
-            dirs.add(nxt.parent)
-        for d in dirs:
-            _fsync_dir(d)
-        _failpoint("chunk_files_written")
-        self._transaction([*((UPSERT_CONTEXT, self._context_args(c)) for c in contexts),
-                           *(("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", self._chunk_args(r))
-                             for r in rows.values())])
+        made: list[Path] = []
+        old = {key: (rows[key].file_bytes, rows[key].crc32) for key in files if key in rows}
+        try:
+            for key, data in files.items():
+                row = rows.get(key)
+                if row is None or row.state not in HAS_FILE:
+                    raise WorkbenchError(f"chunk {key} is written to its file but its row does not say so")
+                nxt = self._next_path(*key)
+                nxt.parent.mkdir(exist_ok=True)
+                made.append(nxt)
+                row.file_bytes = write_chunk(nxt, data)
+                row.crc32 = file_crc(nxt)
+                written += row.file_bytes
+                dirs.add(nxt.parent)
+            for d in dirs:
+                _fsync_dir(d)
+            _failpoint("chunk_files_written")
+            self._transaction([*((UPSERT_CONTEXT, self._context_args(c)) for c in contexts),
+                               *(("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", self._chunk_args(r))
+                                 for r in rows.values())])
+        except BaseException:
+            for path in made:
+                path.unlink(missing_ok=True)
+                path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            for key, (file_bytes, crc) in old.items():
+                rows[key].file_bytes, rows[key].crc32 = file_bytes, crc
+            raise
         _failpoint("index_committed")
-        for key in files:
-            os.replace(self._next_path(*key), self.chunk_path(*key))
-        for d in dirs:
-            _fsync_dir(d)
+        self._pending_renames.update(files)
+        self._retry_renames(keys=files, strict=False)
         return written
+
+    def _retry_renames(self, keys=None, strict: bool = True) -> None:
+        """Move committed ``.next`` files over their chunk files (those of ``keys``, or all pending).
+        ``strict``: a rename that still fails raises (before a commit that would overwrite that ``.next``)."""
+        pending = [k for k in self._pending_renames if keys is None or k in keys]
+        dirs = set()
+        for n, key in enumerate(pending):
+            try:
+                _move_into_place(self._next_path(*key), self.chunk_path(*key))
+            except OSError as exc:
+                log.warning("llms swap store: could not move chunk %s of context %s into place (%s); "
+                            "its committed data stays in %s and is served from there", key[1], key[0], exc,
+                            self._next_path(*key))
+                if strict:
+                    raise
+                continue
+            self._pending_renames.discard(key)
+            dirs.add(self.context_dir(key[0]))
+            if n == 0:
+                _failpoint("first_file_renamed")
+        for d in dirs:
+            try:
+                _fsync_dir(d)
+            except OSError:
+                pass
+
+    def remove_file(self, ctx: str, idx: int) -> None:
+        """Remove a chunk's file (and a pending ``.next``) once its row no longer points to one."""
+        self._pending_renames.discard((ctx, idx))
+        for path in (self.chunk_path(ctx, idx), self._next_path(ctx, idx)):
+            path.unlink(missing_ok=True)
+
+    def current_path(self, ctx: str, idx: int) -> Path:
+        """Where the chunk's committed data is now: its file, or its ``.next`` while a rename is pending."""
+        return self._next_path(ctx, idx) if (ctx, idx) in self._pending_renames else self.chunk_path(ctx, idx)
 
     def _next_path(self, ctx: str, idx: int) -> Path:
         return self.root / ctx / f"{idx}.bin.next"
@@ -311,7 +372,7 @@ class SwapStore:
     def read(self, row: ChunkRow) -> ChunkData:
         if row.state not in HAS_FILE:
             raise WorkbenchError(f"chunk {row.idx} of context {row.ctx} has no file (state {row.state})")
-        return read_chunk(self.chunk_path(row.ctx, row.idx), row.bits, row.shape)
+        return read_chunk(self.current_path(row.ctx, row.idx), row.bits, row.shape)
 
     # ------------------------------------------------------------------ recovery and checks
 
@@ -364,13 +425,15 @@ class SwapStore:
         rows = {(c.ctx, c.idx): c for _, chunks in self.load() for c in chunks}
         for (ctx, idx), c in rows.items():
             if c.state in HAS_FILE:
-                path = self.chunk_path(ctx, idx)
+                path = self.current_path(ctx, idx)
                 if not path.exists():
                     problems.append(f"{path} is missing")
                 elif path.stat().st_size != c.file_bytes or file_crc(path) != c.crc32:
                     problems.append(f"{path} does not match its index row (size or CRC-32)")
         for path in self.root.glob("*/*"):
-            if not path.name.endswith(".bin") or (path.parent.name, _chunk_index(path.name)) not in rows:
+            key = (path.parent.name, _chunk_index(path.name))
+            pending = path.name.endswith(".bin.next") and key in self._pending_renames
+            if not (path.name.endswith(".bin") or pending) or key not in rows:
                 problems.append(f"{path} belongs to no index row")
         return problems
 

@@ -7,6 +7,8 @@ values, a multiple of 4, so packed codes of 2 and 4 bits never straddle layers).
 shape are kept by the caller (the service's index), not in the file.
 
 Files are written to a temporary name, flushed to disk and renamed, so a file that exists is whole.
+This module is the format's one reader too: positioned reads of one layer (:func:`read_layer_bytes`),
+which the loader streams layer by layer (:func:`stream_layers`) and whole reads are built from.
 """
 from __future__ import annotations
 
@@ -48,6 +50,14 @@ def write_chunk(path: Path, chunk: ChunkData) -> int:
     return file_size(chunk.bits, chunk.shape)
 
 
+class DamagedChunkFileError(CorruptArtifactError):
+    """Swap files of these chunks failed their size or CRC-32 check; ``chunks`` maps index -> what was wrong."""
+
+    def __init__(self, chunks: dict[int, str]):
+        self.chunks = dict(chunks)
+        super().__init__("damaged swap files: " + "; ".join(f"chunk {i}: {why}" for i, why in sorted(self.chunks.items())))
+
+
 def check_file_size(path: Path, data: bytes | int, bits: int, shape) -> None:
     """A swap file's size (or its bytes) must be what its level and shape make; else it is damaged."""
     size = data if isinstance(data, int) else len(data)
@@ -58,38 +68,93 @@ def check_file_size(path: Path, data: bytes | int, bits: int, shape) -> None:
 
 def read_chunk(path: Path, bits: int, shape: tuple[int, ...]) -> ChunkData:
     """The whole chunk back, as written."""
-    data = Path(path).read_bytes()
-    check_file_size(path, data, bits, shape)
-    payload_l, channels_l = layer_part_sizes(bits, shape)
-    layers = shape[0]
-    if bits == FLOAT_BITS:
-        return ChunkData(bits=bits, shape=tuple(shape), payload=np.frombuffer(data, np.float32).copy())
-    p = layers * payload_l
-    c = layers * channels_l
-    cshape = (shape[0], shape[1], shape[2], 1, shape[4])
-    return ChunkData(bits=bits, shape=tuple(shape), payload=np.frombuffer(data[:p], np.uint8).copy(),
-                     low=np.frombuffer(data[p:p + c], np.float16).reshape(cshape).copy(),
-                     step=np.frombuffer(data[p + c:p + 2 * c], np.float16).reshape(cshape).copy())
+    return read_chunk_layers([(path, bits, tuple(shape))])[0]
 
 
 def read_layer(handle, bits: int, shape: tuple[int, ...], layer: int) -> np.ndarray:
     """Layer ``layer`` of a chunk file opened as ``handle`` (binary), as float32 (2, heads, tokens, head_dim):
     three positioned reads (one when raw), nothing else of the file."""
-    payload_l, channels_l = layer_part_sizes(bits, shape)
-    layers = shape[0]
-    fd = handle.fileno()
-    lshape = tuple(shape[1:])
-    raw = os.pread(fd, payload_l, layer * payload_l)
-    if len(raw) != payload_l:
-        raise CorruptArtifactError(f"swap file {getattr(handle, 'name', fd)} is short at layer {layer}")
+    return stack_layers(bits, tuple(shape[1:]), [read_layer_bytes(handle, bits, shape, layer)]).to_array()[0]
+
+
+LayerBytes = tuple[bytes, bytes, bytes]
+"""One layer of a swap file as stored: payload, channel minimum and channel step (both empty when raw)."""
+
+
+def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
+                     sizes: tuple[int, int] | None = None) -> LayerBytes:
+    """Layer ``layer`` of the swap file of a chunk of ``shape`` opened as ``handle``: three positioned reads.
+    ``sizes``: bytes per layer of the payload and of each channel array, when the caller has them."""
+    payload_bytes, channel_bytes = sizes or layer_part_sizes(bits, shape)
+    layers, fd = shape[0], handle.fileno()
+
+    def read(nbytes: int, offset: int) -> bytes:
+        raw = os.pread(fd, nbytes, offset)
+        if len(raw) != nbytes:
+            raise CorruptArtifactError(f"swap file {getattr(handle, 'name', fd)} is short at layer {layer}")
+        return raw
+
+    payload = read(payload_bytes, layer * payload_bytes)
     if bits == FLOAT_BITS:
-        return np.frombuffer(raw, np.float32).reshape(lshape).copy()
-    base = layers * payload_l
-    cshape = (shape[1], shape[2], 1, shape[4])
-    low = np.frombuffer(os.pread(fd, channels_l, base + layer * channels_l), np.float16).reshape(cshape)
-    step = np.frombuffer(os.pread(fd, channels_l, base + layers * channels_l + layer * channels_l),
-                         np.float16).reshape(cshape)
-    count = int(np.prod(lshape))
-    codes = np.frombuffer(raw, np.uint8) if bits == 8 else bitpack.unpack_bits(np.frombuffer(raw, np.uint8),
-                                                                             count, bits)
-    return codes.reshape(lshape).astype(np.float32) * step.astype(np.float32) + low.astype(np.float32)
+        return payload, b"", b""
+    base = layers * payload_bytes
+    return (payload, read(channel_bytes, base + layer * channel_bytes),
+            read(channel_bytes, base + (layers + layer) * channel_bytes))
+
+
+def stack_layers(bits: int, layer_shape: tuple[int, ...], parts: list[LayerBytes]) -> ChunkData:
+    """A chunk whose leading axis runs over ``parts``, each one layer (2, kv_heads, tokens, head_dim) as stored:
+    a file's layers in order give the file's chunk; one layer of several same-shaped files gives them all at
+    once, so one ``to_array`` dequantizes the lot."""
+    shape = (len(parts), *layer_shape)
+    payload = b"".join(p[0] for p in parts)
+    if bits == FLOAT_BITS:
+        writable = np.frombuffer(payload, np.float32).copy()           # torch warns on read-only arrays
+        return ChunkData(bits=bits, shape=shape, payload=writable)
+    scales = (len(parts), layer_shape[0], layer_shape[1], 1, layer_shape[3])
+    return ChunkData(bits=bits, shape=shape, payload=np.frombuffer(payload, np.uint8),
+                     low=np.frombuffer(b"".join(p[1] for p in parts), np.float16).reshape(scales),
+                     step=np.frombuffer(b"".join(p[2] for p in parts), np.float16).reshape(scales))
+
+
+COLD_READS = hasattr(os, "posix_fadvise")
+"""Whether swap files can be dropped from the page cache before they are read (so reads come from disk)."""
+
+
+def stream_layers(files, cold: bool = False):
+    """Yield, layer after layer, ``(layer, parts, values)`` for swap files ``(path, bits, shape)``: each file's
+    stored layer (:data:`LayerBytes`) and its float32 K/V (2, kv_heads, tokens, head_dim). Files of one level
+    and shape are dequantized together. ``cold``: each file is first dropped from the page cache
+    (``posix_fadvise(DONTNEED)``, where the platform has it)."""
+    files = list(files)
+    groups: dict[tuple, list[int]] = {}
+    for n, (path, bits, shape) in enumerate(files):
+        check_file_size(path, Path(path).stat().st_size, bits, shape)
+        groups.setdefault((bits, tuple(shape[1:])), []).append(n)
+    sizes = [layer_part_sizes(bits, shape) for _, bits, shape in files]
+    handles = [open(path, "rb", buffering=0) for path, _, _ in files]
+    try:
+        for handle in handles if cold and COLD_READS else ():
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        for layer in range(files[0][2][0] if files else 0):
+            parts = [read_layer_bytes(h, bits, shape, layer, size)
+                     for h, (_, bits, shape), size in zip(handles, files, sizes)]
+            values: list[np.ndarray | None] = [None] * len(files)
+            for (bits, layer_shape), members in groups.items():
+                stacked = stack_layers(bits, layer_shape, [parts[n] for n in members]).to_array()
+                for row, n in enumerate(members):
+                    values[n] = stacked[row]
+            yield layer, parts, values
+    finally:
+        for h in handles:
+            h.close()
+
+
+def read_chunk_layers(files, cold: bool = False) -> list[ChunkData]:
+    """Read whole swap files ``(path, bits, shape)`` layer by layer, as the loader's IO thread does."""
+    files = list(files)
+    per_file: list[list[LayerBytes]] = [[] for _ in files]
+    for _, parts, _ in stream_layers(files, cold):
+        for collected, part in zip(per_file, parts):
+            collected.append(part)
+    return [stack_layers(bits, tuple(shape[1:]), layers) for (_, bits, shape), layers in zip(files, per_file)]
