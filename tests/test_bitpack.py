@@ -1,3 +1,10 @@
+import ctypes
+import mmap
+import os
+import sys
+import time
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -80,11 +87,11 @@ def _case(bits, count, seed, outliers=40, ascending=True):
 
 
 @pytest.mark.parametrize("bits", range(1, 9))
-@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("simd", bitpack.KERNELS)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_kernel_path_equals_reference_at_every_length(bits, simd, threads):
-    """Vector groups of 32, blocks the vector kernels leave to scalar code near the stream's
-    end (no slack after it), partial blocks, 4096-float scatter slices and 2048-block chunks."""
+    """Vector groups of 16 and 32, blocks the vector kernels leave to scalar code near the
+    stream's end (no slack after it), partial blocks, 4096-float scatter slices and 2048-block chunks."""
     for count in (1, 8, 31, 32, 33, 64 * 8 + 3, 4095, 4096, 4097, 2 * 2048 * 8 + 77):
         packed, centroids, pos, val = _case(bits, count, seed=count)
         ref = bitpack.decompress_reference(packed, bits, centroids, pos, val, count)
@@ -95,11 +102,44 @@ def test_every_kernel_path_equals_reference_at_every_length(bits, simd, threads)
 
 def test_simd_flag_names_what_runs():
     assert bitpack.SIMD in (True, False)
-    packed, centroids, pos, val = _case(4, 1000, seed=1)
-    a, b = np.empty(1000, np.float32), np.empty(1000, np.float32)
-    bitpack.decompress(packed, 4, centroids, pos, val, a, simd=True)
-    bitpack.decompress(packed, 4, centroids, pos, val, b, simd=False)
-    assert a.tobytes() == b.tobytes()
+    assert bitpack.KERNELS[0] == "portable" and (len(bitpack.KERNELS) > 1) == bitpack.SIMD
+    packed, centroids, pos, val = _case(6, 1000, seed=1)
+    outs = []
+    for simd in (True, False, *bitpack.KERNELS):
+        outs.append(np.empty(1000, np.float32))
+        bitpack.decompress(packed, 6, centroids, pos, val, outs[-1], simd=simd)
+    assert len({o.tobytes() for o in outs}) == 1
+    with pytest.raises(ValueError, match="simd must be"):
+        bitpack.decompress(packed, 6, centroids, pos, val, outs[0], simd="neon")
+
+
+def _before_a_guard_page(data: np.ndarray) -> np.ndarray:
+    """A copy of ``data`` that ends where an unreadable page begins: a read past its end faults."""
+    page = mmap.PAGESIZE
+    area = mmap.mmap(-1, 2 * page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    if libc.mprotect(ctypes.c_void_p(base + page), page, 0) != 0:
+        pytest.skip("mprotect is not available")
+    view = np.frombuffer(area, np.uint8, count=data.size, offset=page - data.size)
+    view[:] = data
+    return view
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="guard pages via mprotect")
+@pytest.mark.parametrize("bits", [3, 4, 5, 6])
+@pytest.mark.parametrize("simd", bitpack.KERNELS)
+def test_kernels_read_nothing_past_the_stream_and_decode_every_tail(bits, simd):
+    """Every count 0..200 (each tail of a 16- or 32-index vector step, partial blocks),
+    decoded from a stream that ends at an unreadable page, equals the NumPy reference."""
+    for count in range(201):
+        packed, centroids, pos, val = _case(bits, count, seed=1000 * bits + count, outliers=3)
+        guarded = _before_a_guard_page(packed)
+        out = np.full(count, np.nan, np.float32)
+        bitpack.decompress(guarded, bits, centroids, pos, val, out, num_threads=1, simd=simd)
+        ref = bitpack.decompress_reference(packed, bits, centroids, pos, val, count)
+        assert out.tobytes() == ref.tobytes(), count
 
 
 @pytest.mark.parametrize("ascending", [True, False])
@@ -148,21 +188,105 @@ def test_thread_choice_one_below_the_threshold_else_idle_cpus(monkeypatch):
     assert bitpack.choose_threads(big) == 1
 
 
-def test_busy_cpus_leaves_out_the_caller_and_its_own_spinning_workers(monkeypatch):
-    monkeypatch.setitem(bitpack._threads_state, "loadavg", -1)
-    monkeypatch.setattr(bitpack.os, "pread", lambda fd, n, offset: b"0.50 0.40 0.30 4/311 9876\n")
-    monkeypatch.setitem(bitpack._threads_state, "ended", 0.0)
-    assert bitpack.busy_cpus() == 3                                   # 4 runnable, one of them the caller
-    monkeypatch.setitem(bitpack._threads_state, "threads", 2)
-    monkeypatch.setitem(bitpack._threads_state, "ended", bitpack.time.monotonic())
-    assert bitpack.busy_cpus() == 2                                   # ... and one our idle worker, spinning
+class FakeMachine:
+    """What bitpack's thread choice reads, faked: ``/proc`` files, the load average, the CPUs
+    this process may use, the clock and the calling thread's CPU time."""
 
-    def unreadable(fd, n, offset):
-        raise OSError("no /proc")
+    def __init__(self, monkeypatch, cpus=2, allowed=None, loadavg="0.00 0.00 0.00 1/300 99", proc=True):
+        self.loadavg, self.proc = loadavg.encode(), proc
+        self.ticks = {cpu: [0] * 8 for cpu in range(cpus)}    # user nice system idle iowait irq softirq steal
+        self.now, self.thread_s = 1000.0, 0.0
+        self.fds = {}
+        fake_os = types.ModuleType("os")
+        fake_os.__dict__.update(os.__dict__)
+        fake_os.open = self._open
+        fake_os.pread = self._pread
+        fake_os.getloadavg = lambda: tuple(float(x) for x in loadavg.split()[:3])
+        fake_os.sched_getaffinity = lambda pid: set(range(cpus) if allowed is None else allowed)
+        fake_time = types.ModuleType("time")
+        fake_time.__dict__.update(time.__dict__)
+        fake_time.monotonic = lambda: self.now
+        fake_time.thread_time = lambda: self.thread_s
+        monkeypatch.setattr(bitpack, "os", fake_os)
+        monkeypatch.setattr(bitpack, "time", fake_time)
+        monkeypatch.setattr(bitpack, "_threads_state", {**bitpack._threads_state, "fds": {}, "sample": None,
+                                                        "busy": None, "threads": 1, "ended": 0.0, "team_s": 0.0})
 
-    monkeypatch.setattr(bitpack.os, "pread", unreadable)
-    monkeypatch.setattr(bitpack.os, "getloadavg", lambda: (1.5, 1.0, 0.5))
-    assert bitpack.busy_cpus() == 1.5
+    def _open(self, path, flags):
+        if not self.proc or path not in ("/proc/stat", "/proc/loadavg"):
+            raise FileNotFoundError(path)
+        fd = 1000 + len(self.fds)
+        self.fds[fd] = path
+        return fd
+
+    def _pread(self, fd, size, offset):
+        if fd not in self.fds:
+            raise OSError(f"fd {fd} is not a fake /proc file")
+        if self.fds[fd] == "/proc/loadavg":
+            return self.loadavg
+        lines = [f"cpu{cpu} " + " ".join(map(str, t)) for cpu, t in self.ticks.items()]
+        total = [sum(col) for col in zip(*self.ticks.values())]
+        return ("cpu  " + " ".join(map(str, total)) + "\n" + "\n".join(lines) + "\nintr 12345 0 0\n").encode()
+
+    def run(self, seconds, busy):
+        """Let ``seconds`` pass, CPU c busy for ``busy[c]`` of them (the rest idle)."""
+        self.now += seconds
+        for cpu, t in self.ticks.items():
+            used = round(bitpack._TICKS_PER_S * busy.get(cpu, 0.0))
+            t[0] += used
+            t[3] += round(bitpack._TICKS_PER_S * seconds) - used
+
+
+BIG = bitpack.PARALLEL_MIN_COUNT
+
+
+def test_quiet_cpus_after_a_busy_minute_get_a_team(monkeypatch):
+    """A 1-minute load average of 7.9 and tasks runnable on CPUs this process may not use
+    (it may use 0 and 1 of 4): its CPUs are idle now, so both decode."""
+    machine = FakeMachine(monkeypatch, cpus=4, allowed={0, 1}, loadavg="7.90 7.50 6.00 3/300 99")
+    bitpack.choose_threads(BIG)
+    machine.run(0.2, {0: 0.01, 2: 0.2, 3: 0.2})
+    assert bitpack.busy_cpus() < 0.1
+    assert bitpack.choose_threads(BIG) == 2
+
+
+def test_cpus_busy_now_after_a_quiet_minute_decode_on_one_thread(monkeypatch):
+    """Load average 0 and only the caller runnable at the instant of the read, yet another
+    process kept CPU 1 busy for most of the last 0.2 s: one thread."""
+    machine = FakeMachine(monkeypatch, cpus=2, loadavg="0.00 0.00 0.00 1/300 99")
+    bitpack.choose_threads(BIG)
+    machine.run(0.2, {1: 0.17})
+    assert bitpack.choose_threads(BIG) == 1
+    machine.run(0.05, {})
+    assert bitpack.choose_threads(BIG) == 1                 # within 0.1 s of the last sample: its result
+    machine.run(0.2, {})
+    assert bitpack.choose_threads(BIG) == 2
+
+
+def test_the_caller_and_its_own_team_are_not_other_work(monkeypatch):
+    machine = FakeMachine(monkeypatch, cpus=2)
+    bitpack.busy_cpus()
+    bitpack._team_ran(2, machine.now + 0.05, machine.now + 0.15)        # worker: 0.1 s decoding, then 0.05 s spinning
+    machine.thread_s += 0.2
+    machine.run(0.3, {0: 0.2, 1: 0.15})
+    assert bitpack.busy_cpus() == 0
+    assert bitpack.choose_threads(BIG) == 2
+    machine.run(0.3, {0: 0.3, 1: 0.3})                                  # now someone else's
+    assert bitpack.busy_cpus() == 2
+
+
+def test_before_a_window_the_runnable_tasks_count_less_the_caller_and_its_spinning_workers(monkeypatch):
+    machine = FakeMachine(monkeypatch, cpus=4, loadavg="0.50 0.40 0.30 4/311 9876")
+    assert bitpack.busy_cpus() == 3                                     # 4 runnable, one of them the caller
+    machine.run(2.0, {})                                                # the last sample is too old to say what happens now
+    bitpack._team_ran(2, machine.now - 0.01, machine.now)
+    assert bitpack.busy_cpus() == 2                                     # ... and one our idle worker, spinning
+
+
+def test_without_proc_every_other_cpu_counts_as_busy_whatever_the_load_average(monkeypatch):
+    FakeMachine(monkeypatch, cpus=2, loadavg="0.00 0.00 0.00 1/300 99", proc=False)
+    assert bitpack.busy_cpus() == 1
+    assert bitpack.choose_threads(BIG) == 1
 
 
 @pytest.mark.parametrize("threads", [1, 2])

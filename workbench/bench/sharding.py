@@ -200,8 +200,7 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     from workbench.elastic.artifacts import prepare_store
 
     opts = parser().parse_args(args)
-    kernels = "AVX2" if bitpack.SIMD else "portable"
-    print(f"cores available: {bitpack.default_threads()}; decompression kernels: {kernels}")
+    print(f"cores available: {bitpack.default_threads()}; decompression kernels: {bitpack.KERNELS[-1]}")
     tables = {}
     if not opts.skip_accuracy:
         tables["storage"] = storage_rows(opts.task, opts.preset, opts.eval_size, progress=True)
