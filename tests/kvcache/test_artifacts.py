@@ -20,3 +20,14 @@ def test_replays_of_another_format_or_settings_are_made_again(tmp_path, monkeypa
         assert not artifacts.replays_ready("quick")
     path.write_text("{not json")
     assert not artifacts.replays_ready("quick")
+
+
+def test_the_full_replays_generate_no_more_than_the_page_shows():
+    """The page, its figures and the notebooks show switching, never a call's answer: one generated token a
+    call is all the prepared replays need (each more is a forward pass per call under five methods)."""
+    from pathlib import Path
+
+    assert artifacts.DEFAULTS["full"]["max_new_tokens"] == 1
+    root = Path(artifacts.__file__).resolve().parents[1]
+    for view in (root / "ui" / "kvcache.py", root / "viz" / "kvcache.py"):
+        assert ".output" not in view.read_text(), f"{view} shows answers: the replays need more tokens"

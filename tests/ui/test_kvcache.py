@@ -117,6 +117,16 @@ def test_a_real_tiny_replay_through_the_button():
     assert panel.figures["chunks"].layout.title.text.startswith("KV chunks after call 0 (LLMS)")
 
 
+def test_replay_generates_as_many_tokens_per_call_as_the_replays_shown():
+    """The prepared full replays generate one token a call; Replay with the same settings must too."""
+    shown = {m: replace(r, settings={**r.settings, "max_new_tokens": 1}) for m, r in sample_replays().items()}
+    panel = panel_on(shown)
+    panel.contexts.value, panel.calls.value, panel.device.value = 2, 2, "host"
+    panel.runner.button.click()
+    assert panel.runner.message.value == ""
+    assert {r.settings["max_new_tokens"] for r in panel.results.values()} == {1}
+
+
 def test_the_summary_says_which_budgets_were_raised_and_reads_close_ratios_plainly():
     llms = replace(replay_result(), settings={"requested_budget_bytes": 2_000_000, "config": {"policy": "lctru"}})
     lmk = replace(replay_result("lmk", 1.02, "kill", "lru"), memory_budget_bytes=5_000_000)

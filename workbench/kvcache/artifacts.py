@@ -17,12 +17,15 @@ bandwidth and pace eviction writes); replays of another format are made again.""
 
 DEFAULTS = {
     "full": {"contexts": 6, "calls": 30, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,
-             "max_new_tokens": 4, "mean_interval_s": 300.0, "seed": 0},
+             "max_new_tokens": 1, "mean_interval_s": 300.0, "seed": 0},
     "quick": {"contexts": 3, "calls": 12, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.25,
               "max_new_tokens": 2, "mean_interval_s": 300.0, "seed": 0},
 }
 """The default trace per preset. The quick one is the smallest whose contexts come back after eviction (so
-every page and test sees loads and recomputes); LMK's recomputes make it take about two minutes on 2 cores."""
+every page and test sees loads and recomputes); LMK's recomputes make it take about two minutes on 2 cores.
+The full one generates one token a call: the page and notebooks show switching, never the answers, and
+each further token is a forward pass over the whole context under all five methods (`workbench bench llms`
+replays with longer answers)."""
 
 
 def replays_path(preset: str) -> Path:

@@ -319,6 +319,16 @@ class KVCachePanel(Panel):
                                  f"{default.policy} to replay")
         return {m: {} for m in configs}
 
+    def _new_tokens(self) -> int:
+        """Tokens each call of a replay generates: as many as in the replays shown (the prepared ones generate
+        no more than the page needs: it shows switching, not answers), so Replay with unchanged settings makes
+        them again; the replay's own default when none are shown."""
+        from workbench.kvcache.replay import DEFAULT_NEW_TOKENS
+
+        first = next(iter((self.results or {}).values()), None)
+        return DEFAULT_NEW_TOKENS if first is None else int(recorded_setting(first, "max_new_tokens",
+                                                                             DEFAULT_NEW_TOKENS))
+
     def _replay_all(self, handle) -> dict:
         """Worker thread: the trace of the current settings replayed under every method."""
         settings = self.settings()
@@ -327,6 +337,7 @@ class KVCachePanel(Panel):
         from workbench.kvcache.traces import synthesize_trace
 
         configs = self._service_configs(settings, replay)
+        new_tokens = self._new_tokens()
         trace = synthesize_trace(settings.contexts, settings.calls, settings.pattern, settings.mean_interval_s,
                                  settings.seed)
         if self._model is None:
@@ -340,7 +351,7 @@ class KVCachePanel(Panel):
         for k, method in enumerate(METHODS):
             done = k * len(trace.calls)
             results[method] = replay(trace, method, memory_budget_bytes=budget, device=settings.device,
-                                     model=self._model, should_stop=handle.should_stop,
+                                     model=self._model, max_new_tokens=new_tokens, should_stop=handle.should_stop,
                                      progress=lambda d, _t, done=done: handle.progress(done + d, total),
                                      **configs[method])
             if handle.should_stop():
