@@ -151,13 +151,8 @@ def test_shared_engine_modules_import_no_mechanism():
         assert not bad, f"{module} imports {bad}"
 
 
-KNOWN_CYCLES = [{"workbench.kvcache.costmodel", "workbench.kvcache.loader", "workbench.kvcache.planner"}]
-"""Circles being taken apart elsewhere (issue 17, point 20); a new circle, or a bigger one, fails."""
-
-
 def test_no_two_modules_import_each_other():
-    cycles = import_cycles(import_graph())
-    assert [c for c in cycles if not any(c <= known for known in KNOWN_CYCLES)] == []
+    assert import_cycles(import_graph()) == []
 
 
 def test_the_graph_resolves_relative_imports_and_finds_circles(tmp_path, monkeypatch):
