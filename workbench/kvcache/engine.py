@@ -11,6 +11,7 @@ every earlier token is accumulated for information density.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -27,9 +28,13 @@ class CallResult:
 
 @torch.no_grad()
 def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int = 16,
-             stop_ids: tuple[int, ...] = (), bits: int = 8, max_context: int | None = None) -> CallResult:
+             stop_ids: tuple[int, ...] = (), bits: int = 8, max_context: int | None = None,
+             on_token: Callable[[int], bool] | None = None) -> CallResult:
     """Append ``prompt_ids`` to ``ctx``, decode greedily up to ``max_new_tokens``, store the new tokens'
-    K/V as chunks at ``bits``. Every chunk of ``ctx`` must be in memory."""
+    K/V as chunks at ``bits``. Every chunk of ``ctx`` must be in memory.
+
+    ``on_token(id)`` is called with each generated token as soon as it is chosen (for streaming); a
+    true result ends the generation there, as ``max_new_tokens`` would."""
     if not prompt_ids:
         raise WorkbenchError("the prompt is empty")
     if max_new_tokens < 0:
@@ -48,7 +53,8 @@ def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int =
     for _ in range(max_new_tokens):
         nxt = int(logits[-1].argmax())
         out.append(nxt)
-        if nxt in stop_ids or len(out) == max_new_tokens:
+        stop = on_token is not None and on_token(nxt)
+        if stop or nxt in stop_ids or len(out) == max_new_tokens:
             break
         logits = model.forward_tokens(torch.tensor([nxt]), cache, attn_columns=columns)
         added.append(nxt)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.errors import UnknownNameError, WorkbenchError
+from workbench.kvcache.errors import MemoryBudgetError  # noqa: F401
 
 POLICIES = ("lctru", "lru", "h2o")
 
@@ -32,10 +33,6 @@ KILL = "kill"          # the whole context's KV dropped; recomputed from its tok
 ACTIONS = {DROP: "dropped from memory, its file was already written ahead of time (no write)",
            SWAP_OUT: "swapped out: written to its file at eviction",
            KILL: "killed: KV dropped without a file, recomputed from the tokens when called"}
-
-
-class MemoryBudgetError(WorkbenchError):
-    """The context being served does not fit in the memory budget by itself."""
 
 
 @dataclass(frozen=True, kw_only=True)
