@@ -25,9 +25,9 @@ def test_serve_call_continue_and_stop(tmp_path):
         first = subprocess.run(CLI + ["kvcache", "call", "Name a colour.", "--address", address, "--app", "paint",
                                       "--max-new-tokens", "3"], capture_output=True, text=True, env=env, timeout=300)
         assert first.returncode == 0, first.stderr
-        stub = first.stdout.strip().splitlines()[-1].split("--context ")[1].rstrip(")")
+        stub = first.stdout.strip().splitlines()[-1].split("--context=")[1].rstrip(")")
         again = subprocess.run(CLI + ["kvcache", "call", "Another one.", "--address", address, "--app", "paint",
-                                      "--context", stub, "--max-new-tokens", "3"], capture_output=True, text=True,
+                                      f"--context={stub}", "--max-new-tokens", "3"], capture_output=True, text=True,
                                env=env, timeout=300)
         assert again.returncode == 0 and "--context" not in again.stdout, again.stderr
         thief = subprocess.run(CLI + ["kvcache", "call", "Mine now.", "--address", address, "--app", "other",

@@ -94,13 +94,15 @@ def configure_costs(parser: argparse.ArgumentParser) -> None:
 
 def _call(args) -> int:
     from workbench.kvcache.client import connect
-    from workbench.kvcache.service import CtxStub
+    from workbench.kvcache.protocol import CtxStub
 
     with connect(args.app, args.address) as session:
         stub = session.new_ctx(args.system) if args.context is None else CtxStub(args.context)
-        print(session.call(stub, args.prompt, max_new_tokens=args.max_new_tokens))
+        for piece in session.call_stream(stub, args.prompt, max_new_tokens=args.max_new_tokens):
+            print(piece, end="", flush=True)
+        print()
     if args.context is None:
-        print(f"(continue this context with --context {stub.token})")
+        print(f"(continue this context with --context={stub.token})")
     return 0
 
 

@@ -1,128 +1,357 @@
 """The LLM service for other processes: newline-delimited JSON over a Unix socket or loopback TCP.
 
-Protocol: each request and each reply is one JSON object on one line (UTF-8, at most 1 MiB).
-A connection binds one app first, then uses it::
+Each request and reply is one JSON object on one line (``protocol``); a request's ``id`` comes back in
+its reply. A connection binds one app first, then uses it::
 
-    {"op": "bind", "app": "notes"}                         -> {"ok": true}
+    {"op": "bind", "app": "notes", "version": "2.0"}       -> {"ok": true, "app": "uid1000:notes", "version": "2.0"}
     {"op": "new_ctx", "system_prompt": null}               -> {"ok": true, "stub": "<secret>"}
-    {"op": "call", "stub": "...", "prompt": "...", "max_new_tokens": 16}
-                                                           -> {"ok": true, "text": "...", "stats": {...}}
-    {"op": "delete", "stub": "..."}                        -> {"ok": true}
-    {"op": "snapshot"}                                     -> {"ok": true, "snapshot": {...}}
+    {"op": "call", "stub": "...", "prompt": "...", "max_new_tokens": 16, "call_id": "...",
+     "deadline_s": 30, "stream": true}                     -> {"event": "text", "text": "..."} lines while it
+                                                              generates (stream only), then
+                                                              {"ok": true, "text": "...", "stats": {...}}
+    {"op": "list"}                                         -> {"ok": true, "contexts": [{"id": ..., ...}]}
+    {"op": "delete", "stub": "..."} or {"op": "delete", "ctx": "<id>"}   -> {"ok": true}
+    {"op": "snapshot"}                                     -> {"ok": true, "snapshot": {the app's own}}
+    {"op": "snapshot", "all": true, "operator_token": "..."}   -> every app's (no bind needed)
+
+Identity: on a Unix socket the app is a label within the connecting process's uid (``SO_PEERCRED``):
+``uid1000:notes``. On TCP the first bind of a name issues a token (``"token"`` in the reply, stored hashed
+in the swap directory, 0600) and later binds of that name must present it (``"token"`` in the bind).
+The all-app snapshot needs the operator's token, written 0600 to ``operator.token`` in the swap
+directory at each start. The socket file is 0600 and the swap directory 0700.
+
+A call with a ``call_id`` is run once: a repeat of the same id on the same context (after a timeout,
+from any connection of the app) gets the first reply (with ``"repeated": true``) without running the
+model again; replies are kept in this process's memory only, so a restart forgets them.
+``deadline_s`` counts from the request's arrival: a call whose turn comes later is refused
+(``DeadlineError``) and changes nothing; one that reaches it while generating stops there and returns
+what it generated, with ``stats.cut_by_deadline`` true (the context keeps that shortened answer).
 
 A failed request answers ``{"ok": false, "error": "<message>", "type": "<error class>"}`` and the
 connection stays usable. Each connection has its own thread; calls share the service's FIFO turn.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import math
 import os
+import queue
+import secrets
 import signal
 import socket
 import socketserver
+import struct
+import tempfile
 import threading
+import time
+from collections import OrderedDict
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from workbench.errors import WorkbenchError
 from workbench.kvcache.costmodel import host_costs_cached
+from workbench.kvcache.errors import IdentityError, ProtocolError
+from workbench.kvcache.protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, LineReader, check_version,  # noqa: F401
+                                        default_address, encode, parse_address)
 from workbench.kvcache.service import (DEFAULT_MAX_CONTEXTS_PER_APP, DEFAULT_MEMORY_BUDGET, CtxStub, LLMService,
-                                       ServiceConfig)
+                                       ServiceConfig, default_swap_dir)
 
-MAX_LINE = 1 << 20
-LOOPBACK = ("127.0.0.1", "localhost")
-
-
-class ProtocolError(WorkbenchError):
-    """A request the protocol does not allow."""
+MAX_APP_NAME = 100
+REPLIES_KEPT = 4096
+OPS = "bind, new_ctx, call, list, delete, snapshot"
 
 
-def default_address() -> str:
-    """``unix:<cache>/llms/llms.sock``."""
-    from workbench.cache import cache_dir
+# ----------------------------------------------------------------------------- identity
 
-    return f"unix:{cache_dir() / 'llms' / 'llms.sock'}"
+@dataclass(frozen=True)
+class Peer:
+    """The other end of a connection: a local process (uid and pid from the kernel) or a TCP client (neither)."""
+    uid: int | None = None
+    pid: int | None = None
 
 
-def parse_address(address: str) -> tuple[str, object]:
-    """``unix:PATH`` (or a path) -> ("unix", path); ``tcp:127.0.0.1:PORT`` (or ``127.0.0.1:PORT``) ->
-    ("tcp", (host, port)). TCP is loopback only: the service has no authentication beyond its stubs."""
-    text = str(address)
-    if text.startswith("unix:"):
-        return "unix", text[5:]
-    if "/" in text:
-        return "unix", text
-    host, _, port = text.removeprefix("tcp:").rpartition(":")
-    if host not in LOOPBACK or not port.isdigit():
-        raise WorkbenchError(f"an address is unix:PATH or tcp:127.0.0.1:PORT (loopback only), got {address!r}")
-    return "tcp", ("127.0.0.1", int(port))
+def peer_credentials(sock: socket.socket) -> Peer:
+    """The uid and pid of the process connected on a Unix socket (``SO_PEERCRED``)."""
+    size = struct.calcsize("3i")
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))
+    return Peer(uid=uid, pid=pid)
+
+
+def app_identity(name, peer: Peer) -> str:
+    """The app a bind of ``name`` stands for: a label within the peer's uid, or within TCP's token holders."""
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_APP_NAME:
+        raise WorkbenchError(f"an app is named by a non-empty string of at most {MAX_APP_NAME} characters, "
+                             f"got {name!r}")
+    return f"tcp:{name}" if peer.uid is None else f"uid{peer.uid}:{name}"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600), replacing it whole."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")          # mkstemp makes it 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class AppTokens:
+    """The TCP apps' tokens, hashed in a 0600 JSON file: the first bind of a name holds it from then on."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._hashes: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError as exc:
+            raise WorkbenchError(f"the app tokens in {path} are damaged ({exc}); remove the file and apps bound "
+                                 f"over TCP get new tokens at their next bind") from exc
+
+    def admit(self, name: str, token) -> str | None:
+        """Check ``token`` for ``name``; a name not seen before takes the token given, or a new one, which
+        is returned (None when the client's own token was accepted)."""
+        if token is not None and not isinstance(token, str):
+            raise ProtocolError(f"an app token is a string, got {type(token).__name__}")
+        with self._lock:
+            known = self._hashes.get(name)
+            if known is None:
+                issued = None if token else secrets.token_urlsafe(32)
+                self._hashes[name] = _sha256(token or issued)
+                _write_private(self.path, json.dumps(self._hashes))
+                return issued
+        if token is None or not hmac.compare_digest(_sha256(token), known):
+            raise IdentityError(f"app {name!r} is held by the client that first bound it over TCP; this client "
+                                f"{'presented a wrong token' if token else 'has no token for it'}; choose "
+                                f"another app name")
+        return None
+
+
+class ReplyMemory:
+    """The last reply per app and context with its ``call_id``, so a repeated call is answered, not run."""
+
+    @dataclass(eq=False)
+    class _Entry:
+        call_id: str
+        request: str
+        done: threading.Event
+        reply: dict | None = None
+
+    def __init__(self, kept: int = REPLIES_KEPT):
+        self.kept = kept
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, str], ReplyMemory._Entry] = OrderedDict()
+
+    def run_once(self, key: tuple[str, str], call_id: str | None, request: str, run: Callable[[], dict]) -> dict:
+        """``run()``'s reply, or the reply an earlier request of the same ``call_id`` got (waiting for it
+        while it runs); ``request`` (the prompt and settings) must be the same. A failed run is forgotten,
+        so its repeat runs again."""
+        if call_id is None:
+            return run()
+        with self._lock:
+            entry = self._entries.get(key)
+            first = entry is None or entry.call_id != call_id
+            if not first and entry.request != request:
+                raise ProtocolError(f"call_id {call_id!r} was given to another call on this context (another prompt "
+                                    f"or max_new_tokens); a new call needs a new call_id")
+            if first:
+                entry = self._entries[key] = self._Entry(call_id, request, threading.Event())
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.kept:
+                self._entries.popitem(last=False)
+        if not first:
+            entry.done.wait()
+            if entry.reply is not None:
+                return dict(entry.reply, repeated=True)
+            return self.run_once(key, call_id, request, run)
+        try:
+            entry.reply = run()
+        except BaseException:
+            with self._lock:
+                if self._entries.get(key) is entry:
+                    del self._entries[key]
+            raise
+        finally:
+            entry.done.set()
+        return entry.reply
+
+
+# ----------------------------------------------------------------------------- connections
+
+class _Pieces:
+    """Generated token ids -> the new text each adds (held back while a character is incomplete)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def add(self, token: int) -> str:
+        if token == self.tokenizer.im_end_id:
+            return ""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd") or not text.startswith(self.text):
+            return ""
+        piece, self.text = text[len(self.text):], text
+        return piece
 
 
 def _reply_error(exc: Exception) -> dict:
     return {"ok": False, "error": str(exc), "type": type(exc).__name__}
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    """One connection: bind an app, then answer its requests in order."""
+def _deadline(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ProtocolError(f"deadline_s is a positive number of seconds, got {value!r}")
+    return time.monotonic() + value
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    """One connection: bind an app, then answer its requests in order. Replies and streamed pieces go
+    out through a writer thread, so a client that reads slowly never holds up the model."""
+
+    def setup(self) -> None:
+        self.owner: LLMServer = self.server.owner
+        self.reader = LineReader(self.request)
+        self.outbox: queue.Queue[dict | None] = queue.Queue()
+        self.broken = False
+        self.session = None
+        self.peer = self.owner.peer_of(self.request)
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def finish(self) -> None:
+        self.outbox.put(None)
+
+    def _write(self) -> None:
+        while True:
+            message = self.outbox.get()
+            try:
+                if message is None:
+                    return
+                if not self.broken:
+                    self.request.sendall(encode(message))
+            except OSError:
+                self.broken = True
+            finally:
+                self.outbox.task_done()
+
+    def _send(self, reply: dict) -> bool:
+        """Queue ``reply`` and wait until it (and every piece before it) is written."""
+        self.outbox.put(reply)
+        self.outbox.join()
+        return not self.broken
 
     def handle(self) -> None:
-        server: LLMServer = self.server.owner
-        session = None
         while True:
-            line = self.rfile.readline(MAX_LINE + 1)
-            if not line:
-                return
-            if len(line) > MAX_LINE:
-                while line and not line.endswith(b"\n"):         # skip the rest of the oversized line
-                    line = self.rfile.readline(MAX_LINE)
-                if not self._send(_reply_error(ProtocolError(f"a request is one line of at most {MAX_LINE} bytes"))):
+            try:
+                line = self.reader.readline(MAX_REQUEST_BYTES)
+            except ProtocolError as exc:
+                if not self._send(_reply_error(exc)):
                     return
                 continue
-            with server.in_flight():
+            except OSError:
+                return
+            if not line:
+                return
+            with self.owner.in_flight():
+                rid = None
                 try:
                     request = json.loads(line)
                     if not isinstance(request, dict):
                         raise ProtocolError("a request is a JSON object")
-                    reply, session = self._answer(server.service, session, request)
+                    rid = request.get("id")
+                    reply = self._answer(request)
                 except WorkbenchError as exc:
                     reply = _reply_error(exc)
                 except (ValueError, TypeError, KeyError) as exc:
                     reply = _reply_error(ProtocolError(f"bad request: {exc}"))
                 except Exception as exc:                    # the service failed; the connection stays usable
                     reply = _reply_error(exc)
-                if not self._send(reply):
+                if not self._send(dict(reply, id=rid)):
                     return
 
-    def _send(self, reply: dict) -> bool:
-        try:
-            self.wfile.write(json.dumps(reply).encode() + b"\n")
-            self.wfile.flush()
-            return True
-        except OSError:
-            return False
-
-    @staticmethod
-    def _answer(service: LLMService, session, request: dict) -> tuple[dict, object]:
+    def _answer(self, request: dict) -> dict:
         op = request.get("op")
+        service, session = self.owner.service, self.session
         if op == "bind":
-            if session is not None:
-                raise ProtocolError(f"this connection is bound to app {session.app!r} already")
-            return {"ok": True}, service.bind(request["app"])
-        if op == "snapshot":
-            return {"ok": True, "snapshot": service.snapshot()}, session
+            return self._bind(request)
+        if op == "snapshot" and request.get("all"):
+            self.owner.check_operator(request.get("operator_token"))
+            return {"ok": True, "snapshot": service.snapshot()}
         if session is None:
-            raise ProtocolError("bind an app first: {\"op\": \"bind\", \"app\": NAME}")
+            raise ProtocolError(f"bind an app first: {{\"op\": \"bind\", \"app\": NAME, \"version\": "
+                                f"\"{PROTOCOL_VERSION}\"}}")
         if op == "new_ctx":
-            return {"ok": True, "stub": session.new_ctx(request.get("system_prompt")).token}, session
+            return {"ok": True, "stub": session.new_ctx(request.get("system_prompt")).token}
         if op == "call":
-            text, stats = session.call_with_stats(CtxStub(str(request["stub"])), request["prompt"],
-                                                  request.get("max_new_tokens", 16))
-            return {"ok": True, "text": text, "stats": stats.to_dict()}, session
+            return self._call(request)
+        if op == "list":
+            return {"ok": True, "contexts": session.contexts()}
         if op == "delete":
-            session.delete(CtxStub(str(request["stub"])))
-            return {"ok": True}, session
-        raise ProtocolError(f"unknown op {op!r}; ops: bind, new_ctx, call, delete, snapshot")
+            if "ctx" in request:
+                session.delete_context(request["ctx"])
+            else:
+                session.delete(CtxStub(str(request["stub"])))
+            return {"ok": True}
+        if op == "snapshot":
+            return {"ok": True, "snapshot": session.snapshot()}
+        raise ProtocolError(f"unknown op {op!r}; ops: {OPS}")
+
+    def _bind(self, request: dict) -> dict:
+        if self.session is not None:
+            raise ProtocolError(f"this connection is bound to app {self.session.app!r} already")
+        check_version(request.get("version"), "client")
+        name = request["app"]
+        identity = app_identity(name, self.peer)
+        issued = self.owner.tokens.admit(name, request.get("token")) if self.peer.uid is None else None
+        self.session = self.owner.service.bind(identity)
+        reply = {"ok": True, "app": identity, "version": PROTOCOL_VERSION}
+        if issued is not None:
+            reply["token"] = issued
+        return reply
+
+    def _call(self, request: dict) -> dict:
+        session, rid = self.session, request.get("id")
+        stub = CtxStub(str(request["stub"]))
+        prompt, max_new_tokens = request["prompt"], request.get("max_new_tokens", 16)
+        call_id, deadline = request.get("call_id"), _deadline(request.get("deadline_s"))
+        if call_id is not None and (not isinstance(call_id, str) or not 0 < len(call_id) <= 200):
+            raise ProtocolError(f"a call_id is a string of 1 to 200 characters, got {call_id!r}")
+        tokenizer = self.owner.service.tokenizer
+        pieces = _Pieces(tokenizer) if request.get("stream") is True else None
+
+        def run() -> dict:
+            generated: list[int] = []
+            stopped = []
+
+            def on_token(token: int) -> bool:
+                generated.append(token)
+                if pieces is not None:
+                    piece = pieces.add(token)
+                    if piece:
+                        self.outbox.put({"id": rid, "event": "text", "text": piece})
+                if deadline is not None and time.monotonic() >= deadline:
+                    stopped.append(True)
+                return bool(stopped)
+
+            text, stats = session.call_with_stats(stub, prompt, max_new_tokens, on_token=on_token, deadline=deadline)
+            cut = bool(stopped) and len(generated) < max_new_tokens and generated[-1] != tokenizer.im_end_id
+            return {"ok": True, "text": text, "stats": replace(stats, cut_by_deadline=cut).to_dict()}
+
+        fingerprint = json.dumps([prompt, max_new_tokens])
+        return self.owner.replies.run_once((session.app, _sha256(stub.token)), call_id, fingerprint, run)
 
 
 class _UnixServer(socketserver.ThreadingUnixStreamServer):
@@ -152,18 +381,51 @@ def _claim_socket_path(path: Path) -> None:
         probe.close()
 
 
+def _bind_unix(path: Path) -> _UnixServer:
+    """A server on ``path`` that no other user could reach at any moment: bound in a private (0700)
+    folder, made 0600, then moved into place."""
+    private = Path(tempfile.mkdtemp(prefix=".llms-", dir=path.parent))
+    try:
+        server = _UnixServer(str(private / "s"), _Handler)
+        os.chmod(private / "s", 0o600)
+        os.replace(private / "s", path)
+    finally:
+        for leftover in private.iterdir():
+            leftover.unlink()
+        private.rmdir()
+    return server
+
+
+def private_dir(path: Path | str) -> Path:
+    """``path`` as a folder only its owner may enter (0700), made if missing."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
 class LLMServer:
     """``service`` on ``address`` (see ``parse_address``; default ``default_address()``).
-    ``serve_forever`` in one thread, ``shutdown`` from another, then ``close``."""
+    ``serve_forever`` in one thread, ``shutdown`` from another, then ``close``.
 
-    def __init__(self, service: LLMService, address: str | None = None):
+    ``operator_token`` (also in ``operator_token_path``, 0600) opens the all-app snapshot.
+    ``peer_credentials(sock)`` reads who connected on a Unix socket (the kernel's answer by default)."""
+
+    def __init__(self, service: LLMService, address: str | None = None, *,
+                 peer_credentials: Callable[[socket.socket], Peer] = peer_credentials):
         self.service = service
         self.kind, where = parse_address(address or default_address())
+        self._peer_credentials = peer_credentials
+        swap = private_dir(service.swap_dir)
+        self.tokens = AppTokens(swap / "app-tokens.json")
+        self.replies = ReplyMemory()
+        self.operator_token = secrets.token_urlsafe(32)
+        self.operator_token_path = swap / "operator.token"
+        _write_private(self.operator_token_path, self.operator_token)
         if self.kind == "unix":
             self.path = Path(where)
             _claim_socket_path(self.path)
-            self._server = _UnixServer(str(self.path), _Handler)
-            os.chmod(self.path, 0o600)
+            self._server = _bind_unix(self.path)
         else:
             self.path = None
             self._server = _TCPServer(where, _Handler)
@@ -177,6 +439,14 @@ class LLMServer:
             return f"unix:{self.path}"
         host, port = self._server.server_address[:2]
         return f"tcp:{host}:{port}"
+
+    def peer_of(self, sock: socket.socket) -> Peer:
+        return self._peer_credentials(sock) if self.kind == "unix" else Peer()
+
+    def check_operator(self, token) -> None:
+        if not isinstance(token, str) or not hmac.compare_digest(token, self.operator_token):
+            raise IdentityError(f"every app's snapshot needs the operator's token (in {self.operator_token_path}); "
+                                f"without it, ask for this app's own snapshot")
 
     @contextmanager
     def in_flight(self) -> Iterator[None]:
@@ -203,6 +473,7 @@ class LLMServer:
         self._server.server_close()
         if self.path is not None and self.path.exists():
             self.path.unlink()
+        self.operator_token_path.unlink(missing_ok=True)
         self.service.close()
         with self._idle:
             self._idle.wait_for(lambda: self._busy == 0, timeout=timeout)
@@ -219,6 +490,7 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
     ``device``: the cost model the swapping-recompute pipeline plans on (``"host"``, measured once and
     cached, or an emulated preset whose loads are padded to its speed); resolved before serving."""
     out = out or (lambda line: print(line, flush=True))
+    swap_dir = private_dir(swap_dir if swap_dir is not None else default_swap_dir())
     service = LLMService(model, swap_dir, memory_budget_bytes, max_contexts_per_app, config, device=device)
     try:
         chunk_size = service.config.chunk_size
