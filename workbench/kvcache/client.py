@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Iterator
 
 from workbench.errors import WorkbenchError
-from workbench.kvcache.errors import (ContextLimitError, DeadlineError, IdentityError, MemoryBudgetError,  # noqa: F401
-                                      ProtocolError, ServiceClosedError, StubError, SwapStoreError)
+from workbench.kvcache.errors import (CallFailedError, ContextLimitError, DeadlineError,  # noqa: F401
+                                      IdentityError, MemoryBudgetError, ProtocolError, ServiceClosedError, StubError,
+                                      SwapStoreError)
 from workbench.kvcache.protocol import (ERRORS, MAX_REQUEST_BYTES, PROTOCOL_VERSION, CallStats, CtxStub, LineReader,
                                         check_version, default_address, encode, parse_address)
 

@@ -20,6 +20,10 @@ class SwapStoreError(WorkbenchError):
     """The swap store could not be written (a full disk, say); the call or eviction was undone."""
 
 
+class CallFailedError(WorkbenchError):
+    """A call failed after inference began; it was undone, so the context is as before the call."""
+
+
 class ServiceClosedError(WorkbenchError):
     """The service was closed."""
 

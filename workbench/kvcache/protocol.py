@@ -12,8 +12,8 @@ import socket
 from dataclasses import asdict, dataclass, fields
 
 from workbench.errors import WorkbenchError
-from workbench.kvcache.errors import (ContextLimitError, DeadlineError, IdentityError, MemoryBudgetError,
-                                      ProtocolError, ServiceClosedError, StubError, SwapStoreError)
+from workbench.kvcache.errors import (CallFailedError, ContextLimitError, DeadlineError, IdentityError,
+                                      MemoryBudgetError, ProtocolError, ServiceClosedError, StubError, SwapStoreError)
 
 PROTOCOL_VERSION = "2.0"
 """major.minor: peers of different majors refuse each other at bind; a minor adds optional fields only."""
@@ -21,7 +21,8 @@ MAX_REQUEST_BYTES = 1 << 20
 LOOPBACK = ("127.0.0.1", "localhost")
 
 ERRORS = {cls.__name__: cls for cls in (StubError, ContextLimitError, MemoryBudgetError, SwapStoreError,
-                                        ServiceClosedError, DeadlineError, ProtocolError, IdentityError)}
+                                        CallFailedError, ServiceClosedError, DeadlineError, ProtocolError,
+                                        IdentityError)}
 """The error classes a client raises again from a reply's ``type``."""
 
 
