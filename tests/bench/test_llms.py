@@ -23,6 +23,52 @@ def test_raw_chunks_score_as_the_plain_decoder_and_2_bits_worse_than_8(model):
     assert got[2][0] > got[8][0] and got[2][1] < got[8][1]
 
 
+def test_the_tolerance_setting_is_the_services_assignment_after_a_conversation(model):
+    """The table's tolerance row reads a context kept as the service keeps it: fed in several calls, every
+    full chunk at the level ``assign_levels`` gives over the whole context, made from its 8-bit base; the
+    open last chunk at 8 bits; the mean of the full chunks at the 0.5 ratio."""
+    from workbench.kvcache.chunks import recompress
+    from workbench.kvcache.density import assign_levels
+
+    ids = decoder_tokenizer().encode(heldout_text(1))[:100]
+    kv, bases = llms.service_conversation(model, ids, 4)
+    cfg = model.cfg
+    full = kv.full_chunks()
+    assert len(kv.tokens) == 100 and full == list(range(6)) and kv.chunks[6].bits == 8
+    bits = [kv.chunks[i].bits for i in full]
+    assert bits == assign_levels(kv.chunk_density(cfg.num_layers * cfg.num_heads)[full], (8, 4, 2), 0.5).tolist()
+    assert sum(bits) == 4 * len(full) and sorted(bases) == full
+    for i in full:
+        assert bases[i].bits == 8 and recompress(bases[i], kv.chunks[i].bits).payload.tobytes() == \
+            kv.chunks[i].payload.tobytes()
+
+
+def test_the_paper_scale_table_prices_each_load_of_a_replay_at_llama2_dimensions():
+    """A replay whose one later call brought back 256 chunks at 8 bits and one with 40 at mixed levels:
+    on the TX2 (R 10.3) the pipeline recomputes some and beats reading everything, within 1 + 1/R."""
+    from types import SimpleNamespace
+
+    from workbench.kvcache.records import CallRecord, ReplayResult
+
+    def call(i, context, bits):
+        return CallRecord(index=i, time_s=i, context=context, switch_s=0.0, io_s=0.0, recompute_s=0.0,
+                          inference_s=0.0, queue_wait_s=0.0, chunks_missing=len(bits), chunks_loaded=0,
+                          chunks_recomputed=0, bytes_read=0, memory_bytes=0, output="", missing_bits=bits)
+
+    result = ReplayResult(method="llms", device="orin-nx", memory_budget_bytes=1, contexts=2, pattern="markov",
+                          calls=(call(0, 0, ()), call(1, 1, ()), call(2, 0, (8,) * 256),
+                                 call(3, 1, (8, 4, 2, 2) * 10)))
+    fake = SimpleNamespace(opts=SimpleNamespace(patterns=["markov"], reference_contexts=2, budget=0.5),
+                           budget=lambda fraction: 1, run=lambda *args: result)
+    rows = {r["device"]: r for r in llms.paper_scale_table(fake)}
+    assert set(rows) == set(llms.SWAP_PRESETS)
+    tx2 = rows["jetson-tx2"]
+    assert tx2["loads"] == 2 and tx2["chunks_per_load"] == 148 and tx2["chunks_recomputed"] > 0
+    assert 1.0 < tx2["without_over_with"] <= tx2["bound"] == pytest.approx(1 + 1 / 10.29, abs=2e-3)
+    assert tx2["mean_switch_read_all_ms"] == pytest.approx(1e3 * (256 * 4_194_304 + 10 * 4_194_304 * 2) / 0.1e9 / 2)
+    assert rows["mi14"]["without_over_with"] >= 1.0 and tx2["paper_ratio"] == pytest.approx(6.0)
+
+
 def test_windows_do_not_overlap_and_stop_at_the_limit():
     windows = llms.perplexity_windows(list(range(100)), 16, 8, limit=3)
     assert windows == [list(range(0, 25)), list(range(25, 50)), list(range(50, 75))]
@@ -58,6 +104,11 @@ def test_quick_bench_makes_every_table():
     assert [r["method"] for r in tables["ablation"]] == list(llms.ABLATIONS)
     assert len(tables["active_contexts"]) == 3 * len(llms.METHODS)
     assert {r["setting"] for r in tables["perplexity"]} == {str(s) for s in llms.PPL_SETTINGS}
+    paper = tables["paper_scale"]
+    assert [r["device"] for r in paper] == list(llms.SWAP_PRESETS)
+    for row in paper:                      # priced by a cost model: never slower with the pipeline, never past 1 + 1/R
+        assert 1.0 <= row["without_over_with"] <= row["bound"] + 1e-9
+        assert "not measured" in row["source"]
     for row in tables["switching"]:
         assert row["mean_switch_ms"] >= 0 and row["calls"] == llms.QUICK["calls"] * row["contexts"]
     load = tables["load"]

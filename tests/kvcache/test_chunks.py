@@ -32,6 +32,20 @@ def test_quantization_error_is_bounded_by_half_a_step_and_bytes_add_up():
     assert chunk_nbytes(SHAPE, 2) < chunk_nbytes(SHAPE, 4) < chunk_nbytes(SHAPE, 8) < chunk_nbytes(SHAPE, 32)
 
 
+def test_half_precision_raw_chunks_hold_float16_values_in_half_the_bytes():
+    """The paper's FP16 baselines: a raw 16-bit chunk is the float16 rounding of the values, twice the codes
+    of an 8-bit chunk (whose per-channel minimum and step add a quarter at 16 tokens), half a float32 one."""
+    kv = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
+    half = encode_chunk(kv, 16)
+    assert half.payload.dtype == np.float16 and half.bits == 16 and half.low is None
+    assert np.array_equal(half.to_array(), kv.astype(np.float16).astype(np.float32))
+    assert half.to_array().dtype == np.float32
+    assert half.nbytes == chunk_nbytes(SHAPE, 16) == kv.size * 2 == chunk_nbytes(SHAPE, 32) // 2
+    assert chunk_nbytes(SHAPE, 16) / chunk_nbytes(SHAPE, 8) == pytest.approx(1.6)
+    back = ChunkData.from_bytes(half.to_bytes())
+    assert back.bits == 16 and np.array_equal(back.payload, half.payload)
+
+
 def test_sub_byte_codes_are_packed_by_the_extension_as_the_numpy_reference_packs_them():
     rng = np.random.default_rng(1)
     kv = rng.standard_normal(SHAPE).astype(np.float32)
@@ -62,7 +76,7 @@ def test_a_lower_level_keeps_each_channels_range_and_errs_by_at_most_half_its_st
 
 
 def test_bad_bits_and_shapes_are_named():
-    with pytest.raises(WorkbenchError, match="32 \\(raw\\), 8, 4 or 2 bits, got 3"):
+    with pytest.raises(WorkbenchError, match="32 or 16 \\(raw float\\), 8, 4 or 2 bits, got 3"):
         encode_chunk(np.zeros(SHAPE, np.float32), 3)
     with pytest.raises(WorkbenchError, match="got shape \\(2, 3\\)"):
         encode_chunk(np.zeros((2, 3), np.float32), 8)

@@ -193,7 +193,7 @@ def test_a_plan_that_does_not_match_the_context_is_refused(decoder, prefilled, t
 def test_layer_by_layer_reads_of_mixed_files_give_the_stored_chunks(tmp_path):
     rng = np.random.default_rng(3)
     files, chunks = [], []
-    for n, (bits, tokens) in enumerate([(32, 16), (8, 16), (4, 16), (2, 16), (8, 5), (8, 16), (2, 5)]):
+    for n, (bits, tokens) in enumerate([(32, 16), (16, 16), (8, 16), (4, 16), (2, 16), (8, 5), (16, 5), (2, 5)]):
         chunks.append(encode_chunk(rng.standard_normal((3, 2, 3, tokens, 64)).astype(np.float32), bits))
         files.append((tmp_path / f"{n}.bin", bits, chunks[-1].shape))
         write_chunk(files[-1][0], chunks[-1])
@@ -219,3 +219,26 @@ def test_the_host_is_measured_once_and_cached(decoder, tmp_cache, monkeypatch):
 
     monkeypatch.setattr(costmodel, "measure_host", measure_again)
     assert profile_host(decoder) == host
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_a_chunk_read_back_and_the_same_chunk_recomputed_hold_the_same_codes(decoder, prefilled, tmp_path, bits):
+    """Whatever equation 4 decides, the context holds the same values: chunk 0 (whose K/V depend on its own
+    tokens only) swapped out at ``bits`` comes back with identical codes and channel scales whether it is
+    read or recomputed, and the next tokens are the same."""
+    from workbench.kvcache.engine import run_call
+
+    loaded = {}
+    for route, times in (("read", {**SPLIT, "recompute_per_chunk_s": 10.0}), ("recompute", {**SPLIT, "read_bytes_per_s": 1.0})):
+        kv = context(decoder, prefilled, 8)
+        files = swap_out(kv, {0: bits}, tmp_path / route) if (tmp_path / route).mkdir() is None else None
+        plan = plan_swap_recompute(host_like(decoder, **times), missing_chunks(kv, files))
+        assert (plan.load, plan.recompute) == (((0,), ()) if route == "read" else ((), (0,)))
+        load_context(decoder, kv, files, plan)
+        loaded[route] = kv
+    read, recomputed = loaded["read"].chunks[0], loaded["recompute"].chunks[0]
+    assert read.bits == recomputed.bits == bits
+    assert np.array_equal(read.payload, recomputed.payload)
+    assert np.array_equal(read.low, recomputed.low) and np.array_equal(read.step, recomputed.step)
+    follow = [1, 2, 3]
+    assert run_call(decoder, loaded["read"], follow, 4).output_ids == run_call(decoder, loaded["recompute"], follow, 4).output_ids

@@ -15,7 +15,7 @@ ORDER = (0, 1, 2, 0, 1, 0)
 PROMPTS = ("Name three colors of the rainbow and say which one you like best.",
            "Summarize: the city council voted to build a new bridge over the river next year.",
            "Is this review positive? The film was long, slow and far too loud.")
-LEVEL_STATES = {"32", "8", "4", "2"}
+LEVEL_STATES = {"32", "16", "8", "4", "2"}
 
 
 def tiny_trace() -> Trace:

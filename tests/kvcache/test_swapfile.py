@@ -6,7 +6,7 @@ from workbench.kvcache.chunks import encode_chunk
 from workbench.kvcache.swapfile import file_size, read_chunk, read_layer, write_chunk
 
 
-@pytest.mark.parametrize("bits", [32, 8, 4, 2])
+@pytest.mark.parametrize("bits", [32, 16, 8, 4, 2])
 @pytest.mark.parametrize("tokens", [16, 5])
 def test_a_chunk_comes_back_whole_and_layer_by_layer(tmp_path, bits, tokens):
     kv = np.random.default_rng(bits + tokens).standard_normal((4, 2, 3, tokens, 64)).astype(np.float32)

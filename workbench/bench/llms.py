@@ -14,6 +14,9 @@ Tables:
   criterion (paper: 9.7x on average and up to 100x); the per-cell ratios are printed beside.
 - ``ablation`` (Figure 13): the reference trace (8 contexts, first pattern): LLMS and LLMS without
   chunk lifecycle management, without tolerance-aware compression, without the pipeline.
+- ``paper_scale``: the ablation's LLMS loads priced by a cost model at the paper's own dimensions
+  (Llama2-7B chunks, the paper's recompute figures), with and without the pipeline, beside the bound
+  1 + 1/R that overlapping recompute with reads can reach (:func:`paper_scale_table`).
 - ``active_contexts`` (Figure 10): for each of three budgets (``--budgets``), the most contexts each
   method serves with a mean switching latency under 10 ms and under 25 ms (``most_contexts``: counts
   doubled from 2 up to ``--max-contexts``, then bisected; a count equal to the cap means at least
@@ -51,7 +54,7 @@ PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_
                     "llms_without_pipeline": 1.62}
 """Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
 THRESHOLDS_MS = (10.0, 25.0)
-TABLES = ("switching", "active_contexts", "ablation", "perplexity", "load")
+TABLES = ("switching", "active_contexts", "ablation", "paper_scale", "perplexity", "load")
 REFERENCE_CONTEXTS = 8
 TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
 PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
@@ -278,6 +281,36 @@ def ablation_table(replays: Replays) -> list[dict]:
              "paper_ratio": PAPER_ABLATION_S[m] / PAPER_ABLATION_S["llms"]} for m, r in results.items()]
 
 
+def paper_scale_table(replays: Replays) -> list[dict]:
+    """The ablation's LLMS replay priced at the paper's dimensions (a cost model only: Llama2-7B's 4 MB
+    chunks with the paper's recompute line and each preset's read bandwidth, nothing run): every load
+    of the replay, with the chunks and levels it brought back, planned by equation 4 (the pipeline) and
+    read whole (without it). What the pipeline can buy there, beside its bound 1 + 1/R and the paper's
+    Figure 13 (1.62 s / 0.27 s = 6x on Orin NX)."""
+    from workbench.kvcache.costmodel import paper_cost_model, pipeline_bound
+    from workbench.kvcache.planner import fixed_plan, plan_swap_recompute
+
+    opts, pattern, n = replays.opts, replays.opts.patterns[0], replays.opts.reference_contexts
+    result = replays.run("llms", n, pattern, replays.budget(opts.budget))
+    loads = [c.missing_bits for c in _later_calls(result) if c.missing_bits]
+    rows = []
+    for device in SWAP_PRESETS:
+        costs = paper_cost_model(device)
+        missing = [[(i, bits, costs.chunk_bytes[bits]) for i, bits in enumerate(levels)] for levels in loads]
+        with_pipeline = [plan_swap_recompute(costs, m) for m in missing]
+        read_all = [fixed_plan(costs, (), m).predicted_s for m in missing]
+        mean_with = float(np.mean([p.predicted_s for p in with_pipeline])) if loads else 0.0
+        mean_without = float(np.mean(read_all)) if loads else 0.0
+        rows.append({"device": device, "source": "cost model at Llama2-7B dimensions (paper figures), not measured",
+                     "loads": len(loads), "chunks_per_load": float(np.mean([len(m) for m in loads])) if loads else 0.0,
+                     "chunks_recomputed": sum(len(p.recompute) for p in with_pipeline),
+                     "mean_switch_with_pipeline_ms": 1e3 * mean_with, "mean_switch_read_all_ms": 1e3 * mean_without,
+                     "without_over_with": _ratio(mean_without, mean_with) if loads else 1.0,
+                     "bound": pipeline_bound(costs),
+                     "paper_ratio": PAPER_ABLATION_S["llms_without_pipeline"] / PAPER_ABLATION_S["llms"]})
+    return rows
+
+
 # ----------------------------------------------------------------------------- perplexity
 
 def perplexity_windows(ids: list[int], prefix: int, target: int, limit: int | None = None) -> list[list[int]]:
@@ -287,6 +320,32 @@ def perplexity_windows(ids: list[int], prefix: int, target: int, limit: int | No
     return windows[:limit]
 
 
+CONVERSATION_CALLS = 4
+"""Calls the perplexity table's tolerance setting feeds a window's prefix in, as a conversation would."""
+
+
+def service_conversation(model, ids: list[int], calls: int, global_ratio: float = 0.5):
+    """``ids`` fed in ``calls`` equal calls the way the service keeps a context: each call runs on the
+    chunks' values, its tokens go into 8-bit chunks, and after it every full chunk's level is assigned
+    anew over the whole context from its 8-bit base (``ChunkedKV.relevel``). Returns the context and
+    those bases (index -> 8-bit chunk)."""
+    from workbench.kvcache.chunks import LEVELS, ChunkedKV
+    from workbench.kvcache.density import assign_levels
+    from workbench.kvcache.engine import run_call
+
+    cfg = model.cfg
+    kv = ChunkedKV.for_decoder(cfg)
+    bases = {}
+    size = -(-len(ids) // calls)
+    for start in range(0, len(ids), size):
+        run_call(model, kv, ids[start:start + size], max_new_tokens=0, bits=LEVELS[0])
+        full = kv.full_chunks()
+        bases.update((i, kv.chunks[i]) for i in full if i not in bases and kv.chunks[i].bits == LEVELS[0])
+        density = kv.chunk_density(cfg.num_layers * cfg.num_heads)
+        kv.relevel(dict(zip(full, assign_levels(density[full], LEVELS, global_ratio))), bases.get)
+    return kv, bases
+
+
 def kv_perplexity(model, windows: list[list[int]], prefix: int, settings=PPL_SETTINGS, global_ratio: float = 0.5,
                   seed: int = 0):
     """Held-out perplexity of the decoder reading its own, compressed, KV cache; per setting
@@ -294,9 +353,10 @@ def kv_perplexity(model, windows: list[list[int]], prefix: int, settings=PPL_SET
 
     Protocol, per window of ``prefix + target + 1`` tokens: the first ``prefix`` tokens are prefilled
     in one pass (attention recorded for information density) and their K/V taken into 16-token
-    chunks (``ChunkedKV.absorb``): raw (32), or at 8 bits and then further compressed as the service
-    does: every chunk to 4 or 2 bits (static), or by tolerance (``assign_levels`` on the chunks'
-    density at ``global_ratio``). The next ``target`` tokens are then fed on a cache holding exactly the
+    chunks (``ChunkedKV.absorb``): raw (32), or at 8 bits and then every chunk to 4 or 2 bits (static).
+    ``"tolerance"`` is the service's own assignment: the prefix arrives in :data:`CONVERSATION_CALLS`
+    calls and after each the levels are assigned anew over the whole context from the 8-bit bases
+    (:func:`service_conversation`; the open last chunk stays at 8 bits, as in the service). The next ``target`` tokens are then fed on a cache holding exactly the
     chunks' values, and each predicts its successor: the scored tokens are window[prefix + 1:], every
     one read through the compressed prefix (their own K/V stay exact, like a call's new tokens).
     ``"plain"`` scores the same tokens with the plain decoder over the whole window in one pass;
@@ -305,8 +365,7 @@ def kv_perplexity(model, windows: list[list[int]], prefix: int, settings=PPL_SET
     import torch
     import torch.nn.functional as F
 
-    from workbench.kvcache.chunks import LEVELS, ChunkedKV, recompress
-    from workbench.kvcache.density import assign_levels
+    from workbench.kvcache.chunks import ChunkedKV, recompress
     from workbench.models.decoder import KVCache
 
     cfg = model.cfg
@@ -327,16 +386,16 @@ def kv_perplexity(model, windows: list[list[int]], prefix: int, settings=PPL_SET
                     logits = logits[prefix:]
                     kv_bytes[s] += 4 * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * prefix
                 else:
-                    kv = ChunkedKV.for_decoder(cfg)
-                    kv.absorb(cache, head, columns.numpy(), bits=32 if s == 32 else 8)
                     if s in ("tolerance", "shuffled"):
-                        density = kv.chunk_density(cfg.num_layers * cfg.num_heads)
-                        levels = assign_levels(density, LEVELS, global_ratio)
+                        kv, bases = service_conversation(model, head, CONVERSATION_CALLS, global_ratio)
                         if s == "shuffled":
-                            levels = rng.permutation(levels)
+                            full = kv.full_chunks()
+                            levels = rng.permutation([kv.chunks[i].bits for i in full])
+                            kv.relevel(dict(zip(full, levels)), bases.get)
                     else:
-                        levels = [s] * kv.num_chunks
-                    kv.chunks = [recompress(c, int(b)) if s != 32 else c for c, b in zip(kv.chunks, levels)]
+                        kv = ChunkedKV.for_decoder(cfg)
+                        kv.absorb(cache, head, columns.numpy(), bits=32 if s == 32 else 8)
+                        kv.chunks = [recompress(c, int(s)) if s != 32 else c for c in kv.chunks]
                     kv_bytes[s] += kv.nbytes()
                     logits = model.forward_tokens(torch.tensor(tail[:-1]), kv.to_cache(cfg, extra=len(tail) - 1))
                 nll[s] += float(F.cross_entropy(logits, targets, reduction="sum"))
@@ -444,6 +503,11 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         print("ablation, mean switching latency: " + ", ".join(
             f"{r['method']} {r['mean_switch_ms']:.2f} ms ({r['ratio_to_llms']:.2f}x; paper {r['paper_ratio']:.2f}x)"
             for r in rows), flush=True)
+    if "paper_scale" in opts.tables:
+        tables["paper_scale"] = rows = paper_scale_table(replays)
+        print("at the paper's dimensions (cost model, not measured), the ablation's loads without / with the "
+              "pipeline: " + ", ".join(f"{r['device']} {r['without_over_with']:.3f}x (bound {r['bound']:.3f}x)"
+                                       for r in rows) + f"; paper, Orin NX: {rows[0]['paper_ratio']:.1f}x", flush=True)
     if "active_contexts" in opts.tables:
         print(f"active contexts ({opts.search_pattern}): budgets {opts.budgets} of the working set of the "
               f"{opts.reference_contexts}-context trace")

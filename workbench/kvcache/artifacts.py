@@ -11,7 +11,7 @@ from workbench.errors import WorkbenchError
 METHODS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk")
 """LLMS and the paper's baselines, as service presets."""
 
-REPLAYS_FORMAT = 2
+REPLAYS_FORMAT = 3
 """Bumped when what a replay records or how it emulates a device changes (2: presets read at their
 bandwidth and pace eviction writes); replays of another format are made again."""
 

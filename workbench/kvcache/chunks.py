@@ -22,15 +22,24 @@ from workbench import bitpack
 from workbench.errors import WorkbenchError
 
 FLOAT_BITS = 32
+HALF_BITS = 16
+RAW_BITS: tuple[int, ...] = (FLOAT_BITS, HALF_BITS)
+"""Raw chunks: float32 (exact; tests and the perplexity reference) or float16 (what the paper's FP16
+baselines keep, and what the service's uncompressed configurations hold)."""
 LEVELS: tuple[int, ...] = (8, 4, 2)
 """Compression levels (bits per value): the 8-bit base and the two further ones."""
 CHUNK_SIZE = 16
 
 
 def check_bits(bits: int) -> int:
-    if bits not in (FLOAT_BITS, *LEVELS):
-        raise WorkbenchError(f"a chunk is held at 32 (raw), 8, 4 or 2 bits, got {bits}")
+    if bits not in (*RAW_BITS, *LEVELS):
+        raise WorkbenchError(f"a chunk is held at 32 or 16 (raw float), 8, 4 or 2 bits, got {bits}")
     return bits
+
+
+def raw_dtype(bits: int):
+    """The NumPy dtype of a raw chunk's values at ``bits`` (32 or 16)."""
+    return np.float32 if bits == FLOAT_BITS else np.float16
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,7 +47,7 @@ class ChunkData:
     """K and V of one chunk, raw or quantized; ``shape`` is (layers, 2, kv_heads, tokens, head_dim)."""
     bits: int
     shape: tuple[int, ...]
-    payload: np.ndarray                     # float32 values (raw) or uint8 codes, bit-packed below 8 bits
+    payload: np.ndarray                     # float32/float16 values (raw) or uint8 codes, bit-packed below 8 bits
     low: np.ndarray | None = None           # (layers, 2, kv_heads, 1, head_dim) float16 channel minimum
     step: np.ndarray | None = None          # same shape, float16 channel step
 
@@ -54,8 +63,8 @@ class ChunkData:
 
     def to_array(self) -> np.ndarray:
         """The chunk's K and V as float32 (layers, 2, kv_heads, tokens, head_dim)."""
-        if self.bits == FLOAT_BITS:
-            return self.payload.reshape(self.shape)
+        if self.bits in RAW_BITS:
+            return self.payload.reshape(self.shape).astype(np.float32, copy=False)
         count = int(np.prod(self.shape))
         codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
         return (codes.reshape(self.shape).astype(np.float32) * self.step.astype(np.float32)
@@ -80,13 +89,13 @@ class ChunkData:
 
 
 def encode_chunk(kv: np.ndarray, bits: int) -> ChunkData:
-    """Hold ``kv`` (layers, 2, kv_heads, tokens, head_dim) raw (32) or quantized channel-wise (8/4/2 bits)."""
+    """Hold ``kv`` (layers, 2, kv_heads, tokens, head_dim) raw (32 or 16) or quantized channel-wise (8/4/2 bits)."""
     check_bits(bits)
     kv = np.ascontiguousarray(kv, dtype=np.float32)
     if kv.ndim != 5:
         raise WorkbenchError(f"a chunk is (layers, 2, kv_heads, tokens, head_dim), got shape {kv.shape}")
-    if bits == FLOAT_BITS:
-        return ChunkData(bits=bits, shape=kv.shape, payload=kv.reshape(-1).copy())
+    if bits in RAW_BITS:
+        return ChunkData(bits=bits, shape=kv.shape, payload=kv.reshape(-1).astype(raw_dtype(bits)))
     top = (1 << bits) - 1
     low = kv.min(axis=3, keepdims=True).astype(np.float16)
     high = kv.max(axis=3, keepdims=True)
@@ -104,11 +113,20 @@ def recompress(chunk: ChunkData, bits: int) -> ChunkData:
     return chunk if bits == chunk.bits else encode_chunk(chunk.to_array(), bits)
 
 
+def encode_at_level(kv: np.ndarray, bits: int) -> ChunkData:
+    """``kv`` held at ``bits`` the way every route makes that level: raw levels directly, lower ones from
+    the 8-bit encoding (``recompress(encode_chunk(kv, 8), bits)``), so a chunk recomputed from its
+    tokens gets the codes a chunk compressed after its call and read back from its file has."""
+    if check_bits(bits) in RAW_BITS:
+        return encode_chunk(kv, bits)
+    return recompress(encode_chunk(kv, LEVELS[0]), bits)
+
+
 def chunk_nbytes(shape: tuple[int, ...], bits: int) -> int:
     """Bytes of a chunk of ``shape`` at ``bits`` without building it (memory accounting, planning)."""
     count = int(np.prod(shape))
-    if check_bits(bits) == FLOAT_BITS:
-        return 4 * count
+    if check_bits(bits) in RAW_BITS:
+        return bits // 8 * count
     channels = count // shape[3]
     payload = count if bits == 8 else bitpack.packed_nbytes(count, bits)
     return int(payload + 2 * 2 * channels)
@@ -175,12 +193,15 @@ class ChunkedKV:
         from workbench.models.decoder import KVCache
 
         n = len(self.tokens)
+        if self.missing():
+            raise WorkbenchError(f"chunks {self.missing()} are not in memory; load or recompute them first")
         cache = KVCache.empty(cfg, n + extra)
-        if n:
-            kv = torch.from_numpy(self.to_array())
-            cache.k[:, :, :n] = kv[:, 0]
-            cache.v[:, :, :n] = kv[:, 1]
-            cache.positions[:n] = torch.arange(n)
+        for i, chunk in enumerate(self.chunks):              # one chunk at a time: no second copy of the context
+            start, end = self.span(i)
+            values = torch.from_numpy(chunk.to_array())
+            cache.k[:, :, start:end] = values[:, 0]
+            cache.v[:, :, start:end] = values[:, 1]
+        cache.positions[:n] = torch.arange(n)
         cache.length = n
         return cache
 
@@ -212,6 +233,30 @@ class ChunkedKV:
             else:
                 self.chunks.append(data)
         return changed
+
+    def full_chunks(self) -> list[int]:
+        """Chunks holding ``chunk_size`` tokens (every one but an open last one)."""
+        return [i for i in range(self.num_chunks) if self.span(i)[1] - self.span(i)[0] == self.chunk_size]
+
+    def relevel(self, targets, base_of) -> tuple[set[int], dict[int, ChunkData]]:
+        """Put each chunk ``i`` of ``targets`` (index -> bits) at its level, made from its 8-bit base
+        (``base_of(i)``, or the chunk itself while at 8 bits); a chunk without a base only goes down, from
+        what it holds. Returns the chunks changed and, for those raised, what they held before."""
+        changed, raised = set(), {}
+        for i, bits in targets.items():
+            held, bits = self.chunks[i], int(bits)
+            if bits == held.bits:
+                continue
+            base = held if held.bits == LEVELS[0] else base_of(i)
+            if base is None:
+                if bits > held.bits:
+                    continue
+                base = held
+            self.chunks[i] = recompress(base, bits)
+            changed.add(i)
+            if bits > held.bits:
+                raised[i] = held
+        return changed, raised
 
     def token_density(self, heads_times_layers: int) -> np.ndarray:
         """Per token: the mean attention it received (equation 1 before the chunk average)."""

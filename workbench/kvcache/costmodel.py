@@ -30,7 +30,7 @@ import numpy as np
 from workbench.cache import cache_dir, fingerprint, write_json
 from workbench.devices import get_profile
 from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
+from workbench.kvcache.chunks import CHUNK_SIZE, LEVELS, RAW_BITS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.swapfile import COLD_READS, read_chunk_layers, write_chunk
 
 PROFILE_FORMAT = 2
@@ -43,13 +43,16 @@ PAPER_CONTEXT_TOKENS = 4096
 PAPER_CHUNK_BYTES_8BIT = 32 * 2 * 4096 * PAPER_CHUNK_TOKENS            # 4,194,304 bytes of K and V codes
 PAPER_CHUNK_FLOPS = 2 * 6.74e9 * PAPER_CHUNK_TOKENS                    # 2.16e11 FLOPs to recompute a chunk
 MI14_CONTEXT_RECOMPUTE_S = 22.92                                       # the paper's Figure 2
+MI14_DECODE_TOKEN_S = 0.05                                             # the paper's Figure 2: one decoded token
+PAPER_LAYERS = 32
 
 
 @dataclass(frozen=True, kw_only=True)
 class SwapCostModel:
     """Recompute and swap-in times of one model's chunks on one device."""
     device: str                                        # "host" or a preset name
-    source: Literal["measured", "emulated"]            # real runs here, or a preset derived from them
+    source: Literal["measured", "emulated", "paper"]   # real runs here, a preset emulated on them, or the
+                                                       # paper's device at its own model's dimensions
     num_layers: int                                    # layers the pipeline steps through
     chunk_size: int                                    # tokens per chunk
     chunk_bytes: dict[int, int]                        # bits -> bytes of one full chunk at that level
@@ -84,8 +87,8 @@ class SwapCostModel:
         return self.io_fixed_s + self.io_per_chunk_s * chunks + nbytes / self.read_bytes_per_s
 
     def recompute_to_load_ratio(self, bits: int = 8) -> float:
-        """Seconds to recompute one full chunk over seconds to load it at ``bits``."""
-        return self.t_re(1) / self.t_io(self.chunk_bytes[bits], 1)
+        """Seconds per further chunk recomputed (the slope b) over seconds to load one chunk at ``bits``."""
+        return self.recompute_per_chunk_s / self.t_io(self.chunk_bytes[bits], 1)
 
     def to_dict(self) -> dict:
         return {"format": PROFILE_FORMAT, **asdict(self)}
@@ -118,7 +121,7 @@ def fit_linear(points) -> tuple[float, ...]:
 def model_chunk_bytes(cfg, chunk_size: int = CHUNK_SIZE) -> dict[int, int]:
     """Bytes of one full chunk of the decoder ``cfg`` at every level."""
     shape = (cfg.num_layers, 2, cfg.num_kv_heads, chunk_size, cfg.head_dim)
-    return {bits: chunk_nbytes(shape, bits) for bits in (FLOAT_BITS, *LEVELS)}
+    return {bits: chunk_nbytes(shape, bits) for bits in (*RAW_BITS, *LEVELS)}
 
 
 def synthetic_context(model, num_chunks: int, chunk_size: int = CHUNK_SIZE, bits: int = 8, seed: int = 0):
@@ -228,60 +231,99 @@ def profile_host(model, chunk_size: int = CHUNK_SIZE, remeasure: bool = False, r
 SWAP_PRESETS = ("mi14", "orin-nx", "jetson-tx2")
 
 
-def paper_chunk_times(device: str) -> tuple[float, float, str]:
-    """(seconds to recompute, seconds to load) one 8-bit Llama2-7B chunk on ``device``, and their source."""
+def paper_recompute_line(device: str) -> tuple[float, float, str]:
+    """The paper's recompute line on ``device`` for Llama2-7B: ``(a, b, source)``, ``T_re(x) = a + b x``
+    seconds for x 16-token chunks.
+
+    MI14, from the paper's Figure 2: a forward pass of one token takes 0.05 s whatever the context (the
+    weights streamed once), a whole 4,096-token context 22.92 s, so a = 0.05 s and b = (22.92 - 0.05) / 256
+    = 89.3 ms per chunk. The paper gives no recompute figures for the Jetsons: b is a chunk's FLOPs at
+    the preset's FLOP/s and a keeps MI14's proportion a / b (estimates, not measured)."""
     if device not in SWAP_PRESETS:
         raise UnknownNameError("swap device preset", device, ["host", *SWAP_PRESETS])
+    chunks = PAPER_CONTEXT_TOKENS / PAPER_CHUNK_TOKENS
+    b_mi14 = (MI14_CONTEXT_RECOMPUTE_S - MI14_DECODE_TOKEN_S) / chunks
+    if device == "mi14":
+        return MI14_DECODE_TOKEN_S, b_mi14, (
+            f"LLMS paper Figure 2: one decoded token {MI14_DECODE_TOKEN_S} s (the fixed term), a "
+            f"{PAPER_CONTEXT_TOKENS}-token Llama2-7B context {MI14_CONTEXT_RECOMPUTE_S} s on MI14, "
+            f"{b_mi14 * 1e3:.1f} ms per further chunk")
+    b = PAPER_CHUNK_FLOPS / get_profile(device).flops_per_s
+    a = b * MI14_DECODE_TOKEN_S / b_mi14
+    return a, b, (f"{PAPER_CHUNK_FLOPS:.3g} FLOPs per Llama2-7B chunk at the preset's "
+                  f"{get_profile(device).flops_per_s:.3g} FLOP/s, {b * 1e3:.1f} ms per chunk, and MI14's "
+                  f"fixed-to-per-chunk proportion, {a * 1e3:.1f} ms (estimates, not measured)")
+
+
+def paper_chunk_times(device: str) -> tuple[float, float, str]:
+    """(seconds per chunk recomputed, the slope b of :func:`paper_recompute_line`; seconds to load one 8-bit
+    Llama2-7B chunk) on ``device``, and their source."""
+    _, recompute_s, how = paper_recompute_line(device)
     dev = get_profile(device)
     load_s = PAPER_CHUNK_BYTES_8BIT / dev.read_bytes_per_s
-    if device == "mi14":
-        recompute_s = MI14_CONTEXT_RECOMPUTE_S / (PAPER_CONTEXT_TOKENS / PAPER_CHUNK_TOKENS)
-        how = (f"LLMS paper Figure 2: a {PAPER_CONTEXT_TOKENS}-token Llama2-7B context recomputes in "
-               f"{MI14_CONTEXT_RECOMPUTE_S} s on MI14, {recompute_s * 1e3:.1f} ms per chunk")
-    else:
-        recompute_s = PAPER_CHUNK_FLOPS / dev.flops_per_s
-        how = (f"{PAPER_CHUNK_FLOPS:.3g} FLOPs per Llama2-7B chunk at the preset's {dev.flops_per_s:.3g} FLOP/s "
-               f"(estimate, not measured), {recompute_s * 1e3:.1f} ms per chunk")
     how += (f"; loading its {PAPER_CHUNK_BYTES_8BIT / 1e6:.2f} MB of 8-bit K/V at the preset's "
             f"{dev.read_bytes_per_s / 1e9:.2f} GB/s takes {load_s * 1e3:.2f} ms ({dev.source})")
     return recompute_s, load_s, how
 
 
+def paper_cost_model(device: str) -> SwapCostModel:
+    """``device``'s cost model at the paper's own dimensions (Llama2-7B: 32 layers, 4 MB 8-bit chunks of 16
+    tokens), from the paper's figures and the preset's read bandwidth; for predictions only (nothing
+    runs at this size here). Chunk bytes per level are the codes alone, as the paper counts them."""
+    a, b, how = paper_recompute_line(device)
+    dev = get_profile(device)
+    chunk_bytes = {bits: PAPER_CHUNK_BYTES_8BIT * bits // 8 for bits in (*RAW_BITS, *LEVELS)}
+    return SwapCostModel(device=device, source="paper", num_layers=PAPER_LAYERS, chunk_size=PAPER_CHUNK_TOKENS,
+                         chunk_bytes=chunk_bytes, recompute_fixed_s=a, recompute_per_chunk_s=b, io_fixed_s=0.0,
+                         read_bytes_per_s=dev.read_bytes_per_s, title=dev.title,
+                         notes=f"Llama2-7B at the paper's dimensions: {how}; reads at {dev.read_bytes_per_s / 1e9:.2f} "
+                               f"GB/s ({dev.source})")
+
+
+def pipeline_bound(costs: SwapCostModel, bits: int = 8) -> float:
+    """The most the swapping-recompute pipeline can speed up a load of many ``bits``-bit chunks against
+    reading them all: 1 + 1/R, R = seconds per chunk recomputed / seconds per chunk read (overlapping y
+    recomputed with x - y read is best when both sides take as long: y = x / (R + 1))."""
+    return 1.0 + 1.0 / costs.recompute_to_load_ratio(bits)
+
+
 def device_cost_model(device: str, host: SwapCostModel) -> SwapCostModel:
     """The cost model of ``device`` emulated on the host measured as ``host`` ("host" gives ``host``).
 
-    The paper's pipeline decides by how dear recomputing a chunk is against loading it, so a preset
-    keeps the ratio R = recompute / load time of one 8-bit chunk that the paper's Llama2-7B has on that
-    device (:func:`paper_chunk_times`): MI14 89.5 ms / 2.10 ms (R = 42.7, recompute from the paper,
-    UFS 4.0 at 2 GB/s an estimate), Orin NX 53.9 ms / 2.80 ms (R = 19.3, both estimates: 4 TFLOP/s,
-    NVMe at 1.5 GB/s), TX2 431 ms / 41.9 ms (R = 10.3, both estimates: 0.5 TFLOP/s, SATA HDD at 0.1 GB/s).
+    The paper's pipeline decides by how dear recomputing a chunk is against loading it, and by the fixed
+    cost of any recompute. A preset keeps both proportions of the paper's Llama2-7B on that device
+    (:func:`paper_recompute_line`, :func:`paper_chunk_times`): R = b / (one 8-bit chunk's load time) and
+    rho = a / b. MI14: b 89.3 ms, a 50 ms, load 2.10 ms (R 42.5, rho 0.56; UFS 4.0 at 2 GB/s an
+    estimate); Orin NX: 53.9 ms, load 2.80 ms (R 19.3; 4 TFLOP/s and NVMe at 1.5 GB/s, estimates); TX2:
+    431 ms, load 41.9 ms (R 10.3; 0.5 TFLOP/s and a SATA HDD at 0.1 GB/s, estimates).
 
     A preset's reads are bound by bandwidth, as the paper's 4 MB chunks are on those devices: no fixed
     or per-file term, so a 2-bit chunk loads in its share of an 8-bit chunk's time. (This host's reads
     of the shipped decoder's 0.1-0.2 MB chunk files are bound by per-file costs instead: a 2-bit chunk
     reads almost as slowly as an 8-bit one, which would hide what compression saves.)
 
-    Emulation can only slow the host down (padding compute, throttling reads), so the preset's time per
-    byte is at least the host's slowest per byte over single-chunk reads of every level (then every
-    load of one or more chunks is at least as slow as the host's), and one chunk's recompute takes
-    r = max(r_host, R x that 8-bit chunk time); the recompute line is the host's scaled by r / r_host.
+    Emulation can only slow the host down (padding compute, throttling reads), so the preset is the
+    fastest line with the paper's proportions that is nowhere faster than the host: b is the least that
+    keeps a + b x >= the host's recompute for every x >= 1 chunks and keeps the 8-bit load b / R no
+    shorter than the host's slowest read per byte; a = rho b.
     """
     if device == "host":
         return host
+    a_paper, b_paper, _ = paper_recompute_line(device)
     recompute_s, load_s, how = paper_chunk_times(device)
-    ratio = recompute_s / load_s
+    ratio, rho = recompute_s / load_s, a_paper / b_paper
     bytes8 = host.chunk_bytes[8]
     per_byte = max(host.t_io(n, 1) / n for n in host.chunk_bytes.values())
-    r_host = host.t_re(1)
-    r = max(r_host, ratio * per_byte * bytes8)
-    slow_re = r / r_host
-    load8 = r / ratio
+    b = max(host.recompute_per_chunk_s, host.t_re(1) / (1 + rho), ratio * per_byte * bytes8)
+    load8 = b / ratio
     return replace(host, device=device, source="emulated", title=get_profile(device).title,
-                   recompute_fixed_s=host.recompute_fixed_s * slow_re,
-                   recompute_per_chunk_s=host.recompute_per_chunk_s * slow_re,
+                   recompute_fixed_s=rho * b, recompute_per_chunk_s=b,
                    io_fixed_s=0.0, io_per_chunk_s=0.0, read_bytes_per_s=bytes8 / load8,
                    recompute_points=(), io_points=(),
-                   notes=f"recompute/load ratio {ratio:.1f} per 8-bit chunk from: {how}; the host's recompute "
-                         f"slowed {slow_re:.2f}x, reads bound by bandwidth at {bytes8 / load8 / 1e6:.0f} MB/s "
-                         f"(an 8-bit chunk {load8 * 1e3:.2f} ms against {host.t_io(bytes8, 1) * 1e3:.2f} ms on "
-                         f"the host); writes of evicted chunks are taken to run at the same bandwidth")
+                   notes=f"the paper's proportions, recompute/load {ratio:.1f} per 8-bit chunk and fixed/per-chunk "
+                         f"recompute {rho:.2f}, from: {how}; as slow as needed to stay at or above this host: "
+                         f"recompute {rho * b * 1e3:.0f} ms + {b * 1e3:.0f} ms per chunk (host {host.recompute_fixed_s * 1e3:.0f} "
+                         f"+ {host.recompute_per_chunk_s * 1e3:.0f}), reads bound by bandwidth at "
+                         f"{bytes8 / load8 / 1e6:.0f} MB/s (an 8-bit chunk {load8 * 1e3:.2f} ms against "
+                         f"{host.t_io(bytes8, 1) * 1e3:.2f} ms on the host); writes of evicted chunks are taken to "
+                         f"run at the same bandwidth")

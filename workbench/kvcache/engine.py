@@ -29,9 +29,12 @@ class CallResult:
 @torch.no_grad()
 def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int = 16,
              stop_ids: tuple[int, ...] = (), bits: int = 8, max_context: int | None = None,
-             on_token: Callable[[int], bool] | None = None) -> CallResult:
+             on_token: Callable[[int], bool] | None = None, cache=None) -> CallResult:
     """Append ``prompt_ids`` to ``ctx``, decode greedily up to ``max_new_tokens``, store the new tokens'
     K/V as chunks at ``bits``. Every chunk of ``ctx`` must be in memory.
+
+    ``cache``: the context already dequantized into a decoder cache (``ctx.to_cache``) with room for the
+    call, when the caller built it (the service does, and books that time to the switch).
 
     ``on_token(id)`` is called with each generated token as soon as it is chosen (for streaming); a
     true result ends the generation there, as ``max_new_tokens`` would."""
@@ -45,7 +48,11 @@ def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int =
         raise WorkbenchError(f"the context would grow to {grown} "
                              f"tokens, beyond its limit of {limit}; start a new context or delete this one")
     first = list(ctx.pending) + list(prompt_ids)
-    cache = ctx.to_cache(model.cfg, extra=len(first) + max_new_tokens)
+    if cache is None:
+        cache = ctx.to_cache(model.cfg, extra=len(first) + max_new_tokens)
+    elif cache.length != len(ctx.tokens) or cache.capacity < len(ctx.tokens) + len(first) + max_new_tokens:
+        raise WorkbenchError(f"the cache holds {cache.length} of {cache.capacity} slots; the call needs the "
+                             f"context's {len(ctx.tokens)} tokens and room for {len(first) + max_new_tokens} more")
     columns = torch.zeros(cache.capacity, dtype=torch.float32)
     logits = model.forward_tokens(torch.tensor(first), cache, attn_columns=columns)
     out: list[int] = []

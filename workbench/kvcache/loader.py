@@ -11,7 +11,8 @@ and recompute are padded to the preset's share of ``T_IO`` and ``T_re`` per laye
 as long as it would on that device; a host slower than the preset stays as slow as it is.
 
 Loaded chunks are kept as stored (their level, codes and channel scales as in the file);
-recomputed chunks are stored at the level they were swapped out with.
+recomputed chunks are stored at the level they were swapped out with, encoded as every route encodes it
+(``encode_at_level``: 8 bits first, then the lower level), so reading and recomputing agree.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch
 
 from workbench.devices import pad_until
 from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, ChunkedKV, encode_chunk
+from workbench.kvcache.chunks import CHUNK_SIZE, ChunkedKV, encode_at_level
 from workbench.kvcache.costmodel import SWAP_PRESETS, SwapCostModel, device_cost_model, device_label, profile_host
 from workbench.kvcache.planner import SwapPlan, fixed_plan, plan_swap_recompute
 from workbench.kvcache.recompute import LayerRecompute, held_layers
@@ -61,6 +62,7 @@ class LoadResult:
     loaded: tuple[int, ...]             # chunks read from swap files
     bytes_read: int                     # bytes of the swap files read
     emulated: str = ""                  # the preset the run was padded to ('' on the host)
+    missing_bits: tuple[int, ...] = ()  # the level of every chunk brought back, in chunk order
 
     def check(self):
         """This load against its plan (``workbench.prediction``): a note when it misses by more than 20 %."""
@@ -185,13 +187,14 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
     for (_, bits, shape), i, parts in zip(to_load, plan.load, stored):
         kv.chunks[i] = stack_layers(bits, shape[1:], parts)
     for i, array in (job.chunk_arrays(outputs).items() if job.missing else ()):
-        kv.chunks[i] = encode_chunk(array, int(missing_files[i][1]))
+        kv.chunks[i] = encode_at_level(array, int(missing_files[i][1]))
     latency = time.perf_counter() - t0
     timeline = Timeline(tuple(sorted(spans, key=lambda s: (s.start, s.lane))), "measured",
                         name=f"swap-in {len(plan.load)} / recompute {len(plan.recompute)} chunks")
     return LoadResult(timeline=timeline, predicted=plan.timeline, latency_s=latency, predicted_s=plan.predicted_s,
                       recomputed=tuple(plan.recompute), loaded=tuple(plan.load), bytes_read=bytes_read,
-                      emulated="" if emulate is None else emulate.device)
+                      emulated="" if emulate is None else emulate.device,
+                      missing_bits=tuple(int(missing_files[i][1]) for i in sorted(missing_files)))
 
 
 # ----------------------------------------------------------------------------- the service's loaders

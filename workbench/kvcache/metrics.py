@@ -20,6 +20,9 @@ class ServiceMetrics:
         self.bytes_written = Counter("llms_swap_out_bytes", "Bytes written to swap files", registry=r)
         self.switch_seconds = Counter("llms_switch_seconds", "Time making room for and bringing in the served "
                                       "context's missing chunks, before inference", registry=r)
+        self.switch_parts = Counter("llms_switch_part_seconds", "Switching time by part: reclaim (evicting "
+                                    "others), load (missing chunks into memory), dequantize (chunks into the "
+                                    "decoder's cache)", ["part"], registry=r)
         self.recompute_seconds = Counter("llms_recompute_seconds", "Part of the switching time spent recomputing",
                                          registry=r)
         self.recompute_share = Gauge("llms_recompute_share_of_switch", "Share of all switching time spent "
@@ -42,6 +45,8 @@ class ServiceMetrics:
         self.recomputed.inc(stats.chunks_recomputed)
         self.bytes_read.inc(stats.bytes_read)
         self.switch_seconds.inc(stats.switch_s)
+        for part in ("reclaim", "load", "dequantize"):
+            self.switch_parts.labels(part=part).inc(getattr(stats, f"{part}_s"))
         self.recompute_seconds.inc(stats.recompute_s)
         self.switch_latency.observe(stats.switch_s)
         self.queue_wait.observe(stats.queue_wait_s)
@@ -61,7 +66,7 @@ class ServiceMetrics:
         self.evictions.labels(policy=policy, action=action).inc()
 
     def set_memory(self, by_level: dict[int, int], budget: int, contexts: int) -> None:
-        for bits in (32, 8, 4, 2):
+        for bits in (32, 16, 8, 4, 2):
             self.memory_bytes.labels(bits=str(bits)).set(by_level.get(bits, 0))
         self.budget_bytes.set(budget)
         self.contexts.set(contexts)

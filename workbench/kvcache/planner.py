@@ -116,7 +116,9 @@ def plan_swap_recompute(costs: SwapCostModel, missing) -> SwapPlan:
 
     When recomputing a single chunk already takes as long as reading every missing chunk, reading all
     is optimal (any plan that recomputes takes at least ``T_re(1)``), and the solver, which costs
-    milliseconds, as much as a small load, is skipped."""
+    milliseconds, as much as a small load, is skipped. Equation 4 leaves out the pipeline's fill (the
+    recompute of the last layer starts only once that layer is read): where the fill makes the solver's
+    split slower than reading everything, reading everything is the plan."""
     missing = list(missing)
     groups = _groups(missing)
     if not missing or costs.t_re(1) >= costs.t_io(sum(int(b) for _, _, b in missing), len(missing)):
@@ -134,6 +136,9 @@ def plan_swap_recompute(costs: SwapCostModel, missing) -> SwapPlan:
         load_bytes += key[1] * (len(groups[key]) - n)
     recompute_s, load_s = costs.t_re(len(recompute)), costs.t_io(load_bytes, len(load))
     timeline = pipeline_timeline(costs, len(recompute), load_bytes, len(load))
+    read_all = fixed_plan(costs, (), missing)
+    if recompute and read_all.predicted_s <= timeline.end:          # the fill equation 4 leaves out tipped it
+        return read_all
     return SwapPlan(recompute=tuple(recompute), load=tuple(load), recompute_counts=dict(recompute_counts),
                     missing_counts=dict(missing_counts), load_bytes=int(load_bytes), recompute_s=recompute_s,
                     load_s=load_s, objective_s=objective, predicted_s=timeline.end, timeline=timeline,

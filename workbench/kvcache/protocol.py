@@ -110,8 +110,9 @@ class CtxStub:
 
 @dataclass(frozen=True, kw_only=True)
 class CallStats:
-    """What one call cost. ``switch_s`` (switching latency) = ``reclaim_s`` (evicting others) +
-    ``load_s`` (bringing the context's missing chunks into memory), all before inference."""
+    """What one call cost. ``switch_s`` (switching latency, as the paper measures it) = ``reclaim_s``
+    (evicting others) + ``load_s`` (bringing the context's missing chunks into memory) + ``dequantize_s``
+    (turning every chunk into the decoder's float cache), all before inference."""
     ctx: str
     app: str
     tick: int                 # the service's call counter: calls are served in this order
@@ -136,6 +137,7 @@ class CallStats:
     output_tokens: int
     context_tokens: int
     loader: str
+    dequantize_s: float = 0.0      # part of switch_s: the chunks dequantized into the decoder's cache
     cut_by_deadline: bool = False   # set by the server: the call's deadline ended its generation
 
     def to_dict(self) -> dict:

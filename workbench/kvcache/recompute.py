@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from workbench.errors import WorkbenchError
-from workbench.kvcache.chunks import ChunkedKV, check_bits, encode_chunk
+from workbench.kvcache.chunks import ChunkedKV, check_bits, encode_at_level
 
 DEFAULT_BITS = 8
 """Level of a recomputed chunk that was not in memory and whose swapped level is not given."""
@@ -133,5 +133,5 @@ def recompute_chunks(model, tokens, kv: ChunkedKV, missing: Iterable[int],
     held = held_layers(kv, job.needed)
     outputs = [job.step({i: a[n] for i, a in held.items()}) for n in range(job.num_layers)]
     for i, array in job.chunk_arrays(outputs).items():
-        kv.chunks[i] = encode_chunk(array, levels[i])
+        kv.chunks[i] = encode_at_level(array, levels[i])
     return kv

@@ -14,8 +14,8 @@ import numpy as np
 
 from workbench.timeline import Counter, Span, Timeline
 
-CHUNK_STATES = ("32", "8", "4", "2", "swapped", "recomputed", "loaded", "killed")
-"""A chunk in the map: in memory at a level (raw 32, 8, 4, 2 bits), only on disk (swapped), brought back
+CHUNK_STATES = ("32", "16", "8", "4", "2", "swapped", "recomputed", "loaded", "killed")
+"""A chunk in the map: in memory at a level (raw 32 or 16, 8, 4, 2 bits), only on disk (swapped), brought back
 by this call through recompute or loading, or gone with no file (killed, LMK-style)."""
 
 
@@ -38,7 +38,7 @@ class CallRecord:
     index: int
     time_s: float              # trace time of the call
     context: int
-    switch_s: float            # time to bring the context's missing chunks into memory (reclaim + load)
+    switch_s: float            # reclaim + load of the missing chunks + dequantize into the decoder's cache
     io_s: float
     recompute_s: float
     inference_s: float
@@ -54,6 +54,7 @@ class CallRecord:
     queue: tuple[tuple[int, int, int], ...] = ()     # eviction order after the call: (context, chunk, bits)
     predicted: Timeline | None = None                # the load as planned
     measured: Timeline | None = None                 # the load as it ran
+    missing_bits: tuple[int, ...] = ()               # the level of every chunk the call brought back
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,4 +127,5 @@ def _call(data: dict) -> CallRecord:
     return CallRecord(**{**data, "evictions": tuple(EvictionEvent(**e) for e in data.get("evictions", ())),
                          "chunk_map": tuple(tuple(row) for row in data.get("chunk_map", ())),
                          "queue": tuple(tuple(q) for q in data.get("queue", ())),
+                         "missing_bits": tuple(data.get("missing_bits", ())),
                          "predicted": _timeline(data.get("predicted")), "measured": _timeline(data.get("measured"))})

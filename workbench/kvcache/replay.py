@@ -16,8 +16,8 @@ swap out at eviction) padded to its bandwidth too, so all methods are compared o
 
 Memory budgets are relative to a trace's working set: the bytes every context would hold at 8 bits
 when the trace ends (:func:`working_set_bytes`, from token counts, :func:`budget_for`). A method
-whose base level cannot hold the trace's largest context alone under the budget (raw float32
-chunks are 3.2 times an 8-bit chunk) would have to refuse calls; unless ``fit_budget`` is off, the
+whose base level cannot hold the trace's largest context alone under the budget (raw float16
+chunks are 1.6 times an 8-bit chunk with its scales) would have to refuse calls; unless ``fit_budget`` is off, the
 replay raises such a method's budget to the least that serves every call (:func:`min_budget_bytes`)
 and records both. Raising only helps that method.
 
@@ -228,4 +228,4 @@ def _record(i, call, first, stats, text, snap, svc, load: LoadResult | None, ind
         chunks_recomputed=stats.chunks_recomputed, bytes_read=stats.bytes_read,
         memory_bytes=int(snap["memory"]["used_bytes"]), output=text, evictions=events, chunk_map=tuple(rows),
         queue=queue, predicted=None if load is None else load.predicted,
-        measured=None if load is None else load.timeline)
+        measured=None if load is None else load.timeline, missing_bits=() if load is None else load.missing_bits)

@@ -346,7 +346,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     stopped.append(True)
                 return bool(stopped)
 
-            text, stats = session.call_with_stats(stub, prompt, max_new_tokens, on_token=on_token, deadline=deadline)
+            text, stats = session.call_with_stats(stub, prompt, max_new_tokens, on_token=on_token, deadline=deadline,
+                                                  call_id=call_id)
             cut = bool(stopped) and len(generated) < max_new_tokens and generated[-1] != tokenizer.im_end_id
             return {"ok": True, "text": text, "stats": replace(stats, cut_by_deadline=cut).to_dict()}
 

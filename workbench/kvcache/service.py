@@ -9,8 +9,9 @@ A call on a context:
    loader (a pluggable callable; by default the swapping-recompute pipeline, ``loader.PipelineLoader``:
    equation 4 picks which chunks to read and which to recompute, overlapped layer by layer);
 3. runs the prompt and the greedy continuation (``engine.run_call``);
-4. compresses by tolerance: full chunks get levels from their information density (``assign_levels``),
-   a chunk's level only goes down; the open last chunk stays at the base level until it is full;
+4. compresses by tolerance: every full chunk's level is assigned anew over the whole context from the
+   information density (``assign_levels``), up or down, made from the chunk's 8-bit base (kept in a
+   base file once the chunk is full); the open last chunk stays at the base level until it is full;
 5. writes every changed chunk to its file and commits the index (ahead-of-time swap-out), and only
    then returns; a service killed at any point restarts with every returned call intact.
 
@@ -19,6 +20,10 @@ Baselines of the paper are configurations of the same service (``ServiceConfig``
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import math
+import numbers
 import secrets
 import sqlite3
 import threading
@@ -27,41 +32,30 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
 from workbench.devices import pad_until
 from workbench.errors import UnknownNameError, WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, FLOAT_BITS, LEVELS, ChunkedKV, chunk_nbytes, recompress
+from workbench.kvcache.chunks import CHUNK_SIZE, HALF_BITS, LEVELS, ChunkData, ChunkedKV, chunk_nbytes
 from workbench.kvcache.density import assign_levels
 from workbench.kvcache.loader import (ChunkSpec, Loader, LoadReport, LoadRequest, PipelineLoader,  # noqa: F401
                                       loader_name)
-from workbench.kvcache.lifecycle import (DROP, KILL, SWAP_OUT, EvictionRecord, LCTRUQueue, MemoryBudgetError,
-                                         QueueEntry, check_policy)
+from workbench.kvcache.errors import (CallFailedError, ContextLimitError, DeadlineError,  # noqa: F401
+                                      MemoryBudgetError, ServiceClosedError, StubError, SwapStoreError)
+from workbench.kvcache.lifecycle import DROP, KILL, SWAP_OUT, EvictionRecord, LCTRUQueue, QueueEntry, check_policy
 from workbench.kvcache.metrics import ServiceMetrics
+from workbench.kvcache.protocol import CallStats, CtxStub
+from workbench.kvcache.swapfile import DamagedChunkFileError
 from workbench.kvcache.store import (BOTH, DROPPED, FILE, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow,
                                      SwapStore)
+
+log = logging.getLogger("workbench.kvcache")
 
 DEFAULT_MEMORY_BUDGET = 512 << 20
 DEFAULT_MAX_CONTEXTS_PER_APP = 16
 EVICTIONS_KEPT = 1000
-
-
-class StubError(WorkbenchError):
-    """A context stub this app may not use: unknown, deleted, or made by another app."""
-
-
-class ContextLimitError(WorkbenchError):
-    """The app already holds as many contexts as one app may."""
-
-
-class SwapStoreError(WorkbenchError):
-    """The swap store could not be written (a full disk, say); the call or eviction was undone."""
-
-
-class ServiceClosedError(WorkbenchError):
-    """The service was closed."""
 
 
 def default_swap_dir() -> Path:
@@ -78,9 +72,19 @@ EVICTIONS = ("swap", "kill")
 LOADINGS = ("pipeline", "swap_only")
 
 
+MAX_CHUNK_SIZE = 8192
+"""The most tokens a chunk may hold: the shipped decoder's whole context."""
+
+
 def _one_of(field_name: str, value, allowed) -> None:
     if value not in allowed:
         raise UnknownNameError(field_name, value, allowed)
+
+
+def _whole(field_name: str, value, low: int, high: int | None, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise WorkbenchError(f"{field_name} is a whole number {bound} {unit}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +92,7 @@ class ServiceConfig:
     """How the service keeps contexts; LLMS by default, the paper's baselines by other values.
 
     compression: ``tolerance`` (8-bit chunks, full ones lowered to 4/2 bits by density), ``static8``
-    (every chunk 8-bit, vLLM-SQ) or ``none`` (raw float32 chunks, vLLM-S).
+    (every chunk 8-bit, vLLM-SQ) or ``none`` (raw float16 chunks, as the paper's FP16 baselines: vLLM-S).
     granularity: ``chunk`` or ``context`` (whole contexts leave memory together).
     eviction: ``swap`` (to files) or ``kill`` (LMK: KV dropped, recomputed from the tokens; no files).
     policy: ``lctru``, ``lru`` or ``h2o`` (see ``lifecycle``).
@@ -107,19 +111,32 @@ class ServiceConfig:
     max_context_tokens: int | None = None
 
     def __post_init__(self):
+        """Every field is checked here, so a configuration the call path cannot honour never reaches it."""
         _one_of("compression", self.compression, COMPRESSIONS)
         _one_of("granularity", self.granularity, GRANULARITIES)
         _one_of("eviction", self.eviction, EVICTIONS)
         _one_of("loading", self.loading, LOADINGS)
         check_policy(self.policy)
-        if self.chunk_size < 1:
-            raise WorkbenchError(f"a chunk holds at least one token, got chunk_size {self.chunk_size}")
+        levels = self.levels
+        if (not isinstance(levels, tuple) or not levels or any(type(b) is not int for b in levels)
+                or any(b not in LEVELS for b in levels) or list(levels) != sorted(set(levels), reverse=True)
+                or levels[0] != LEVELS[0]):
+            raise WorkbenchError(f"levels are distinct bit widths from {LEVELS} in descending order, starting at the "
+                                 f"{LEVELS[0]}-bit base, e.g. (8, 4, 2) or (8, 2); got {levels!r}")
+        ratio = self.global_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+            raise WorkbenchError(f"global_ratio is a number from {LEVELS[-1] / 8:g} to 1, got {ratio!r}")
+        _whole("chunk_size", self.chunk_size, 1, MAX_CHUNK_SIZE, "tokens")
+        if self.max_context_tokens is not None:
+            _whole("max_context_tokens", self.max_context_tokens, 1, None, "tokens")
+        if not isinstance(self.aot_swap_out, bool):
+            raise WorkbenchError(f"aot_swap_out is True or False, got {self.aot_swap_out!r}")
         assign_levels([1.0], self.levels, self.global_ratio)            # names a ratio the levels cannot reach
 
     @property
     def base_bits(self) -> int:
         """Bits of a chunk as a call writes it."""
-        return FLOAT_BITS if self.compression == "none" else 8
+        return HALF_BITS if self.compression == "none" else 8
 
     @property
     def writes_ahead(self) -> bool:
@@ -151,61 +168,23 @@ PRESETS: dict[str, ServiceConfig] = {
 
 # ----------------------------------------------------------------------------- stubs and stats
 
-@dataclass(frozen=True)
-class CtxStub:
-    """A handle on one context: an unguessable secret, valid only for the app that made it."""
-    token: str
-
-    def __repr__(self) -> str:
-        return f"CtxStub({self.token[:4]}...)"
-
-
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-@dataclass(frozen=True, kw_only=True)
-class CallStats:
-    """What one call cost. ``switch_s`` (switching latency) = ``reclaim_s`` (evicting others) +
-    ``load_s`` (bringing the context's missing chunks into memory), all before inference."""
-    ctx: str
-    app: str
-    tick: int                 # the service's call counter: calls are served in this order
-    queue_wait_s: float
-    reclaim_s: float
-    load_s: float
-    switch_s: float
-    io_s: float
-    recompute_s: float
-    inference_s: float
-    compress_s: float
-    swap_out_s: float
-    total_s: float
-    chunks_missing: int
-    chunks_loaded: int
-    chunks_recomputed: int
-    bytes_read: int
-    bytes_written: int
-    evictions: int
-    evicted_bytes: int
-    prompt_tokens: int
-    output_tokens: int
-    context_tokens: int
-    loader: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ----------------------------------------------------------------------------- fairness
 
 class FairLock:
-    """A lock handed out in arrival order (tickets), so no caller is overtaken by a later one."""
+    """A lock handed out in arrival order (tickets), so no caller is overtaken by a later one.
+
+    A caller whose wait ends in an exception (an interrupt, a timeout of its own) gives its ticket
+    back: the lock skips it, so the callers behind it are still served."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._next = 0
         self._serving = 0
+        self._abandoned: set[int] = set()
 
     def acquire(self) -> float:
         """Wait for this caller's turn; returns the seconds waited."""
@@ -213,19 +192,35 @@ class FairLock:
         with self._cond:
             ticket = self._next
             self._next += 1
-            while self._serving != ticket:
-                self._cond.wait()
+            try:
+                while self._serving != ticket:
+                    self._cond.wait()
+            except BaseException:
+                self._give_back(ticket)
+                raise
         return time.perf_counter() - t0
+
+    def _give_back(self, ticket: int) -> None:
+        if self._serving == ticket:
+            self._advance()
+        else:
+            self._abandoned.add(ticket)
+
+    def _advance(self) -> None:
+        self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+        self._cond.notify_all()
 
     def release(self) -> None:
         with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
+            self._advance()
 
     @property
     def waiting(self) -> int:
         """Callers waiting for their turn (not counting the one holding the lock)."""
-        return max(0, self._next - self._serving - 1)
+        return max(0, self._next - self._serving - 1 - len(self._abandoned))
 
 
 # ----------------------------------------------------------------------------- the service
@@ -253,10 +248,8 @@ class LLMService:
                  memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
                  max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP, config: ServiceConfig | None = None,
                  *, tokenizer=None, loader: Loader | None = None, device: str = "host"):
-        if memory_budget_bytes <= 0:
-            raise WorkbenchError(f"the memory budget must be positive, got {memory_budget_bytes} bytes")
-        if max_contexts_per_app < 1:
-            raise WorkbenchError(f"an app must be allowed at least one context, got {max_contexts_per_app}")
+        _whole("memory_budget_bytes", memory_budget_bytes, 1, None, "bytes")
+        _whole("max_contexts_per_app", max_contexts_per_app, 1, None, "contexts")
         if model is None:
             from workbench.models.decoder import load_decoder
             model = load_decoder()
@@ -266,6 +259,11 @@ class LLMService:
             tokenizer = decoder_tokenizer()
         self.tokenizer = tokenizer
         self.config = config or ServiceConfig()
+        context = model.cfg.max_positions
+        for name, value in (("chunk_size", self.config.chunk_size),
+                            ("max_context_tokens", self.config.max_context_tokens)):
+            if value is not None and value > context:
+                raise WorkbenchError(f"{name} is at most {context} tokens (the decoder's context), got {value}")
         self.memory_budget_bytes = int(memory_budget_bytes)
         self.max_contexts_per_app = int(max_contexts_per_app)
         if loader is not None and device != "host":
@@ -342,7 +340,7 @@ class LLMService:
             if held >= self.max_contexts_per_app:
                 raise ContextLimitError(f"app {app!r} holds {held} contexts, the most one app may hold "
                                         f"({self.max_contexts_per_app}); delete one before making another")
-            token = secrets.token_urlsafe(32)
+            token = "s" + secrets.token_urlsafe(32)          # never begins with "-", which a shell reads as an option
             now = time.time()
             row = ContextRow(id=secrets.token_hex(8), app=app, stub_sha256=_digest(token),
                              system_prompt=system_prompt, created=now, last_used=now, last_tick=self._tick)
@@ -366,13 +364,31 @@ class LLMService:
 
     def _delete(self, app: str, stub: CtxStub) -> None:
         with self._my_turn():
-            ctx = self._resolve(app, stub)
-            self.store.delete_context(ctx.row.id)
-            with self._state:
-                del self._contexts[ctx.row.id]
-                del self._stubs[ctx.row.stub_sha256]
-                self.queue.remove_context(ctx.row.id)
-            self._update_memory_metrics()
+            self._drop(self._resolve(app, stub))
+
+    def _delete_id(self, app: str, ctx_id: str) -> None:
+        with self._my_turn():
+            ctx = self._contexts.get(ctx_id) if isinstance(ctx_id, str) else None
+            if ctx is None or ctx.row.app != app:
+                raise StubError(f"app {app!r} holds no context {ctx_id!r}; list its contexts to see their ids")
+            self._drop(ctx)
+
+    def _app_contexts(self, app: str) -> list[dict]:
+        with self._state:
+            return [{"id": c.row.id, "tokens": len(c.kv.tokens), "calls": c.row.calls,
+                     "bytes": sum(r.nbytes for r in c.chunks),
+                     "bytes_in_memory": sum(r.nbytes for r in c.chunks if r.state in IN_MEMORY),
+                     "created": c.row.created, "last_used": c.row.last_used, "system_prompt": c.row.system_prompt}
+                    for c in self._contexts.values() if c.row.app == app]
+
+    def _drop(self, ctx: _Context) -> None:
+        """Delete ``ctx`` (its files, index rows and queue entries); the caller holds the turn."""
+        self.store.delete_context(ctx.row.id)
+        with self._state:
+            del self._contexts[ctx.row.id]
+            del self._stubs[ctx.row.stub_sha256]
+            self.queue.remove_context(ctx.row.id)
+        self._update_memory_metrics()
 
     # ------------------------------------------------------------------ a call
 
@@ -387,13 +403,21 @@ class LLMService:
         close = "\n" if kv.pending == [tok.im_end_id] else "<|im_end|>\n"
         return tok.encode(f"{close}<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
 
-    def _call(self, app: str, stub: CtxStub, prompt: str, max_new_tokens: int) -> tuple[str, CallStats]:
+    def _call(self, app: str, stub: CtxStub, prompt: str, max_new_tokens: int,
+              on_token: Callable[[int], bool] | None = None, deadline: float | None = None,
+              call_id: str | None = None) -> tuple[str, CallStats]:
         if not isinstance(prompt, str) or not prompt.strip():
             raise WorkbenchError("the prompt is empty; send some text")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise WorkbenchError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
         with self._my_turn() as wait:
+            if deadline is not None and time.monotonic() > deadline:
+                raise DeadlineError(f"the call's deadline passed while it waited {wait:.2f} s for its turn; it was "
+                                    f"not run and the context is as it was")
             ctx = self._resolve(app, stub)
+            request = json.dumps([prompt, max_new_tokens])
+            if call_id is not None and call_id == ctx.row.last_call_id:
+                return self._repeated(ctx, call_id, request)
             kv = ctx.kv
             ids = self._prompt_ids(ctx, prompt)
             t_start = time.perf_counter()
@@ -410,43 +434,69 @@ class LLMService:
                 records = self._make_room(ctx, missing, adding)
                 t_loaded = time.perf_counter()
                 report = self._load(ctx, missing)
+                t_dequantize = time.perf_counter()
+                cache = kv.to_cache(self.model.cfg, extra=adding)      # the switch ends with the context usable
                 t_infer = time.perf_counter()
                 from workbench.kvcache.engine import run_call
 
                 undo = self._undo_for(ctx)
-                result = run_call(self.model, kv, ids, max_new_tokens, stop_ids=(self.tokenizer.im_end_id,),
-                                  bits=self.config.base_bits, max_context=limit)
-                t_compress = time.perf_counter()
-                dirty = set(result.changed_chunks) | set(report.recomputed) | self._compress(ctx)
-                t_write = time.perf_counter()
-                try:
-                    written_bytes, written_files = self._finish_call(ctx, dirty)
-                except (OSError, sqlite3.Error) as exc:
+                try:                                     # nothing of the call stays unless the index commits it
+                    result = run_call(self.model, kv, ids, max_new_tokens, stop_ids=(self.tokenizer.im_end_id,),
+                                      bits=self.config.base_bits, max_context=limit, on_token=on_token,
+                                      cache=cache)
+                    del cache
+                    t_compress = time.perf_counter()
+                    releveled, bases = self._compress(ctx)
+                    dirty = set(result.changed_chunks) | set(report.recomputed) | releveled
+                    t_write = time.perf_counter()
+                    text = self.tokenizer.decode([t for t in result.output_ids if t != self.tokenizer.im_end_id])
+
+                    def stats_until(t_end: float, written: int) -> CallStats:
+                        return CallStats(
+                            ctx=ctx.row.id, app=app, tick=self._tick, queue_wait_s=wait, reclaim_s=t_loaded - t_start,
+                            load_s=t_dequantize - t_loaded, dequantize_s=t_infer - t_dequantize,
+                            switch_s=t_infer - t_start, io_s=report.io_s, recompute_s=report.recompute_s,
+                            inference_s=t_compress - t_infer, compress_s=t_write - t_compress,
+                            swap_out_s=t_end - t_write, total_s=t_end - t_start, chunks_missing=len(missing),
+                            chunks_loaded=len(report.loaded), chunks_recomputed=len(report.recomputed),
+                            bytes_read=report.bytes_read, bytes_written=written, evictions=len(records),
+                            evicted_bytes=sum(r.nbytes for r in records), prompt_tokens=len(ids),
+                            output_tokens=len(result.output_ids), context_tokens=len(kv.tokens),
+                            loader=loader_name(self.loader))
+
+                    reply = None if call_id is None else json.dumps(
+                        {"request": request, "text": text, "stats": stats_until(t_write, 0).to_dict()})
+                    written_bytes, written_files = self._finish_call(ctx, dirty, bases, call_id, reply)
+                except BaseException as exc:
                     with self._state:
                         undo()
-                    raise SwapStoreError(f"could not save context {ctx.row.id} to the swap store in {self.swap_dir} "
-                                         f"({exc}); the call was undone and every context is as it was") from exc
-                t_end = time.perf_counter()
+                    if isinstance(exc, (OSError, sqlite3.Error)):
+                        raise SwapStoreError(f"could not save context {ctx.row.id} to the swap store in "
+                                             f"{self.swap_dir} ({exc}); the call was undone and every context is "
+                                             f"as it was") from exc
+                    if isinstance(exc, Exception) and not isinstance(exc, WorkbenchError):
+                        raise CallFailedError(f"the call on context {ctx.row.id} failed ({type(exc).__name__}: "
+                                              f"{exc}); it was undone and the context is as it was") from exc
+                    raise
+                stats = stats_until(time.perf_counter(), written_bytes)
             finally:
                 with self._state:
                     self.queue.unlock(ctx.row.id)
                     self._enqueue(ctx)
-            stats = CallStats(
-                ctx=ctx.row.id, app=app, tick=self._tick, queue_wait_s=wait, reclaim_s=t_loaded - t_start,
-                load_s=t_infer - t_loaded,
-                switch_s=t_infer - t_start, io_s=report.io_s, recompute_s=report.recompute_s,
-                inference_s=t_compress - t_infer, compress_s=t_write - t_compress, swap_out_s=t_end - t_write,
-                total_s=t_end - t_start, chunks_missing=len(missing), chunks_loaded=len(report.loaded),
-                chunks_recomputed=len(report.recomputed), bytes_read=report.bytes_read, bytes_written=written_bytes,
-                evictions=len(records), evicted_bytes=sum(r.nbytes for r in records), prompt_tokens=len(ids),
-                output_tokens=len(result.output_ids), context_tokens=len(kv.tokens),
-                loader=loader_name(self.loader))
             self.metrics.record_call(stats)
             self.metrics.record_writes(written_files, written_bytes, "ahead_of_time")
             self._update_memory_metrics()
             self.last_call = stats
-            text = self.tokenizer.decode([t for t in result.output_ids if t != self.tokenizer.im_end_id])
             return text, stats
+
+    @staticmethod
+    def _repeated(ctx: _Context, call_id: str, request: str) -> tuple[str, CallStats]:
+        """The committed reply of call ``call_id``, a retry of the context's last call: not run again."""
+        saved = json.loads(ctx.row.last_reply)
+        if saved["request"] != request:
+            raise WorkbenchError(f"call_id {call_id!r} was given to another call on this context (another prompt "
+                                 f"or max_new_tokens); a new call needs a new call_id")
+        return saved["text"], CallStats.from_dict(saved["stats"])
 
     def _growth_bytes(self, ctx: _Context, adding: int) -> int:
         """Most bytes the call can add: the chunks from the open last one on, at the base level,
@@ -517,17 +567,30 @@ class LLMService:
         return records
 
     def _load(self, ctx: _Context, missing: list[int]) -> LoadReport:
+        """Bring ``missing`` chunks into memory through the loader. A swap file that fails its size or
+        CRC-32 check is logged, counted, dropped, and its chunk recomputed from its tokens (the load is
+        redone, since recomputed chunks may have attended to the damaged one)."""
         if not missing:
             return LoadReport()
-        specs = {i: ChunkSpec(bits=ctx.chunks[i].bits, shape=tuple(ctx.chunks[i].shape),
-                              path=self.store.chunk_path(ctx.row.id, i) if ctx.chunks[i].state in HAS_FILE else None)
-                 for i in missing}
-        try:
-            report = self.loader(LoadRequest(model=self.model, kv=ctx.kv, specs=specs, loading=self.config.loading))
-        except BaseException:
-            for i in specs:                                  # a half-loaded context stays as the index says
-                ctx.kv.chunks[i] = None
-            raise
+        damaged: dict[int, str] = {}
+        while True:
+            specs = {i: self._chunk_spec(ctx, i, damaged) for i in missing}
+            try:
+                report = self.loader(LoadRequest(model=self.model, kv=ctx.kv, specs=specs,
+                                                 loading=self.config.loading))
+                break
+            except DamagedChunkFileError as exc:
+                for i in specs:
+                    ctx.kv.chunks[i] = None
+                fresh = {i: why for i, why in exc.chunks.items() if i not in damaged and i in specs}
+                if not fresh:
+                    raise
+                damaged.update(fresh)
+                self._drop_damaged(ctx, fresh)
+            except BaseException:
+                for i in specs:                              # a half-loaded context stays as the index says
+                    ctx.kv.chunks[i] = None
+                raise
         for i, spec in specs.items():
             got = ctx.kv.chunks[i]
             if got is None or got.bits != spec.bits or tuple(got.shape) != spec.shape:
@@ -541,21 +604,69 @@ class LLMService:
                 ctx.chunks[i].state = MEMORY
         return report
 
-    def _compress(self, ctx: _Context) -> set[int]:
-        """Tolerance-aware compression of the full chunks; returns the chunks whose level went down."""
+    def _chunk_spec(self, ctx: _Context, i: int, damaged: Mapping[int, str]) -> ChunkSpec:
+        row = ctx.chunks[i]
+        has_file = row.state in HAS_FILE and i not in damaged
+        return ChunkSpec(bits=row.bits, shape=tuple(row.shape),
+                         path=self.store.current_path(ctx.row.id, i) if has_file else None,
+                         crc32=row.crc32 if has_file else None)
+
+    def _drop_damaged(self, ctx: _Context, damaged: Mapping[int, str]) -> None:
+        """Record damaged swap files: their chunks become ``dropped`` (recomputed from their tokens) in
+        one index transaction, the files are removed, and each is logged and counted."""
+        rows = []
+        with self._state:
+            for i, why in sorted(damaged.items()):
+                row = ctx.chunks[i]
+                log.warning("llms: %s (chunk %d of context %s); the chunk is recomputed from its tokens",
+                            why, i, ctx.row.id)
+                row.state = DROPPED
+                rows.append(row)
+            self.store.commit(chunks=rows)
+            for row in rows:
+                self.store.remove_file(row.ctx, row.idx)
+        self.metrics.record_damaged(len(rows))
+
+    def _compress(self, ctx: _Context) -> tuple[set[int], dict[tuple[str, int], ChunkData]]:
+        """Tolerance-aware compression over the whole context (LLMS 3.2): every full chunk's level is
+        assigned anew from its density (``assign_levels``), up or down, and made from the chunk's 8-bit
+        base (in memory while the chunk is at 8 bits, else its base file). Returns the chunks whose
+        level changed, and the bases to write for chunks that became full at 8 bits.
+
+        A chunk without a usable base (a damaged base file) can only go down, from what it holds.
+        Raised levels need memory: other contexts are evicted for it when they can give it, else the
+        raised chunks keep their old level."""
         kv = ctx.kv
         ctx.density = kv.chunk_density(self._heads_times_layers)
         if self.config.compression != "tolerance":
-            return set()
-        full = [i for i in range(kv.num_chunks) if kv.span(i)[1] - kv.span(i)[0] == kv.chunk_size]
+            return set(), {}
+        full = kv.full_chunks()
         if not full:
-            return set()
-        lowered = set()
-        for i, bits in zip(full, assign_levels(ctx.density[full], self.config.levels, self.config.global_ratio)):
-            if int(bits) < kv.chunks[i].bits:
-                kv.chunks[i] = recompress(kv.chunks[i], int(bits))
-                lowered.add(i)
-        return lowered
+            return set(), {}
+        rows = {r.idx: r for r in ctx.chunks}
+        bases = {(ctx.row.id, i): kv.chunks[i] for i in full
+                 if kv.chunks[i].bits == self.config.base_bits and (i not in rows or rows[i].base_crc32 is None)}
+        targets = dict(zip(full, assign_levels(ctx.density[full], self.config.levels, self.config.global_ratio)))
+        changed, raised = kv.relevel(targets, lambda i: self.store.read_base(rows[i]) if i in rows else None)
+        if raised and not self._room_for_raised(ctx, raised):
+            for i, held in raised.items():
+                kv.chunks[i] = held
+                changed.discard(i)
+        return changed, bases
+
+    def _room_for_raised(self, ctx: _Context, raised: Mapping[int, ChunkData]) -> bool:
+        """Whether the served context, with ``raised`` chunks at their new level, fits the budget,
+        evicting other contexts' chunks for it when they hold enough."""
+        with self._state:
+            others = sum(c.nbytes for other in self._contexts.values() if other is not ctx
+                         for c in other.chunks if c.state in IN_MEMORY)
+            deficit = others + ctx.kv.nbytes() - self.memory_budget_bytes
+            if deficit <= 0:
+                return True
+            if sum(e.nbytes for e in self.queue.order()) < deficit:
+                return False
+        self._evict(deficit, ctx.row.id)
+        return True
 
     @staticmethod
     def _undo_for(ctx: _Context) -> Callable[[], None]:
@@ -570,9 +681,10 @@ class LLMService:
             ctx.chunks, ctx.row, ctx.density = saved_rows, saved_row, saved_density
         return undo
 
-    def _finish_call(self, ctx: _Context, dirty: set[int]) -> tuple[int, int]:
+    def _finish_call(self, ctx: _Context, dirty: set[int], bases: Mapping[tuple[str, int], ChunkData] | None = None,
+                     call_id: str | None = None, reply: str | None = None) -> tuple[int, int]:
         """Record the call in one index transaction, writing the changed chunks first when swapping out
-        ahead of time; returns (bytes written, files written)."""
+        ahead of time, and the new full chunks' 8-bit bases; returns (bytes written, files written)."""
         kv = ctx.kv
         rows, files = [], {}
         with self._state:
@@ -590,7 +702,8 @@ class LLMService:
             r = ctx.row
             r.tokens, r.pending, r.attn_sum, r.attn_rows = kv.tokens, kv.pending, kv.attn_sum, kv.attn_rows
             r.last_used, r.last_tick, r.calls = time.time(), self._tick, r.calls + 1
-            written = self.store.commit(contexts=[r], chunks=rows, files=files)
+            r.last_call_id, r.last_reply = call_id, reply
+            written = self.store.commit(contexts=[r], chunks=rows, files=files, bases=bases)
         return written, len(files)
 
     def _enqueue(self, ctx: _Context) -> None:
@@ -656,6 +769,30 @@ class LLMService:
             "last_call": None if self.last_call is None else self.last_call.to_dict(),
         }
 
+    def app_snapshot(self, app: str) -> dict:
+        """The snapshot one app may see: the settings, and of the contexts, memory, queue, evictions and
+        last call only its own; service-wide counters are left out."""
+        snap = self.snapshot()
+        snap["contexts"] = [c for c in snap["contexts"] if c["app"] == app]
+        mine = {c["id"] for c in snap["contexts"]}
+        by_level: dict[str, int] = {}
+        for c in snap["contexts"]:
+            for r in c["chunks"]:
+                if r["state"] in IN_MEMORY:
+                    by_level[str(r["bits"])] = by_level.get(str(r["bits"]), 0) + r["bytes"]
+        snap["memory"] = {"used_bytes": sum(by_level.values()), "by_level": dict(sorted(by_level.items()))}
+        queue = snap["queue"]
+        queue["order"] = [e for e in queue["order"] if e["ctx"] in mine]
+        queue["sub_queues"] = {bits: [e for e in entries if e[0] in mine] for bits, entries in queue["sub_queues"].items()}
+        snap["evictions"] = [r if r["served_ctx"] in mine else
+                             dict(r, served_ctx=None, reason=r["reason"].replace(f"context {r['served_ctx']}",
+                                                                                 "another app's context"))
+                             for r in snap["evictions"] if r["ctx"] in mine]
+        if snap["last_call"] is not None and snap["last_call"]["app"] != app:
+            snap["last_call"] = None
+        del snap["metrics"]
+        return snap
+
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
@@ -692,11 +829,28 @@ class AppSession:
         ``max_new_tokens``, stopping at ``<|im_end|>``)."""
         return self.service._call(self.app, stub, prompt, max_new_tokens)[0]
 
-    def call_with_stats(self, stub: CtxStub, prompt: str, max_new_tokens: int = 16) -> tuple[str, CallStats]:
-        return self.service._call(self.app, stub, prompt, max_new_tokens)
+    def call_with_stats(self, stub: CtxStub, prompt: str, max_new_tokens: int = 16, *,
+                        on_token: Callable[[int], bool] | None = None, deadline: float | None = None,
+                        call_id: str | None = None) -> tuple[str, CallStats]:
+        """``call`` with its costs. ``on_token(id)`` sees each generated token as it comes and stops the
+        generation by returning True; a call whose turn comes after ``deadline`` (``time.monotonic()``)
+        is refused (``DeadlineError``) and changes nothing. A ``call_id`` equal to the context's last
+        committed call's (a retry, after a lost reply or a restart) returns that call's reply without
+        running it again; the stats are those recorded when it committed."""
+        return self.service._call(self.app, stub, prompt, max_new_tokens, on_token, deadline, call_id)
 
     def delete(self, stub: CtxStub) -> None:
         self.service._delete(self.app, stub)
 
+    def contexts(self) -> list[dict]:
+        """This app's contexts: id, tokens, bytes (all chunks, and those in memory), calls, creation and
+        last use, system prompt. Stubs are kept only hashed, so they are not listed."""
+        return self.service._app_contexts(self.app)
+
+    def delete_context(self, ctx_id: str) -> None:
+        """Delete one of this app's contexts by its id, for a context whose stub was lost."""
+        self.service._delete_id(self.app, ctx_id)
+
     def snapshot(self) -> dict:
-        return self.service.snapshot()
+        """``LLMService.snapshot`` narrowed to this app (``LLMService.app_snapshot``)."""
+        return self.service.app_snapshot(self.app)

@@ -5,6 +5,7 @@ Layout of a swap directory::
     index.sqlite3          the index (WAL journal, synchronous=FULL)
     lock                   held (flock) by the one service using the directory
     <context id>/<i>.bin   chunk i of a context, as ``swapfile.write_chunk`` writes it
+    <context id>/<i>.base  its 8-bit base, for chunks compressed by tolerance
 
 Index tables: ``meta`` (format, chunk size, model shape), ``apps``, ``contexts`` (owner app,
 SHA-256 of the stub's secret, system prompt, token ids, pending token, per-token attention sums,
@@ -16,6 +17,9 @@ A chunk's state is one of:
 * ``memory+file``: in memory, and its file holds the same data;
 * ``file``: swapped out, only its file holds it;
 * ``dropped``: neither; it is recomputed from the context's tokens when needed.
+
+A full chunk compressed by tolerance also keeps its 8-bit base in ``<i>.base`` (written once, with the
+commit that records it), so its level can be assigned anew from the base, up or down, after any call.
 
 Crash safety. Every state change is one SQLite transaction. New chunk data is first written to
 ``<i>.bin.next`` (fsync, directory fsync), then the transaction that records it (bits, shape, bytes,
@@ -47,11 +51,12 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from workbench.errors import WorkbenchError
-from workbench.kvcache.chunks import ChunkData
-from workbench.kvcache.swapfile import read_chunk, write_chunk
+from workbench.errors import CorruptArtifactError, WorkbenchError
+from workbench.kvcache.chunks import LEVELS, ChunkData
+from workbench.kvcache.swapfile import check_file_size, read_chunk, write_chunk
 
 FORMAT = 1
+BASE_BITS = LEVELS[0]
 log = logging.getLogger("workbench.kvcache")
 INDEX_NAME = "index.sqlite3"
 MEMORY, BOTH, FILE, DROPPED = "memory", "memory+file", "file", "dropped"
@@ -77,7 +82,9 @@ CREATE TABLE IF NOT EXISTS contexts(
     tokens BLOB NOT NULL,
     pending BLOB NOT NULL,
     attn_sum BLOB NOT NULL,
-    attn_rows BLOB NOT NULL);
+    attn_rows BLOB NOT NULL,
+    last_call_id TEXT,
+    last_reply TEXT);
 CREATE TABLE IF NOT EXISTS chunks(
     ctx TEXT NOT NULL REFERENCES contexts(id) ON DELETE CASCADE,
     idx INTEGER NOT NULL,
@@ -88,12 +95,13 @@ CREATE TABLE IF NOT EXISTS chunks(
     file_bytes INTEGER,
     crc32 INTEGER,
     last_tick INTEGER NOT NULL,
+    base_crc32 INTEGER,
     PRIMARY KEY(ctx, idx));
 """
 
 
 _CONTEXT_COLUMNS = ("id", "app", "stub_sha256", "system_prompt", "created", "last_used", "last_tick", "calls",
-                    "tokens", "pending", "attn_sum", "attn_rows")
+                    "tokens", "pending", "attn_sum", "attn_rows", "last_call_id", "last_reply")
 UPSERT_CONTEXT = (f"INSERT INTO contexts VALUES ({', '.join('?' * len(_CONTEXT_COLUMNS))}) ON CONFLICT(id) DO UPDATE SET "
                   + ", ".join(f"{c} = excluded.{c}" for c in _CONTEXT_COLUMNS[1:]))
 
@@ -117,6 +125,8 @@ class ContextRow:
     pending: list[int] = field(default_factory=list)
     attn_sum: np.ndarray = field(default_factory=lambda: np.zeros(0))
     attn_rows: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    last_call_id: str | None = None        # the client's id of the last call committed, so a retry is not run again
+    last_reply: str | None = None          # that call's request and reply (JSON)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -131,6 +141,7 @@ class ChunkRow:
     file_bytes: int | None = None
     crc32: int | None = None
     last_tick: int = 0
+    base_crc32: int | None = None     # CRC-32 of the chunk's 8-bit base file, None while it has none
 
     @property
     def key(self) -> tuple[str, int]:
@@ -179,7 +190,7 @@ class SwapStore:
 
     def __init__(self, root: Path, meta: Mapping[str, object] | None = None):
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_handle = open(self.root / "lock", "a+")
         try:
             fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -193,6 +204,10 @@ class SwapStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        for table, column, kind in (("chunks", "base_crc32", "INTEGER"), ("contexts", "last_call_id", "TEXT"),
+                                    ("contexts", "last_reply", "TEXT")):      # an index made before these columns
+            if column not in [r[1] for r in self._db.execute(f"PRAGMA table_info({table})")]:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self._check_meta({"format": FORMAT, **(meta or {})})
         self.recovery_notes: list[str] = []
         self._pending_renames: set[tuple[str, int]] = set()
@@ -240,12 +255,12 @@ class SwapStore:
         return (row.id, row.app, row.stub_sha256, row.system_prompt, row.created, row.last_used,
                 row.last_tick, row.calls, np.asarray(row.tokens, np.int64).tobytes(),
                 np.asarray(row.pending, np.int64).tobytes(), np.asarray(row.attn_sum, np.float64).tobytes(),
-                np.asarray(row.attn_rows, np.float64).tobytes())
+                np.asarray(row.attn_rows, np.float64).tobytes(), row.last_call_id, row.last_reply)
 
     @staticmethod
     def _chunk_args(row: ChunkRow) -> tuple:
         return (row.ctx, row.idx, row.bits, json.dumps(list(row.shape)), row.state, row.nbytes,
-                row.file_bytes, row.crc32, row.last_tick)
+                row.file_bytes, row.crc32, row.last_tick, row.base_crc32)
 
     def add_app(self, name: str) -> None:
         self._transaction([("INSERT OR IGNORE INTO apps VALUES (?, ?)", (name, time.time()))])
@@ -265,16 +280,17 @@ class SwapStore:
     def load(self) -> list[tuple[ContextRow, list[ChunkRow]]]:
         """Every context with its chunk rows (in chunk order)."""
         chunks: dict[str, list[ChunkRow]] = {}
-        for r in self._rows("SELECT ctx, idx, bits, shape, state, nbytes, file_bytes, crc32, last_tick "
+        for r in self._rows("SELECT ctx, idx, bits, shape, state, nbytes, file_bytes, crc32, last_tick, base_crc32 "
                             "FROM chunks ORDER BY ctx, idx"):
             chunks.setdefault(r[0], []).append(ChunkRow(ctx=r[0], idx=r[1], bits=r[2], shape=tuple(json.loads(r[3])),
                                                         state=r[4], nbytes=r[5], file_bytes=r[6], crc32=r[7],
-                                                        last_tick=r[8]))
+                                                        last_tick=r[8], base_crc32=r[9]))
         out = []
         for r in self._rows("SELECT * FROM contexts ORDER BY created, id"):
             row = ContextRow(id=r[0], app=r[1], stub_sha256=r[2], system_prompt=r[3], created=r[4], last_used=r[5],
                              last_tick=r[6], calls=r[7], tokens=_ints(r[8]), pending=_ints(r[9]),
-                             attn_sum=_floats(r[10]), attn_rows=_floats(r[11]))
+                             attn_sum=_floats(r[10]), attn_rows=_floats(r[11]), last_call_id=r[12],
+                             last_reply=r[13])
             out.append((row, chunks.get(row.id, [])))
         return out
 
@@ -284,15 +300,18 @@ class SwapStore:
     # ------------------------------------------------------------------ the one write path
 
     def commit(self, *, contexts: Iterable[ContextRow] = (), chunks: Iterable[ChunkRow] = (),
-               files: Mapping[tuple[str, int], ChunkData] | None = None) -> int:
+               files: Mapping[tuple[str, int], ChunkData] | None = None,
+               bases: Mapping[tuple[str, int], ChunkData] | None = None) -> int:
         """Record a state change durably: write ``files`` (keyed by (context, chunk)) beside their
-        final names, commit ``contexts`` and ``chunks`` (whose rows get the new files' bytes and CRC)
-        in one transaction, then move the files into place. Returns the bytes written."""
+        final names and ``bases`` (a full chunk's 8-bit base, written once, never replaced), commit
+        ``contexts`` and ``chunks`` (whose rows get the new files' bytes and CRC) in one transaction,
+        then move the files into place. Returns the bytes written."""
         with self._lock:
-            return self._commit(list(contexts), {row.key: row for row in chunks}, dict(files or {}))
+            return self._commit(list(contexts), {row.key: row for row in chunks}, dict(files or {}),
+                                dict(bases or {}))
 
     def _commit(self, contexts: list[ContextRow], rows: dict[tuple[str, int], ChunkRow],
-                files: dict[tuple[str, int], ChunkData]) -> int:
+                files: dict[tuple[str, int], ChunkData], bases: dict[tuple[str, int], ChunkData]) -> int:
         """The index transaction is the one commit point: a failure before it removes every file this
         commit wrote and raises (nothing changed); after it nothing raises, and a rename that fails is
         retried before the next commit or read of that chunk (``current_path`` serves it meanwhile)."""
@@ -302,6 +321,16 @@ class SwapStore:
         made: list[Path] = []
         old = {key: (rows[key].file_bytes, rows[key].crc32) for key in files if key in rows}
         try:
+            for key, data in bases.items():
+                row = rows.get(key)
+                if row is None or row.base_crc32 is not None or data.bits != BASE_BITS:
+                    raise WorkbenchError(f"chunk {key} gets one {BASE_BITS}-bit base file, with its row")
+                path = self.base_path(*key)
+                path.parent.mkdir(exist_ok=True)
+                made.append(path)
+                written += write_chunk(path, data)
+                row.base_crc32 = file_crc(path)
+                dirs.add(path.parent)
             for key, data in files.items():
                 row = rows.get(key)
                 if row is None or row.state not in HAS_FILE:
@@ -317,7 +346,7 @@ class SwapStore:
                 _fsync_dir(d)
             _failpoint("chunk_files_written")
             self._transaction([*((UPSERT_CONTEXT, self._context_args(c)) for c in contexts),
-                               *(("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?)", self._chunk_args(r))
+                               *(("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?,?)", self._chunk_args(r))
                                  for r in rows.values())])
         except BaseException:
             for path in made:
@@ -325,6 +354,9 @@ class SwapStore:
                 path.with_name(path.name + ".tmp").unlink(missing_ok=True)
             for key, (file_bytes, crc) in old.items():
                 rows[key].file_bytes, rows[key].crc32 = file_bytes, crc
+            for key in bases:
+                if key in rows:
+                    rows[key].base_crc32 = None
             raise
         _failpoint("index_committed")
         self._pending_renames.update(files)
@@ -355,6 +387,27 @@ class SwapStore:
                 _fsync_dir(d)
             except OSError:
                 pass
+
+    def base_path(self, ctx: str, idx: int) -> Path:
+        return self.root / ctx / f"{idx}.base"
+
+    def read_base(self, row: ChunkRow) -> ChunkData | None:
+        """The chunk's 8-bit base, checked against its CRC-32; None when it has none or it is damaged
+        (logged), so the caller keeps the chunk's current level."""
+        if row.base_crc32 is None:
+            return None
+        path = self.base_path(row.ctx, row.idx)
+        try:
+            data = path.read_bytes()
+            check_file_size(path, data, BASE_BITS, row.shape)
+        except (OSError, CorruptArtifactError) as exc:
+            log.warning("llms swap store: the base file of chunk %s of context %s cannot be used (%s)",
+                        row.idx, row.ctx, exc)
+            return None
+        if zlib.crc32(data) != row.base_crc32:
+            log.warning("llms swap store: %s fails its CRC-32 check; the chunk keeps its level", path)
+            return None
+        return read_chunk(path, BASE_BITS, row.shape)
 
     def remove_file(self, ctx: str, idx: int) -> None:
         """Remove a chunk's file (and a pending ``.next``) once its row no longer points to one."""
@@ -395,6 +448,10 @@ class SwapStore:
                 self.recovery_notes.append(f"finished writing chunk {row.idx} of context {row.ctx}")
             else:
                 nxt.unlink()
+        for base in self.root.glob("*/*.base"):                 # written before a commit that never came
+            row = known.get(base.parent.name, {}).get(_chunk_index(base.name))
+            if row is None or row.base_crc32 is None:
+                base.unlink()
         changed = []
         for _, chunks in contexts:
             for c in chunks:
@@ -433,8 +490,14 @@ class SwapStore:
         for path in self.root.glob("*/*"):
             key = (path.parent.name, _chunk_index(path.name))
             pending = path.name.endswith(".bin.next") and key in self._pending_renames
-            if not (path.name.endswith(".bin") or pending) or key not in rows:
+            base = path.name.endswith(".base") and key in rows and rows[key].base_crc32 is not None
+            if not (path.name.endswith(".bin") or pending or base) or key not in rows:
                 problems.append(f"{path} belongs to no index row")
+        for (ctx, idx), c in rows.items():
+            if c.base_crc32 is not None:
+                path = self.base_path(ctx, idx)
+                if not path.exists() or file_crc(path) != c.base_crc32:
+                    problems.append(f"{path} is missing or does not match its index row (CRC-32)")
         return problems
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """A swapped-out chunk on disk: one file, layer-major, so a loader can read one layer of it at a time.
 
-Layout: the payload (float32 values, or the codes, bit-packed below 8 bits), then for quantized
+Layout: the payload (float32 or float16 values, or the codes, bit-packed below 8 bits), then for quantized
 chunks the float16 per-channel minimum, then the step. The chunk's leading axis is the layer, so
 layer ``l`` of each part is one contiguous byte range (a layer holds 2 x heads x tokens x head_dim
 values, a multiple of 4, so packed codes of 2 and 4 bits never straddle layers). The bit width and
@@ -19,14 +19,14 @@ import numpy as np
 
 from workbench import bitpack
 from workbench.errors import CorruptArtifactError
-from workbench.kvcache.chunks import FLOAT_BITS, ChunkData
+from workbench.kvcache.chunks import RAW_BITS, ChunkData, raw_dtype
 
 
 def layer_part_sizes(bits: int, shape: tuple[int, ...]) -> tuple[int, int]:
     """Bytes per layer of the payload and of each float16 channel array (0 when raw)."""
     per_layer = int(np.prod(shape[1:]))
-    if bits == FLOAT_BITS:
-        return 4 * per_layer, 0
+    if bits in RAW_BITS:
+        return bits // 8 * per_layer, 0
     payload = per_layer if bits == 8 else bitpack.packed_nbytes(per_layer, bits)
     return payload, 2 * (per_layer // shape[3])
 
@@ -95,7 +95,7 @@ def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
         return raw
 
     payload = read(payload_bytes, layer * payload_bytes)
-    if bits == FLOAT_BITS:
+    if bits in RAW_BITS:
         return payload, b"", b""
     base = layers * payload_bytes
     return (payload, read(channel_bytes, base + layer * channel_bytes),
@@ -108,8 +108,8 @@ def stack_layers(bits: int, layer_shape: tuple[int, ...], parts: list[LayerBytes
     once, so one ``to_array`` dequantizes the lot."""
     shape = (len(parts), *layer_shape)
     payload = b"".join(p[0] for p in parts)
-    if bits == FLOAT_BITS:
-        writable = np.frombuffer(payload, np.float32).copy()           # torch warns on read-only arrays
+    if bits in RAW_BITS:
+        writable = np.frombuffer(payload, raw_dtype(bits)).copy()       # torch warns on read-only arrays
         return ChunkData(bits=bits, shape=shape, payload=writable)
     scales = (len(parts), layer_shape[0], layer_shape[1], 1, layer_shape[3])
     return ChunkData(bits=bits, shape=shape, payload=np.frombuffer(payload, np.uint8),

@@ -16,16 +16,16 @@ METHOD_LABELS = {"llms": "LLMS", "vllm_sq": "vLLM-SQ", "vllm_s": "vLLM-S", "swap
 METHOD_COLORS = {"llms": "#E45756", "vllm_sq": "#4C78A8", "vllm_s": "#72B7B2", "swapping": "#B279A2",
                  "lmk": "#9D755D"}
 
-STATE_COLORS = {"32": "#08306B", "8": "#2171B5", "4": "#6BAED6", "2": "#C6DBEF", "swapped": "#A6A6A6",
+STATE_COLORS = {"32": "#08306B", "16": "#08519C", "8": "#2171B5", "4": "#6BAED6", "2": "#C6DBEF", "swapped": "#A6A6A6",
                 "recomputed": LANE_COLORS["recompute"], "loaded": LANE_COLORS["swap_in"], "killed": "#3B3B3B"}
-STATE_LABELS = {"32": "in memory, raw 32-bit", "8": "in memory, 8-bit", "4": "in memory, 4-bit",
+STATE_LABELS = {"32": "in memory, raw 32-bit", "16": "in memory, raw 16-bit", "8": "in memory, 8-bit", "4": "in memory, 4-bit",
                 "2": "in memory, 2-bit", "swapped": "swapped out (only on disk)",
                 "recomputed": "recomputed by this call", "loaded": "swapped in by this call",
                 "killed": "killed (no file: recomputed when called)"}
 ACTION_COLORS = {"drop": "#72B7B2", "swap_out": "#B279A2", "kill": "#E45756"}
 ACTION_LABELS = {"drop": "dropped (file written ahead)", "swap_out": "swapped out (written at eviction)",
                  "kill": "killed (no file)"}
-LEVEL_ORDER = (32, 8, 4, 2)
+LEVEL_ORDER = (32, 16, 8, 4, 2)
 
 
 def method_label(method: str) -> str:
@@ -107,7 +107,7 @@ def queue_reason(policy: str, bits: int, heavier: int, context: int, last_use: i
     used = f"context {context} last used by call {last_use}" if last_use is not None else \
         f"context {context} not used in this trace yet"
     if policy == "lctru":
-        why = (f"{bits}-bit sub-queue: heavier levels leave first (32, 8, 4, 2 bits), so the {heavier} chunks "
+        why = (f"{bits}-bit sub-queue: heavier levels leave first (32, 16, 8, 4, 2 bits), so the {heavier} chunks "
                f"of heavier levels go before it; inside it least recently used first ({used})")
     elif policy == "h2o":
         why = f"lowest information density first, older use breaking ties ({used})"
