@@ -1,3 +1,5 @@
+import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -5,11 +7,12 @@ import pytest
 from workbench.errors import WorkbenchError
 from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
 from workbench.kvcache.records import CHUNK_STATES, ReplayResult
-from workbench.kvcache.replay import (budget_for, context_bytes, context_tokens, min_budget_bytes, replay,
-                                      working_set_bytes)
+from workbench.kvcache.replay import (budget_for, context_bytes, context_tokens, idle_gaps, method_config,
+                                      min_budget_bytes, replay, tunable_settings, working_set_bytes)
+from workbench.kvcache.service import ServiceConfig
 from workbench.kvcache.traces import Trace, TraceCall
 from workbench.models.config import DecoderConfig
-from workbench.models.decoder import load_decoder
+from workbench.models.decoder import decoder_tokenizer, load_decoder
 
 ORDER = (0, 1, 2, 0, 1, 0)
 PROMPTS = ("Name three colors of the rainbow and say which one you like best.",
@@ -142,3 +145,109 @@ def test_budgets_are_fractions_of_the_working_set_at_8_bits():
     assert working_set_bytes(trace, 8, 4, stub, tok) == ws
     assert budget_for(trace, 0.3, max_new_tokens=4, model=stub, tokenizer=tok) == round(0.3 * ws)
     assert min_budget_bytes(trace, 32, 4, stub, tok) == 4 * 23 * 30 * 2 * 3 * 64    # 22 + 1 tokens, raw float32
+
+
+# ----------------------------------------------------------------------------- a configuration of one's own
+
+@pytest.fixture(scope="module")
+def costs8(model):
+    """The ``costs`` line for 8-token chunks (half the tokens: half the recompute, about half the bytes)."""
+    return SwapCostModel(device="host", source="measured", num_layers=model.cfg.num_layers, chunk_size=8,
+                         chunk_bytes=model_chunk_bytes(model.cfg, 8), recompute_fixed_s=0.0,
+                         recompute_per_chunk_s=0.005, io_fixed_s=0.0, read_bytes_per_s=2e7)
+
+
+@pytest.fixture(scope="module")
+def configured(model, costs8, tmp_path_factory):
+    """LLMS on the tiny trace with 8-token chunks, every chunk kept at 8 bits (ratio 1) and LRU eviction."""
+    trace = tiny_trace()
+    config = method_config("llms", chunk_size=8, global_ratio=1.0, policy="lru")
+    budget = budget_for(trace, 0.2, max_new_tokens=2, model=model, chunk_size=8)
+    return replay(trace, "llms", config=config, memory_budget_bytes=budget, device=costs8, model=model,
+                  swap_dir=tmp_path_factory.mktemp("configured"), max_new_tokens=2), config
+
+
+def test_a_replay_runs_and_records_the_configuration_it_is_given(configured, model):
+    result, config = configured
+    recorded = result.settings["config"]
+    assert ServiceConfig(**{**recorded, "levels": tuple(recorded["levels"])}) == config
+    assert (config.chunk_size, config.global_ratio, config.policy) == (8, 1.0, "lru")
+    tokenizer = decoder_tokenizer()
+    assert result.settings["least_budget_bytes"] == min_budget_bytes(tiny_trace(), 8, 2, model, tokenizer, 8)
+    most = context_tokens(tiny_trace(), 2, tokenizer)
+    calls = [ORDER.count(c) for c in range(3)]
+    for c, row in enumerate(result.calls[-1].chunk_map):
+        fewest = most[c] - 4 * calls[c]                 # an answer may stop early, a turn close 2 tokens shorter
+        assert -(-fewest // 8) <= len(row) <= -(-most[c] // 8), (c, len(row), most[c])
+    events = [e for c in result.calls for e in c.evictions]
+    assert events and {e.policy for e in events} == {"lru"}
+    levels = {s for c in result.calls for row in c.chunk_map for s in row} & LEVEL_STATES
+    assert levels == {"8"}                               # ratio 1: nothing lowered to 4 or 2 bits
+
+
+def test_method_config_changes_only_what_applies_to_a_method():
+    assert method_config("vllm_sq", chunk_size=8, global_ratio=0.25, policy="h2o") == \
+        replace(ServiceConfig.preset("vllm_sq"), chunk_size=8)
+    assert method_config("llms", policy="h2o", global_ratio=None) == replace(ServiceConfig(), policy="h2o")
+    assert tunable_settings("llms") == ("chunk_size", "global_ratio", "policy")
+    assert tunable_settings("lmk") == ("chunk_size",)
+    with pytest.raises(WorkbenchError, match="chunk_size is a whole number from 1 to 8192 tokens, got 9000"):
+        method_config("lmk", chunk_size=9000)
+    with pytest.raises(WorkbenchError, match="got levels"):
+        method_config("llms", levels=(8, 2))
+
+
+def test_a_cost_model_for_other_chunks_is_refused(model, costs):
+    with pytest.raises(WorkbenchError, match="for 16-token chunks; the replay's chunks hold 8"):
+        replay(tiny_trace(), "llms", config=method_config("llms", chunk_size=8), memory_budget_bytes=1 << 30,
+               device=costs, model=model)
+
+
+# ----------------------------------------------------------------------------- idle time between calls
+
+def test_idle_time_is_the_trace_gap_scaled_and_really_spent(model, costs):
+    """Each call records the trace gap before it times the scale, and at least that much real time passes
+    between the previous call's end (``progress``) and the call (the last ``should_stop`` before it)."""
+    ended, asked = [], []
+
+    def progress(done, _total):
+        ended.append(time.monotonic())
+
+    def should_stop():
+        asked.append((len(ended), time.monotonic()))
+        return False
+
+    result = replay(tiny_trace(), "vllm_sq", memory_budget_bytes=1 << 30, device=costs, model=model,
+                    max_new_tokens=1, idle_scale=0.03, progress=progress, should_stop=should_stop)
+    assert [c.idle_s for c in result.calls] == pytest.approx([0.0] + [0.3] * (len(ORDER) - 1))
+    assert result.settings["idle_scale"] == 0.03
+    for i in range(1, len(ORDER)):
+        started = max(t for done, t in asked if done == i)
+        assert started - ended[i - 1] >= 0.3 - 1e-3, i
+
+
+def test_idle_ends_when_the_replay_is_stopped(model, costs, monkeypatch):
+    """A stop asked for while idle ends the replay without sitting out the gap (a fake clock: no real wait)."""
+    import workbench.kvcache.replay as replay_module
+
+    now = [0.0]
+    monkeypatch.setattr(replay_module, "time", SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    done = []
+    result = replay(tiny_trace(), "vllm_sq", memory_budget_bytes=1 << 30, device=costs, model=model,
+                    max_new_tokens=1, idle_scale=5.0, progress=lambda d, _t: done.append(d),
+                    should_stop=lambda: bool(done))
+    assert len(result.calls) == 1 and now[0] < 1.0
+
+
+def test_idle_beyond_the_limit_or_below_zero_is_refused_before_anything_runs():
+    trace = tiny_trace()                               # 50 s of trace time between its first and last call
+    assert idle_gaps(trace, 0.0) == [0.0] * len(ORDER)
+    assert sum(idle_gaps(trace, 1.0, replays=5)) == pytest.approx(50.0)
+    with pytest.raises(WorkbenchError, match=r"^idle scale 7 would idle 350 s, more than the 300 s allowed"):
+        replay(trace, "llms", memory_budget_bytes=1 << 30, idle_scale=7.0)      # no model given: none loaded
+    with pytest.raises(WorkbenchError, match=r"would idle 325 s over 5 replays"):
+        idle_gaps(trace, 1.3, replays=5)
+    for scale in (-0.1, float("nan")):
+        with pytest.raises(WorkbenchError, match="at least 0"):
+            idle_gaps(trace, scale)

@@ -37,6 +37,7 @@ class EvictionEvent:
 class CallRecord:
     index: int
     time_s: float              # trace time of the call
+    idle_s: float = 0.0        # real seconds the service sat idle before the call (the trace gap, scaled)
     context: int
     switch_s: float            # reclaim + load of the missing chunks + dequantize into the decoder's cache
     io_s: float

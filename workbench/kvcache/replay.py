@@ -2,8 +2,12 @@
 
 Every call of a synthesized trace runs on a fresh :class:`~workbench.kvcache.service.LLMService`
 configured by the method's preset (``llms``, the baselines ``vllm_sq``, ``vllm_s``, ``swapping``,
-``lmk`` and the ablations). Calls run back to back: the trace's Poisson times are kept in the
-records but not waited for, since nothing in the service depends on wall time between calls.
+``lmk`` and the ablations) or by a configuration given with it (:func:`method_config` makes one from
+the preset and the settings that apply to that method). By default calls run back to back: the
+trace's Poisson times are kept in the records but not waited for. With ``idle_scale`` > 0 the service
+sits idle between one call's return and the next call for the trace's gap times the scale (each
+call records it as ``idle_s``), so what a service does in idle time can be studied; the whole
+replay may idle at most :data:`MAX_IDLE_S`.
 Each trace context belongs to an app of its own (``app-<index>``, one context each, so the per-app
 limit never binds) and is created at its first call. That call records no switch (``switch_s`` 0):
 nothing of the context is brought back, and the room it makes is part of creating it.
@@ -29,8 +33,11 @@ it plans with equation 4; for ``"swap_only"`` it reads every chunk that has a fi
 from __future__ import annotations
 
 import json
+import math
 import tempfile
+import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +52,10 @@ from workbench.kvcache.store import DROPPED, FILE, IN_MEMORY
 from workbench.kvcache.traces import Trace
 
 DEFAULT_NEW_TOKENS = 4
+MAX_IDLE_S = 300.0
+"""The most seconds one replay may sit idle in all (``idle_scale``), so none can hang for hours."""
+TUNABLE = ("chunk_size", "global_ratio", "policy")
+"""The service settings a replay's caller may change on a method's preset (:func:`method_config`)."""
 
 
 # ----------------------------------------------------------------------------- budgets
@@ -92,39 +103,92 @@ def _decoder_cfg(model):
 
 
 def working_set_bytes(trace: Trace, bits: int = 8, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
-                      tokenizer=None) -> int:
-    """Bytes all of ``trace``'s contexts would hold at ``bits`` when it ends (:func:`context_tokens`)."""
+                      tokenizer=None, chunk_size: int = CHUNK_SIZE) -> int:
+    """Bytes all of ``trace``'s contexts would hold at ``bits`` in ``chunk_size``-token chunks when it ends
+    (:func:`context_tokens`); smaller chunks carry more scales per token."""
     cfg = _decoder_cfg(model)
-    return sum(context_bytes(n, cfg, bits) for n in context_tokens(trace, max_new_tokens, tokenizer))
+    return sum(context_bytes(n, cfg, bits, chunk_size) for n in context_tokens(trace, max_new_tokens, tokenizer))
 
 
 def budget_for(trace: Trace, fraction: float, *, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
-               tokenizer=None) -> int:
+               tokenizer=None, chunk_size: int = CHUNK_SIZE) -> int:
     """A memory budget of ``fraction`` of the trace's working set at 8 bits, in bytes (rounded).
 
     The paper gives Llama2-7B contexts 1 to 3 GB, where one full 4K-token context takes 1 GiB at
     8 bits; the shipped decoder's contexts are a few MB, so budgets are stated against the contexts
     a trace builds. ``fraction`` = 1 holds every context at 8 bits with nothing compressed."""
-    return int(round(fraction * working_set_bytes(trace, 8, max_new_tokens, model, tokenizer)))
+    return int(round(fraction * working_set_bytes(trace, 8, max_new_tokens, model, tokenizer, chunk_size)))
 
 
 def min_budget_bytes(trace: Trace, bits: int, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
-                     tokenizer=None) -> int:
-    """The least budget that lets a method writing chunks at ``bits`` serve every call of ``trace``: the
-    largest context at ``bits`` with room for the pending token of its last call (what the service's
-    check asks for a context being served alone)."""
+                     tokenizer=None, chunk_size: int = CHUNK_SIZE) -> int:
+    """The least budget that lets a method writing ``chunk_size``-token chunks at ``bits`` serve every call
+    of ``trace``: the largest context at ``bits`` with room for the pending token of its last call (what
+    the service's check asks for a context being served alone)."""
     cfg = _decoder_cfg(model)
-    return max(context_bytes(n + 1, cfg, bits) for n in context_tokens(trace, max_new_tokens, tokenizer))
+    return max(context_bytes(n + 1, cfg, bits, chunk_size) for n in context_tokens(trace, max_new_tokens, tokenizer))
+
+
+# ----------------------------------------------------------------------------- configuration and idle time
+
+def tunable_settings(method: str) -> tuple[str, ...]:
+    """Which of :data:`TUNABLE` change ``method``'s preset: the chunk size always; the global ratio only
+    where chunks are compressed by tolerance (vLLM-SQ keeps every chunk at 8 bits and the FP16 baselines
+    keep raw chunks: they have no ratio by definition); the policy only where the preset evicts by LCTRU
+    (the paper defines the baselines, and the lifecycle ablation, with LRU)."""
+    preset = ServiceConfig.preset(method)
+    return tuple(name for name, applies in (("chunk_size", True), ("global_ratio", preset.compression == "tolerance"),
+                                            ("policy", preset.policy == "lctru")) if applies)
+
+
+def method_config(method: str, **settings) -> ServiceConfig:
+    """``method``'s preset with those of ``settings`` (names from :data:`TUNABLE`; None keeps the preset's
+    value) that apply to it (:func:`tunable_settings`); the others are ignored. The configuration checks
+    its values (``WorkbenchError``)."""
+    unknown = sorted(set(settings) - set(TUNABLE))
+    if unknown:
+        raise WorkbenchError(f"a replay's settings are {', '.join(TUNABLE)}; got {', '.join(unknown)}")
+    changes = {k: v for k, v in settings.items() if v is not None and k in tunable_settings(method)}
+    return replace(ServiceConfig.preset(method), **changes)
+
+
+def idle_gaps(trace: Trace, idle_scale: float, replays: int = 1) -> list[float]:
+    """Per call, the real seconds to sit idle before it: the trace time since the previous call times
+    ``idle_scale`` (0 before the first). Refuses a scale that would idle more than :data:`MAX_IDLE_S` over
+    ``replays`` replays of ``trace``."""
+    if isinstance(idle_scale, bool) or not isinstance(idle_scale, (int, float)) or not math.isfinite(idle_scale) \
+            or idle_scale < 0:
+        raise WorkbenchError(f"idle_scale is a number of seconds per trace second, at least 0, got {idle_scale!r}")
+    times = [c.time_s for c in trace.calls]
+    gaps = [0.0] + [max(0.0, b - a) * idle_scale for a, b in zip(times, times[1:])]
+    total = replays * sum(gaps)
+    if total > MAX_IDLE_S:
+        runs = f" over {replays} replays" if replays > 1 else ""
+        raise WorkbenchError(f"idle scale {idle_scale:g} would idle {total:.0f} s{runs}, more than the "
+                             f"{MAX_IDLE_S:.0f} s allowed; lower the scale or the trace's mean interval")
+    return gaps
+
+
+def _sit_idle(seconds: float, should_stop: Callable[[], bool] | None) -> None:
+    """Sleep ``seconds``, ending early when ``should_stop()`` turns true (checked every 0.1 s)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if should_stop is not None and should_stop():
+            return
+        time.sleep(min(left, 0.1))
 
 
 # ----------------------------------------------------------------------------- loading
 
-def cost_model(device: str | SwapCostModel, model) -> SwapCostModel:
-    """The cost model a replay plans and pads with: the host's measured one, a preset derived from it,
-    or one given as is."""
+def cost_model(device: str | SwapCostModel, model, chunk_size: int = CHUNK_SIZE) -> SwapCostModel:
+    """The cost model a replay plans and pads with for ``chunk_size``-token chunks: the host's measured
+    one, a preset derived from it, or one given as is (for that chunk size)."""
     if isinstance(device, SwapCostModel):
+        if device.chunk_size != chunk_size:
+            raise WorkbenchError(f"the cost model given is for {device.chunk_size}-token chunks; the replay's "
+                                 f"chunks hold {chunk_size}")
         return device
-    return device_cost_model(device, profile_host(model))
+    return device_cost_model(device, profile_host(model, chunk_size))
 
 
 # ----------------------------------------------------------------------------- the replay
@@ -149,28 +213,35 @@ def _chunk_state(chunk: dict) -> str:
     return {FILE: "swapped", DROPPED: "killed"}[chunk["state"]]
 
 
-def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str | SwapCostModel = "host",
-           model=None, swap_dir: Path | str | None = None, max_new_tokens: int = DEFAULT_NEW_TOKENS,
+def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: ServiceConfig | None = None,
+           device: str | SwapCostModel = "host", model=None, swap_dir: Path | str | None = None,
+           max_new_tokens: int = DEFAULT_NEW_TOKENS, idle_scale: float = 0.0,
            progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
            fit_budget: bool = True) -> ReplayResult:
-    """Run every call of ``trace`` under ``method`` (a service preset) and record each (module docstring).
+    """Run every call of ``trace`` under ``method`` and record each (module docstring).
 
+    ``method`` names the result and, unless ``config`` is given, the service preset it runs;
+    ``config`` replaces that preset (e.g. ``method_config(method, chunk_size=8)``); the configuration
+    used is recorded in ``settings["config"]``.
     ``swap_dir``: where the service keeps its files (a fresh temporary folder when None, removed after).
-    ``progress(done, total)`` is called after each call; ``should_stop()`` before each, and a true
-    answer ends the replay early with the calls made so far. ``fit_budget``: raise the budget to
-    :func:`min_budget_bytes` where the method needs it (recorded in ``settings``)."""
+    ``idle_scale``: real seconds of idle per second of trace time between calls (:func:`idle_gaps`; 0:
+    back to back). ``progress(done, total)`` is called after each call; ``should_stop()`` before each
+    and while idle, and a true answer ends the replay early with the calls made so far. ``fit_budget``:
+    raise the budget to :func:`min_budget_bytes` where the method needs it (recorded in ``settings``)."""
     from workbench.models.decoder import decoder_tokenizer, load_decoder
 
-    config = ServiceConfig.preset(method)
+    config = ServiceConfig.preset(method) if config is None else config
+    gaps = idle_gaps(trace, idle_scale)
     model = model if model is not None else load_decoder()
     tokenizer = decoder_tokenizer()
-    costs = cost_model(device, model)
-    needed = min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer)
+    costs = cost_model(device, model, config.chunk_size)
+    needed = min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer, config.chunk_size)
     budget = max(int(memory_budget_bytes), needed) if fit_budget else int(memory_budget_bytes)
     loader = PipelineLoader(costs)
     settings = {"config": config.to_dict(), "device": costs.device, "device_notes": costs.notes,
                 "requested_budget_bytes": int(memory_budget_bytes), "least_budget_bytes": needed,
                 "budget_raised": budget > int(memory_budget_bytes), "max_new_tokens": max_new_tokens,
+                "idle_scale": float(idle_scale),
                 "trace": {"calls": len(trace.calls), "contexts": trace.contexts, "pattern": trace.pattern,
                           "mean_interval_s": trace.mean_interval_s, "seed": trace.seed,
                           "sources": list(trace.sources)}}
@@ -182,6 +253,8 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str |
                                  "swap folder")
         apps, stubs, index_of, call_of_tick = {}, {}, {}, {}
         for i, call in enumerate(trace.calls):
+            if gaps[i] > 0:
+                _sit_idle(gaps[i], should_stop)
             if should_stop is not None and should_stop():
                 break
             c = call.context
@@ -196,8 +269,8 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str |
                 index_of.setdefault(ctx["id"], int(ctx["app"].removeprefix("app-")))
             served = next(ctx for ctx in snap["contexts"] if ctx["id"] == stats.ctx)
             call_of_tick[served["last_tick"]] = i
-            records.append(_record(i, call, first, stats, text, snap, svc, loader.last, index_of, call_of_tick,
-                                   trace.contexts))
+            records.append(_record(i, call, gaps[i], first, stats, text, snap, svc, loader.last, index_of,
+                                   call_of_tick, trace.contexts))
             if progress is not None:
                 progress(i + 1, len(trace.calls))
         settings["context_ids"] = {str(c): ctx for ctx, c in index_of.items()}
@@ -205,7 +278,7 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, device: str |
                         pattern=trace.pattern, settings=json.loads(json.dumps(settings)), calls=tuple(records))
 
 
-def _record(i, call, first, stats, text, snap, svc, load: LoadResult | None, index_of, call_of_tick,
+def _record(i, call, idle_s, first, stats, text, snap, svc, load: LoadResult | None, index_of, call_of_tick,
             contexts: int) -> CallRecord:
     config = svc.config
     evicted = svc.evictions[-stats.evictions:] if stats.evictions else []
@@ -222,7 +295,7 @@ def _record(i, call, first, stats, text, snap, svc, load: LoadResult | None, ind
                         for ch in ctx["chunks"])
     queue = tuple((index_of[e["ctx"]], int(e["chunk"]), int(e["bits"])) for e in snap["queue"]["order"])
     return CallRecord(
-        index=i, time_s=call.time_s, context=call.context, switch_s=0.0 if first else stats.switch_s,
+        index=i, time_s=call.time_s, idle_s=idle_s, context=call.context, switch_s=0.0 if first else stats.switch_s,
         io_s=stats.io_s, recompute_s=stats.recompute_s, inference_s=stats.inference_s,
         queue_wait_s=stats.queue_wait_s, chunks_missing=stats.chunks_missing, chunks_loaded=stats.chunks_loaded,
         chunks_recomputed=stats.chunks_recomputed, bytes_read=stats.bytes_read,
