@@ -216,3 +216,19 @@ def test_eight_bit_chunks_keep_the_continuation_of_a_short_call(decoder):
     assert tok.decode(run_call(decoder, q8, follow, 3, bits=8).output_ids) == \
         tok.decode(run_call(decoder, raw, follow, 3, bits=32).output_ids)
     assert q8.nbytes() == sum(chunk_nbytes(c.shape, 8) for c in q8.chunks) < raw.nbytes() / 2
+
+
+def test_the_working_cache_is_float16_unless_a_chunk_is_raw_float32_and_is_built_chunk_by_chunk(decoder):
+    tok = decoder_tokenizer()
+    q8, raw = (ChunkedKV.for_decoder(decoder.cfg) for _ in range(2))
+    run_call(decoder, q8, tok.chat("Name a river."), max_new_tokens=2, bits=8)
+    run_call(decoder, raw, tok.chat("Name a river."), max_new_tokens=2, bits=32)
+    cache = q8.to_cache(decoder.cfg, extra=5)
+    assert cache.k.dtype == torch.float16 and cache.length == len(q8.tokens) and cache.capacity == len(q8.tokens) + 5
+    values = q8.to_array()
+    np.testing.assert_allclose(cache.k[:, :, :cache.length].float().numpy(), values[:, 0], rtol=1e-3, atol=1e-3)
+    assert raw.to_cache(decoder.cfg).k.dtype == torch.float32
+    assert ChunkedKV.for_decoder(decoder.cfg).to_cache(decoder.cfg, 4, new_bits=32).k.dtype == torch.float32
+    q8.chunks[0] = None
+    with pytest.raises(WorkbenchError, match=r"chunks \[0\] are not in memory"):
+        q8.to_cache(decoder.cfg)

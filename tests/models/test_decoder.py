@@ -1,5 +1,7 @@
 import shutil
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -67,3 +69,30 @@ def test_corrupted_conversion_is_detected_and_rebuilt(tmp_path, monkeypatch, cap
     assert converted_decoder_dir() == target
     assert "converted decoder is damaged" in capsys.readouterr().out
     verify(target / "manifest.json")
+
+
+def test_attention_kept_for_density_is_computed_in_row_blocks_with_the_same_result(decoder, monkeypatch):
+    """A long prompt's explicit attention (kept for the column sums) runs a block of rows at a time, so its
+    scores never take heads x prompt x context floats; the logits and the columns are those of one block."""
+    from workbench.models import decoder as decoder_module
+
+    ids = torch.tensor(np.random.default_rng(3).integers(3, decoder.cfg.vocab_size, 300).tolist())
+    results = []
+    for block in (10_000, 64):
+        monkeypatch.setattr(decoder_module, "ATTENTION_ROW_BLOCK", block)
+        columns = torch.zeros(300)
+        logits = decoder.forward_tokens(ids, KVCache.empty(decoder.cfg, 300), attn_columns=columns)
+        results.append((logits, columns))
+    (one_logits, one_columns), (blocked_logits, blocked_columns) = results
+    torch.testing.assert_close(blocked_logits, one_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(blocked_columns, one_columns, rtol=1e-5, atol=1e-4)
+    assert one_columns.sum().item() == pytest.approx(300 * decoder.cfg.num_heads * decoder.cfg.num_layers, rel=1e-5)
+
+
+def test_a_half_precision_cache_serves_the_same_continuation(decoder):
+    """The service's working cache holds K/V in float16: the layers compute in float32 from it."""
+    ids = decoder_tokenizer().encode("The capital of France is Paris. The capital of Italy is")
+    full = decoder.forward_tokens(torch.tensor(ids), KVCache.empty(decoder.cfg, len(ids)))
+    half = decoder.forward_tokens(torch.tensor(ids), KVCache.empty(decoder.cfg, len(ids), dtype=torch.float16))
+    assert half.dtype == torch.float32 and int(half[-1].argmax()) == int(full[-1].argmax())
+    torch.testing.assert_close(half, full, rtol=0, atol=0.05)

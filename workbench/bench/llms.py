@@ -26,6 +26,8 @@ Tables:
   Every probe is one trace, so a latency need not grow with the count; each row lists its probes.
 - ``perplexity`` (Figure 6b / 12): held-out perplexity of the decoder reading its own KV cache at
   static 8/4/2 bits and with tolerance-aware levels at the 50% global ratio (:func:`kv_perplexity`).
+- ``memory``: the peak resident memory of one call on a context of 2,048 and of 8,000 tokens, each in a
+  fresh process whose service holds the context on disk only (:func:`memory_probe`).
 - ``load``: ``--load-clients`` client processes make ``--load-calls`` calls each over the socket of a
   `workbench serve llms` process against ``--load-contexts`` contexts, under ``--load-memory-mb``;
   wall time, calls per second and call latency, then every reply checked against one process making
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -54,7 +57,7 @@ PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_
                     "llms_without_pipeline": 1.62}
 """Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
 THRESHOLDS_MS = (10.0, 25.0)
-TABLES = ("switching", "active_contexts", "ablation", "paper_scale", "perplexity", "load")
+TABLES = ("switching", "active_contexts", "ablation", "paper_scale", "perplexity", "memory", "load")
 REFERENCE_CONTEXTS = 8
 TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
 PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
@@ -63,7 +66,7 @@ tolerance-aware level counts placed at random (what ranking chunks by density is
 
 QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12, "budgets": [0.5, 0.75, 1.0],
          "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2,
-         "load_clients": 2, "load_calls": 3, "load_contexts": 3}
+         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128, 256]}
 """--quick: tiny sizes so every table is made in a minute or two (the tests)."""
 
 
@@ -103,6 +106,9 @@ def parser() -> Parser:
     p.add_argument("--load-memory-mb", type=positive("MB"), default=32.0, help="load: the served service's budget")
     p.add_argument("--load-new-tokens", type=count(1), default=2, help="load: tokens generated per call")
     p.add_argument("--load-prompt-words", type=count(1), default=6, help="load: words per prompt, at most")
+    p.add_argument("--memory-tokens", nargs="+", type=count(16), default=[2048, 8000],
+                   help="memory: context lengths whose call's peak RSS is measured (at most 8000 tokens: the "
+                        "decoder's 8,192 less the chat turn and the call's growth)")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
     p.add_argument("--quick", action="store_true", help="tiny sizes (tests): " +
                    ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
@@ -114,6 +120,9 @@ def options(args: list[str]):
     if opts.quick:
         for key, value in QUICK.items():
             setattr(opts, key, value)
+    if max(opts.memory_tokens) > 8000:
+        parser().error(f"--memory-tokens: at most 8000 tokens (the decoder's 8,192 less the chat turn and the "
+                       f"call's growth), got {max(opts.memory_tokens)}")
     if opts.prefix % 16:
         parser().error(f"--prefix must be a multiple of 16 (whole chunks), got {opts.prefix}")
     if opts.load_contexts < opts.load_clients:
@@ -419,6 +428,90 @@ def perplexity_table(opts, model) -> list[dict]:
             for s, (ppl, nbytes) in measured.items()]
 
 
+# ----------------------------------------------------------------------------- memory
+
+MEMORY_NEW_TOKENS = 4
+
+
+def _status_mb(field: str) -> float:
+    """A memory figure of this process from /proc/self/status (``VmRSS`` now, ``VmHWM`` its peak), in MB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_peak_rss() -> None:
+    """Start ``VmHWM`` again from the current resident memory (Linux's clear_refs, value 5)."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def memory_probe(swap_dir: str, tokens: int, build: bool) -> dict:
+    """Run in a fresh process by :func:`memory_table`. ``build``: make a context of about ``tokens``
+    tokens (one call whose prompt is held-out text of that length) and keep it in ``swap_dir``.
+    Otherwise: open the service on ``swap_dir`` (nothing in memory), then make one call on that context
+    (switch: load every chunk, dequantize; then inference and compression) and report the call's peak
+    resident memory above the process before it (after a first tiny call has touched the weights)."""
+    from workbench.data import heldout_text
+    from workbench.kvcache.chunks import working_nbytes
+    from workbench.kvcache.service import CtxStub, LLMService
+    from workbench.models.decoder import decoder_tokenizer, load_decoder
+
+    model = load_decoder()
+    stub_file = Path(swap_dir) / "bench-stub"
+    with LLMService(model, swap_dir, memory_budget_bytes=1 << 32) as svc:
+        app = svc.bind("bench")
+        if build:
+            tok = decoder_tokenizer()
+            ids = tok.encode(heldout_text(400))[:tokens]
+            stub = app.new_ctx()
+            app.call(stub, tok.decode(ids), max_new_tokens=1)
+            stub_file.write_text(stub.token)
+            return {}
+        warm = app.new_ctx()                 # the first call touches the mapped weights: not the call's memory
+        app.call(warm, "Hi.", max_new_tokens=1)
+        app.delete(warm)
+        _reset_peak_rss()
+        before = _status_mb("VmRSS")
+        _, stats = app.call_with_stats(CtxStub(stub_file.read_text()), "Go on.", MEMORY_NEW_TOKENS)
+        peak = _status_mb("VmHWM")
+        ctx = svc._contexts[stats.ctx]
+        cfg = model.cfg
+        return {"context_tokens": stats.context_tokens, "at_rest_mb": sum(r.nbytes for r in ctx.chunks) / 1e6,
+                "working_cache_mb": working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                                   stats.context_tokens, svc.config.base_bits) / 1e6,
+                "rss_before_call_mb": before, "peak_rss_mb": peak, "call_peak_over_before_mb": peak - before,
+                "switch_ms": 1e3 * stats.switch_s, "dequantize_ms": 1e3 * stats.dequantize_s}
+
+
+def memory_table(opts) -> list[dict]:
+    """Peak resident memory of one call on a context of each of ``--memory-tokens`` lengths, each measured
+    in a fresh process (so the peak is the call's, not the context's making)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    rows = []
+    for tokens in opts.memory_tokens:
+        with tempfile.TemporaryDirectory(prefix="llms-memory-") as swap_dir:
+            for build in (True, False):
+                code = ("import json, sys; from workbench.bench.llms import memory_probe; "
+                        f"print(json.dumps(memory_probe({swap_dir!r}, {tokens}, {build})))")
+                run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+                if run.returncode != 0:
+                    raise SystemExit(f"workbench bench llms: the memory probe at {tokens} tokens failed: "
+                                     f"{run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.returncode}")
+            row = {"requested_tokens": tokens, **json.loads(run.stdout.strip().splitlines()[-1])}
+        print(f"memory: a call on {row['context_tokens']} tokens ({row['at_rest_mb']:.1f} MB at rest, working cache "
+              f"{row['working_cache_mb']:.1f} MB in float16): peak RSS {row['peak_rss_mb']:.0f} MB, "
+              f"{row['call_peak_over_before_mb']:.0f} MB over the process before the call", flush=True)
+        rows.append(row)
+    return rows
+
+
 # ----------------------------------------------------------------------------- load
 
 def load_table(opts, model) -> list[dict]:
@@ -529,6 +622,8 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         print(f"tolerance-aware at 50% vs static 4-bit: {got['tolerance']['perplexity']:.3f} vs "
               f"{got['4']['perplexity']:.3f} at {got['tolerance']['bytes_vs_8bit']:.3f}x / "
               f"{got['4']['bytes_vs_8bit']:.3f}x the 8-bit bytes (criterion lower: {'met' if better else 'MISSED'})")
+    if "memory" in opts.tables:
+        tables["memory"] = memory_table(opts)
     if "load" in opts.tables:
         tables["load"] = load_table(opts, model)
     replayed = f"replays of traces of {replays.calls_run} calls, " if replays.calls_run else ""

@@ -122,6 +122,12 @@ def encode_at_level(kv: np.ndarray, bits: int) -> ChunkData:
     return recompress(encode_chunk(kv, LEVELS[0]), bits)
 
 
+def working_nbytes(layers: int, kv_heads: int, head_dim: int, tokens: int, new_bits: int = LEVELS[0]) -> int:
+    """Bytes of the decoder cache a call works in for ``tokens`` tokens (K and V of every layer), in the
+    dtype :meth:`ChunkedKV.working_dtype` picks: float32 for raw 32-bit chunks, float16 otherwise."""
+    return 2 * layers * kv_heads * head_dim * int(tokens) * (4 if new_bits == FLOAT_BITS else 2)
+
+
 def chunk_nbytes(shape: tuple[int, ...], bits: int) -> int:
     """Bytes of a chunk of ``shape`` at ``bits`` without building it (memory accounting, planning)."""
     count = int(np.prod(shape))
@@ -186,8 +192,19 @@ class ChunkedKV:
             return np.zeros((self.layers, 2, self.kv_heads, 0, self.head_dim), np.float32)
         return np.concatenate([c.to_array() for c in self.chunks], axis=3)
 
-    def to_cache(self, cfg, extra: int = 0):
-        """A decoder ``KVCache`` holding this context, with room for ``extra`` more tokens."""
+    def working_dtype(self, new_bits: int = LEVELS[0]):
+        """The decoder cache's dtype for this context and a call writing chunks at ``new_bits``: float32
+        when a chunk is (or will be) held raw at 32 bits, else float16, which holds every lower level's
+        values and halves the cache."""
+        import torch
+
+        raw32 = new_bits == FLOAT_BITS or any(c is not None and c.bits == FLOAT_BITS for c in self.chunks)
+        return torch.float32 if raw32 else torch.float16
+
+    def to_cache(self, cfg, extra: int = 0, new_bits: int = LEVELS[0]):
+        """A decoder ``KVCache`` holding this context, with room for ``extra`` more tokens written at
+        ``new_bits``, in :meth:`working_dtype`; built one chunk at a time, so the context is never held
+        twice in float."""
         import torch
 
         from workbench.models.decoder import KVCache
@@ -195,7 +212,7 @@ class ChunkedKV:
         n = len(self.tokens)
         if self.missing():
             raise WorkbenchError(f"chunks {self.missing()} are not in memory; load or recompute them first")
-        cache = KVCache.empty(cfg, n + extra)
+        cache = KVCache.empty(cfg, n + extra, dtype=self.working_dtype(new_bits))
         for i, chunk in enumerate(self.chunks):              # one chunk at a time: no second copy of the context
             start, end = self.span(i)
             values = torch.from_numpy(chunk.to_array())
@@ -211,6 +228,8 @@ class ChunkedKV:
 
         ``attn_columns`` (the cache length,): attention the call's new tokens paid to every slot.
         """
+        import torch
+
         old = len(self.tokens)
         if cache.length != old + len(new_tokens):
             raise WorkbenchError(f"the cache holds {cache.length} tokens, expected {old} + {len(new_tokens)}")
@@ -220,14 +239,13 @@ class ChunkedKV:
         self.attn_rows = np.concatenate([self.attn_rows, np.zeros(n - old)])
         if attn_columns is not None:
             self.attn_sum += np.asarray(attn_columns, dtype=np.float64)[:n]
-            self.attn_rows += (np.arange(old, n)[None, :] >= np.arange(n)[:, None]).sum(1)
+            self.attn_rows += n - np.maximum(np.arange(n), old)          # new rows at or after each token
         first = old // self.chunk_size
         changed = list(range(first, -(-n // self.chunk_size)))
-        k = cache.k[:, :, :n].numpy()
-        v = cache.v[:, :, :n].numpy()
         for i in changed:
             start, end = self.span(i)
-            data = encode_chunk(np.stack([k[:, :, start:end], v[:, :, start:end]], axis=1), bits)
+            values = torch.stack([cache.k[:, :, start:end], cache.v[:, :, start:end]], dim=1).float().numpy()
+            data = encode_chunk(values, bits)
             if i < len(self.chunks):
                 self.chunks[i] = data
             else:

@@ -49,7 +49,7 @@ def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int =
                              f"tokens, beyond its limit of {limit}; start a new context or delete this one")
     first = list(ctx.pending) + list(prompt_ids)
     if cache is None:
-        cache = ctx.to_cache(model.cfg, extra=len(first) + max_new_tokens)
+        cache = ctx.to_cache(model.cfg, extra=len(first) + max_new_tokens, new_bits=bits)
     elif cache.length != len(ctx.tokens) or cache.capacity < len(ctx.tokens) + len(first) + max_new_tokens:
         raise WorkbenchError(f"the cache holds {cache.length} of {cache.capacity} slots; the call needs the "
                              f"context's {len(ctx.tokens)} tokens and room for {len(first) + max_new_tokens} more")

@@ -435,7 +435,7 @@ class LLMService:
                 t_loaded = time.perf_counter()
                 report = self._load(ctx, missing)
                 t_dequantize = time.perf_counter()
-                cache = kv.to_cache(self.model.cfg, extra=adding)      # the switch ends with the context usable
+                cache = kv.to_cache(self.model.cfg, extra=adding, new_bits=self.config.base_bits)
                 t_infer = time.perf_counter()
                 from workbench.kvcache.engine import run_call
 

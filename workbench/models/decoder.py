@@ -52,6 +52,11 @@ class KVCache:
         return 2 * self.k[:, :, : self.length].numel() * self.k.element_size()
 
 
+ATTENTION_ROW_BLOCK = 256
+"""Rows of explicit attention (kept for information density) computed at once: a long prompt's scores
+take heads x 256 x context floats at a time, not heads x prompt x context."""
+
+
 def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -103,16 +108,19 @@ class DecoderLayer(nn.Module):
         h = rms_norm(x, self.attn_norm, cfg.rms_eps)
         q = rotary(self.q(h).view(T, cfg.num_heads, cfg.head_dim).transpose(0, 1), positions, cfg.rope_theta)
         group = cfg.num_heads // cfg.num_kv_heads
-        k = k_ctx.repeat_interleave(group, 0)                               # (H, S, dh)
-        v = v_ctx.repeat_interleave(group, 0)
+        k = k_ctx.to(q.dtype).repeat_interleave(group, 0)                   # (H, S, dh), float32 from any cache
+        v = v_ctx.to(q.dtype).repeat_interleave(group, 0)
         allowed = ctx_positions[None, :] <= positions[:, None]             # (T, S)
         if attn_columns is None:
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[None])
         else:
-            scores = (q @ k.transpose(1, 2)) / cfg.head_dim ** 0.5
-            probs = scores.masked_fill(~allowed[None], float("-inf")).softmax(-1)       # (H, T, S)
-            attn_columns += probs.sum((0, 1))
-            attn = probs @ v
+            attn = torch.empty_like(q)
+            for start in range(0, T, ATTENTION_ROW_BLOCK):              # (H, rows, S) at a time, not (H, T, S)
+                rows = slice(start, start + ATTENTION_ROW_BLOCK)
+                scores = (q[:, rows] @ k.transpose(1, 2)) / cfg.head_dim ** 0.5
+                probs = scores.masked_fill(~allowed[None, rows], float("-inf")).softmax(-1)
+                attn_columns += probs.sum((0, 1))
+                attn[:, rows] = probs @ v
         x = x + self.o(attn.transpose(0, 1).reshape(T, -1))
         h = rms_norm(x, self.ffn_norm, cfg.rms_eps)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
