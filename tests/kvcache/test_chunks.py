@@ -232,3 +232,11 @@ def test_the_working_cache_is_float16_unless_a_chunk_is_raw_float32_and_is_built
     q8.chunks[0] = None
     with pytest.raises(WorkbenchError, match=r"chunks \[0\] are not in memory"):
         q8.to_cache(decoder.cfg)
+
+
+@pytest.mark.parametrize("bits", [32, 16, 8, 4, 2])
+def test_the_tensor_a_switch_dequantizes_into_equals_the_numpy_values(bits):
+    chunk = encode_chunk(np.random.default_rng(bits).standard_normal(SHAPE).astype(np.float32), bits)
+    got = chunk.to_tensor()
+    assert got.dtype == torch.float32 and tuple(got.shape) == SHAPE
+    np.testing.assert_allclose(got.numpy(), chunk.to_array(), rtol=1e-6, atol=1e-6)

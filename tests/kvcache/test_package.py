@@ -43,3 +43,17 @@ def test_the_package_alone_loads_neither_torch_nor_scipy():
 
 def test_torch_loads_when_the_service_is_asked_for():
     assert "torch" in _loaded_after("from workbench.kvcache import LLMService")
+
+
+def test_the_configuration_and_the_commands_load_neither_torch_nor_scipy():
+    """`workbench serve llms --help` and `workbench kvcache ...` read the presets and devices from the
+    torch-free configuration module, not from copies of their own."""
+    assert _loaded_after("import workbench.kvcache.config, workbench.kvcache.commands") == []
+    from workbench.kvcache import commands, config
+
+    parser = __import__("argparse").ArgumentParser()
+    commands.configure_serve(parser)
+    actions = {a.dest: a for a in parser._actions}
+    assert tuple(actions["method"].choices) == tuple(config.PRESETS)
+    assert tuple(actions["device"].choices) == config.SWAP_DEVICES == ("host", "mi14", "orin-nx", "jetson-tx2")
+    assert kvcache.ServiceConfig is config.ServiceConfig

@@ -8,7 +8,7 @@ torch, the swap/recompute planner scipy).
 from workbench.lazy import lazy_exports
 
 _EXPORTS = {
-    "LLMService": "service", "AppSession": "service", "CtxStub": "service", "ServiceConfig": "service",
+    "LLMService": "service", "AppSession": "service", "CtxStub": "protocol", "ServiceConfig": "config",
     "information_density": "density", "assign_levels": "density",
     "LCTRUQueue": "lifecycle",
     "recompute_chunks": "recompute",

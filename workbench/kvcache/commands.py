@@ -9,16 +9,13 @@ import argparse
 import json
 
 from workbench.argtypes import count, positive, tcp_port, writable_folder
+from workbench.kvcache.config import PRESETS, SWAP_DEVICES
 from workbench.kvcache.traces import PATTERNS
-
-SERVICE_PRESETS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk", "llms_without_lifecycle",
-                   "llms_without_compression", "llms_without_pipeline")
-DEVICES = ("host", "mi14", "orin-nx", "jetson-tx2")
 
 
 def _serve(args) -> int:
     from workbench.kvcache.server import serve
-    from workbench.kvcache.service import ServiceConfig
+    from workbench.kvcache.config import ServiceConfig
 
     serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=int(args.memory_mb * 1e6),
           max_contexts_per_app=args.max_contexts_per_app, config=ServiceConfig.preset(args.method),
@@ -32,11 +29,11 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                                                                  "(default: in the cache)")
     parser.add_argument("--memory-mb", type=positive("MB"), default=512.0, help="KV-cache memory budget (MB)")
     parser.add_argument("--max-contexts-per-app", type=count(1), default=16)
-    parser.add_argument("--method", choices=SERVICE_PRESETS, default="llms",
+    parser.add_argument("--method", choices=tuple(PRESETS), default="llms",
                         help="LLMS, or one of the paper's baselines and ablations on the same engine")
     parser.add_argument("--metrics-port", type=tcp_port,
                         help="also serve Prometheus metrics on 127.0.0.1:PORT (0 picks a free port)")
-    parser.add_argument("--device", choices=DEVICES, default="host",
+    parser.add_argument("--device", choices=SWAP_DEVICES, default="host",
                         help="plan the swap-in pipeline for this host (measured) or pad loads to an emulated preset")
     parser.set_defaults(func=_serve)
 
@@ -85,7 +82,7 @@ def _costs(args) -> int:
 
 
 def configure_costs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=DEVICES, default="host", help="host (measured) or an emulated preset")
+    parser.add_argument("--device", choices=SWAP_DEVICES, default="host", help="host (measured) or an emulated preset")
     parser.add_argument("--chunk-size", type=count(1), default=16)
     parser.add_argument("--remeasure", action="store_true", help="measure the host again")
     parser.add_argument("--json", action="store_true")

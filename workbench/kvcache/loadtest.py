@@ -59,7 +59,7 @@ class LoadReply:
 
 
 @dataclass(frozen=True)
-class LoadResult:
+class LoadRun:
     """One load run: every reply, and what went wrong in the clients."""
     clients: int
     calls_per_client: int
@@ -127,7 +127,7 @@ def _client_main(spec_path: str, out_path: str) -> int:
 
 
 def run_load(address: str, plans: list[list[LoadCall]], max_new_tokens: int = 2,
-             workdir: Path | str | None = None, progress=None) -> LoadResult:
+             workdir: Path | str | None = None, progress=None) -> LoadRun:
     """Start one process per client plan, release them together once all are bound, wait for all.
     ``progress(done, total)`` is called every few seconds with the calls answered so far."""
     procs = []
@@ -185,14 +185,14 @@ def run_load(address: str, plans: list[list[LoadCall]], max_new_tokens: int = 2,
             replies += [LoadReply(**r) for r in got["replies"]]
             errors += got["errors"]
     contexts = sum(1 + max(call.context for call in calls) for calls in plans)
-    return LoadResult(clients=len(plans), calls_per_client=max(len(p) for p in plans), contexts=contexts,
+    return LoadRun(clients=len(plans), calls_per_client=max(len(p) for p in plans), contexts=contexts,
                       max_new_tokens=max_new_tokens, wall_s=wall,
                       replies=tuple(sorted(replies, key=lambda r: r.tick)), errors=tuple(errors))
 
 
 # ----------------------------------------------------------------------------- the check
 
-def reference_replies(plans: list[list[LoadCall]], result: LoadResult, *, memory_budget_bytes: int,
+def reference_replies(plans: list[list[LoadCall]], result: LoadRun, *, memory_budget_bytes: int,
                       method: str = "llms", model=None, swap_dir: Path | str | None = None,
                       progress=None) -> dict[tuple[int, int], str]:
     """(client, index) -> the reply one process gets making the load's calls in the order the service served
@@ -216,7 +216,7 @@ def reference_replies(plans: list[list[LoadCall]], result: LoadResult, *, memory
     return out
 
 
-def check_replies(plans: list[list[LoadCall]], result: LoadResult, reference: dict[tuple[int, int], str]) -> list[str]:
+def check_replies(plans: list[list[LoadCall]], result: LoadRun, reference: dict[tuple[int, int], str]) -> list[str]:
     """What is wrong with a load run, one line each: client errors, calls without a reply, calls answered
     twice, replies that differ from the single-process run's. Empty when nothing is."""
     problems = list(result.errors)
