@@ -1,10 +1,11 @@
 """The LLMS dashboard on hand-built replays (no model); one real tiny replay through the Replay button."""
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.ui.kvcache import KVCachePanel, compare
+from workbench.kvcache.replay import MAX_IDLE_S, method_config
+from workbench.ui.kvcache import KVCachePanel, ReplaySettings, compare
 from workbench.viz.kvcache import format_ms
 from tests.viz.test_kvcache import replay_result, sample_replays
 
@@ -134,3 +135,82 @@ def test_the_summary_says_which_budgets_were_raised_and_reads_close_ratios_plain
     assert "2.00 MB budget, raised to what serves every call's context alone for LMK 5.00 MB" in summary
     assert "LLMS switches about as fast as LMK (1.02x)" in summary
     assert compare(0.5, "LMK") == "2.0x slower than LMK" and compare(3.0, "LMK") == "3.0x faster than LMK"
+
+
+OFF_DEFAULT = {"contexts": 2, "calls": 3, "budget_unit": "of the working set", "budget": 0.4, "global_ratio": 0.75,
+               "chunk_size": 8, "policy": "lru", "pattern": "random", "mean_interval_s": 120.0, "device": "host",
+               "seed": 7, "idle_s_per_min": 0.3}
+
+
+def move_every_control(panel: KVCachePanel) -> None:
+    """Every replay setting of the panel set to OFF_DEFAULT, which must name each of them and differ from
+    what the page opened with."""
+    controls = {"contexts": panel.contexts, "calls": panel.calls, "budget_unit": panel.budget_unit,
+                "budget": panel.budget, "global_ratio": panel.ratio, "chunk_size": panel.chunk_size,
+                "policy": panel.policy, "pattern": panel.pattern, "mean_interval_s": panel.interval,
+                "device": panel.device, "seed": panel.seed, "idle_s_per_min": panel.idle}
+    assert set(controls) == set(OFF_DEFAULT) == {f.name for f in fields(ReplaySettings)}
+    before = panel.settings()
+    for name, control in controls.items():
+        control.value = OFF_DEFAULT[name]
+    after = panel.settings()
+    assert all(getattr(after, name) != getattr(before, name) for name in OFF_DEFAULT)
+    assert after == ReplaySettings(**OFF_DEFAULT)
+
+
+def test_every_control_off_its_default_replays_with_it():
+    """A tiny real replay with every setting changed: each reaches the replays and shows in the page."""
+    panel = panel_on()
+    move_every_control(panel)
+    assert "wb-kv-stale" in panel.settings_note.value
+    panel.runner.button.click()
+    assert panel.runner.message.value == "" and panel.message.value == "" and panel.settings_note.value == ""
+    results = panel.results
+    assert set(results) == {"llms", "vllm_sq", "vllm_s", "swapping", "lmk"}
+    llms = results["llms"].settings["config"]
+    assert (llms["chunk_size"], llms["global_ratio"], llms["policy"]) == (8, 0.75, "lru")
+    for method, result in results.items():
+        config = method_config(method, chunk_size=8, global_ratio=0.75, policy="lru")
+        assert result.settings["config"]["chunk_size"] == 8
+        assert (result.settings["config"]["global_ratio"], result.settings["config"]["policy"]) == \
+            (config.global_ratio, config.policy), method
+        trace = result.settings["trace"]
+        assert (trace["contexts"], trace["calls"], trace["pattern"], trace["mean_interval_s"], trace["seed"]) == \
+            (2, 3, "random", 120.0, 7)
+        assert result.device == "host" and len(result.calls) == 3
+        times = [c.time_s for c in result.calls]
+        expected = [0.0] + [(b - a) * 0.3 / 60 for a, b in zip(times, times[1:])]
+        assert [c.idle_s for c in result.calls] == pytest.approx(expected) and expected[1] > 0
+    shown = panel._settings_of(results)
+    assert replace(shown, budget=0.4, budget_unit="of the working set") == panel.settings()
+    assert "Replay applies the chunk size to every method; the global ratio to LLMS only" in panel.scope_note.value
+    mean_gap = (times[-1] - times[0]) / 2 / 60
+    assert (f"Trace: random switching, seed 7, calls every {mean_gap:.1f} min on average in trace time; replayed "
+            f"with 0.30 s idle per trace minute") in panel.summary.value
+    assert "Service: 8-token chunks for every method; LLMS at global ratio 0.75 with LRU eviction." \
+        in panel.summary.value
+    assert "(LLMS, LRU)" in panel.figures["queue"].layout.title.text
+    assert all(len(t.x) == 3 for t in panel.figures["latency"].data if t.mode == "lines+markers")
+    panel.call.value = 1
+    idle = f"after {results['llms'].calls[1].idle_s:.2f} s idle"
+    assert idle in panel.figures["chunks"].layout.title.text and idle in panel.call_info.value
+
+
+def test_a_configuration_the_service_refuses_is_said_beside_the_button():
+    panel = panel_on()
+    shown = panel.results
+    panel.chunk_size.options = [*panel.chunk_size.options, 9000]
+    panel.chunk_size.value = 9000
+    panel.runner.button.click()
+    assert "chunk_size is a whole number from 1 to 8192 tokens, got 9000" in panel.runner.message.value
+    assert panel.message.value == "" and panel.results is shown
+
+
+def test_more_idle_than_a_replay_may_sit_is_refused_beside_the_button():
+    panel = panel_on()
+    shown = panel.results
+    panel.calls.value, panel.interval.value, panel.idle.value = 30, 300.0, 60.0
+    panel.runner.button.click()
+    assert f"more than the {MAX_IDLE_S:.0f} s allowed" in panel.runner.message.value
+    assert "over 5 replays" in panel.runner.message.value
+    assert panel.message.value == "" and panel.results is shown

@@ -1,12 +1,12 @@
 """The LLM context service dashboard: replays of one context-switching trace under LLMS and the paper's
 baselines. Step (or play) through the calls to watch the KV-chunk map, the eviction queue and the load
-pipeline of each call; "Replay" runs the trace again on the service with the settings above."""
+pipeline of each call; "Replay" runs the trace again on the service with the settings above, sitting idle
+between calls for the trace's gaps scaled down when asked."""
 from __future__ import annotations
 
 import html
-import inspect
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import ipywidgets as widgets
@@ -50,6 +50,7 @@ class ReplaySettings:
     global_ratio: float
     chunk_size: int
     policy: str
+    idle_s_per_min: float = 0.0
 
 
 def _prepared_replays(preset: str) -> dict:
@@ -74,6 +75,49 @@ def compare(ratio: float, name: str) -> str:
     if ratio > 1 / 1.05:
         return f"about as fast as {name} ({ratio:.2f}x)"
     return f"{1 / ratio:.1f}x slower than {name}"
+
+
+def scope_html() -> str:
+    """Which of the service settings above each method takes (the others keep its preset's values)."""
+    from workbench.kvcache.replay import TUNABLE, tunable_settings
+
+    names = {"chunk_size": "chunk size", "global_ratio": "global ratio", "policy": "eviction policy"}
+    parts = []
+    for name in TUNABLE:
+        takers = [method_label(m) for m in METHODS if name in tunable_settings(m)]
+        parts.append(f"the {names[name]} to " + ("every method" if len(takers) == len(METHODS) else
+                                                 " and ".join(takers) + " only"))
+    return (f"<div class='wb-kv-scope' style='color:#555;font-size:90%'>Replay applies {'; '.join(parts)}. "
+            "vLLM-SQ keeps every chunk at 8 bits and the FP16 baselines keep raw chunks, so no ratio applies to "
+            "them; the paper defines the baselines with LRU eviction.</div>")
+
+
+def idle_phrase(result, i: int) -> str:
+    """How long the service sat idle before call ``i``, when the replay paced its calls."""
+    idle = result.calls[i].idle_s
+    return f"after {idle:.2f} s idle " if idle > 0 else ""
+
+
+def made_with(results: dict) -> str:
+    """What the replays shown were made with, as they recorded it: the trace (pattern, seed, the mean gap
+    between calls in trace time, the idle put between them) and the service settings the page sets."""
+    first = results.get("llms") or next(iter(results.values()))
+    times = [c.time_s for c in first.calls]
+    gap = (times[-1] - times[0]) / (len(times) - 1) / 60 if len(times) > 1 else 0.0
+    idle = sum(c.idle_s for c in first.calls)
+    seed = recorded_setting(first, "seed")
+    how = (f"replayed with {60 * recorded_setting(first, 'idle_scale', 0.0):.2f} s idle per trace minute "
+           f"({idle:.1f} s idle in all per method)" if idle > 0 else "replayed back to back (no idle)")
+    text = (f"Trace: {html.escape(first.pattern)} switching{f', seed {seed}' if seed is not None else ''}, calls "
+            f"every {gap:.1f} min on average in trace time; {how}.")
+    sizes = {recorded_setting(r, "chunk_size") for r in results.values()} - {None}
+    if len(sizes) == 1:
+        text += f" Service: {sizes.pop()}-token chunks for every method"
+        if first.method == "llms" and recorded_setting(first, "global_ratio") is not None:
+            text += (f"; LLMS at global ratio {recorded_setting(first, 'global_ratio'):g} with "
+                     f"{html.escape(str(recorded_setting(first, 'policy', 'lctru')).upper())} eviction")
+        text += "."
+    return text
 
 
 class KVCachePanel(Panel):
@@ -114,8 +158,13 @@ class KVCachePanel(Panel):
                                        layout=widgets.Layout(width="260px"))
         self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="Seed", style=label,
                                            layout=widgets.Layout(width="230px"))
+        self.idle = widgets.BoundedFloatText(value=0.0, min=0.0, max=60.0, step=0.05, description="Idle (s/trace min)",
+                                             style=label, layout=widgets.Layout(width="230px"),
+                                             tooltip="real seconds the service sits idle per minute of trace time "
+                                                     "between calls; 0 runs the calls back to back")
         self.runner = BackgroundRun(self, "Replay", self._replay_all, self._show_replays, icon="refresh")
         self.settings_note = widgets.HTML()
+        self.scope_note = widgets.HTML(scope_html())
         self.summary = widgets.HTML()
         self.method = widgets.Dropdown(options=[(method_label(m), m) for m in METHODS], value=method,
                                        description="Method shown", style=label, layout=widgets.Layout(width="260px"))
@@ -127,13 +176,14 @@ class KVCachePanel(Panel):
         self.observe_controls(self.method, update=self._show_method)
         self.observe_controls(self.call, update=self._redraw_call)
         self.observe_controls(self.budget, self.budget_unit, self.contexts, self.calls, self.ratio, self.chunk_size,
-                              self.pattern, self.interval, self.policy, self.device, self.seed,
+                              self.pattern, self.interval, self.policy, self.device, self.seed, self.idle,
                               update=self._note_settings)
         self.children = [
             widgets.HTML(INTRO),
             widgets.HBox([self.budget, self.budget_unit, self.contexts, self.calls]),
-            widgets.HBox([self.ratio, self.chunk_size, self.policy]),
-            widgets.HBox([self.pattern, self.interval, self.device, self.seed]),
+            widgets.HBox([self.ratio, self.chunk_size, self.policy, self.device]),
+            widgets.HBox([self.pattern, self.interval, self.idle, self.seed]),
+            self.scope_note,
             self.runner,
             self.settings_note,
             self.message,
@@ -157,7 +207,7 @@ class KVCachePanel(Panel):
             mean_interval_s=float(self.interval.value), seed=int(self.seed.value), device=self.device.value,
             budget=float(self.budget.value), budget_unit=self.budget_unit.value,
             global_ratio=round(float(self.ratio.value), 4), chunk_size=int(self.chunk_size.value),
-            policy=self.policy.value)
+            policy=self.policy.value, idle_s_per_min=float(self.idle.value))
 
     def _settings_of(self, results: dict) -> ReplaySettings | None:
         """The settings the shown replays were made with, as far as their records say."""
@@ -175,7 +225,8 @@ class KVCachePanel(Panel):
             budget_unit=FRACTION if fraction is not None else MEGABYTES,
             global_ratio=round(float(recorded_setting(first, "global_ratio", self.ratio.value)), 4),
             chunk_size=int(recorded_setting(first, "chunk_size", self.chunk_size.value)),
-            policy=str(recorded_setting(first, "policy", self.policy.value)))
+            policy=str(recorded_setting(first, "policy", self.policy.value)),
+            idle_s_per_min=round(60 * float(recorded_setting(first, "idle_scale", 0.0)), 6))
 
     @contextmanager
     def _quietly(self):
@@ -200,6 +251,7 @@ class KVCachePanel(Panel):
             self.ratio.value = settings.global_ratio
             self.interval.value = settings.mean_interval_s
             self.seed.value = settings.seed
+            self.idle.value = settings.idle_s_per_min
 
     def _note_settings(self) -> None:
         if self._syncing:
@@ -252,6 +304,7 @@ class KVCachePanel(Panel):
         record = result.calls[i]
         self.call_info.value = (
             f"<span class='wb-kv-call'>Call {i} of {len(result.calls) - 1} at {record.time_s / 60:.1f} min "
+            f"{idle_phrase(result, i)}"
             f"({html.escape(method_label(result.method))} on {html.escape(result.device)}): context "
             f"{record.context}, switch {format_ms(record.switch_s)} (swap-in {format_ms(record.io_s)}, recompute "
             f"{format_ms(record.recompute_s)}), inference {format_ms(record.inference_s)}, "
@@ -280,7 +333,7 @@ class KVCachePanel(Panel):
             f", raised to what serves every call's context alone for {', '.join(raised)}" if raised else "")
         return (f"<div class='wb-kv-summary'>{head}Mean switching latency over the calls to existing contexts "
                 f"({len(first.calls)} calls, {first.contexts} contexts, {html.escape(first.device)}, {budget}): "
-                f"{' &middot; '.join(parts)}</div>")
+                f"{' &middot; '.join(parts)}<br><span class='wb-kv-made'>{made_with(results)}</span></div>")
 
     # -- the replay run
 
@@ -298,26 +351,16 @@ class KVCachePanel(Panel):
             return 0
         from workbench.kvcache.replay import budget_for
 
-        return int(budget_for(trace, settings.budget, model=model))
+        return int(budget_for(trace, settings.budget, model=model, chunk_size=settings.chunk_size))
 
     @staticmethod
-    def _service_configs(settings: ReplaySettings, replay) -> dict[str, dict]:
-        """Per method, what ``replay`` is handed besides the preset's name: the preset with the chunk size
-        of the settings (and, for LLMS, their global ratio and policy; the baselines keep the paper's LRU)."""
-        from workbench.kvcache.service import ServiceConfig
+    def _service_configs(settings: ReplaySettings) -> dict:
+        """Per method, the service configuration it replays with: its preset with the settings that apply to
+        it (``method_config``); a value the configuration refuses raises ``WorkbenchError``."""
+        from workbench.kvcache.replay import method_config
 
-        configs = {}
-        for method in METHODS:
-            extra = {"global_ratio": settings.global_ratio, "policy": settings.policy} if method == "llms" else {}
-            configs[method] = replace(ServiceConfig.preset(method), chunk_size=settings.chunk_size, **extra)
-        if "config" in inspect.signature(replay).parameters:
-            return {m: {"config": c} for m, c in configs.items()}
-        if any(c != ServiceConfig.preset(m) for m, c in configs.items()):
-            default = ServiceConfig()
-            raise WorkbenchError(f"this replay() runs each method's preset as it is: set the global ratio to "
-                                 f"{default.global_ratio}, the chunk size to {default.chunk_size} and the policy to "
-                                 f"{default.policy} to replay")
-        return {m: {} for m in configs}
+        return {m: method_config(m, chunk_size=settings.chunk_size, global_ratio=settings.global_ratio,
+                                 policy=settings.policy) for m in METHODS}
 
     def _new_tokens(self) -> int:
         """Tokens each call of a replay generates: as many as in the replays shown (the prepared ones generate
@@ -333,13 +376,15 @@ class KVCachePanel(Panel):
         """Worker thread: the trace of the current settings replayed under every method."""
         settings = self.settings()
         self._budget_bytes(None, settings)                  # a wrong budget is said before anything loads
-        from workbench.kvcache.replay import replay
+        from workbench.kvcache.replay import idle_gaps, replay
         from workbench.kvcache.traces import synthesize_trace
 
-        configs = self._service_configs(settings, replay)
+        configs = self._service_configs(settings)
         new_tokens = self._new_tokens()
         trace = synthesize_trace(settings.contexts, settings.calls, settings.pattern, settings.mean_interval_s,
                                  settings.seed)
+        idle_scale = settings.idle_s_per_min / 60
+        idle_gaps(trace, idle_scale, replays=len(METHODS))      # too much idle is said before anything loads
         if self._model is None:
             from workbench.models.decoder import load_decoder
 
@@ -353,7 +398,7 @@ class KVCachePanel(Panel):
             results[method] = replay(trace, method, memory_budget_bytes=budget, device=settings.device,
                                      model=self._model, max_new_tokens=new_tokens, should_stop=handle.should_stop,
                                      progress=lambda d, _t, done=done: handle.progress(done + d, total),
-                                     **configs[method])
+                                     config=configs[method], idle_scale=idle_scale)
             if handle.should_stop():
                 break
         return {"settings": settings, "results": results}

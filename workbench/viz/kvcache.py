@@ -60,8 +60,9 @@ def chunk_map_figure(result, call: int, title: str | None = None) -> go.Figure:
     outlined."""
     record = result.calls[call]
     label = method_label(result.method)
+    idle = f" after {record.idle_s:.2f} s idle" if record.idle_s > 0 else ""
     title = title or (f"KV chunks after call {call} ({label}): context {record.context} served at "
-                      f"{record.time_s / 60:.1f} min")
+                      f"{record.time_s / 60:.1f} min{idle}")
     if not any(record.chunk_map):
         return message_figure(title, "this replay recorded no chunk map", height=360)
     contexts = max(len(record.chunk_map), result.contexts, record.context + 1)
