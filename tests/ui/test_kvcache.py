@@ -1,4 +1,6 @@
-"""The LLMS dashboard on hand-built replays (no model); one real tiny replay through the Replay button."""
+"""The LLMS dashboard on hand-built replays (no model); real tiny replays through the Replay button."""
+import subprocess
+import sys
 from dataclasses import fields, replace
 
 import pytest
@@ -7,6 +9,7 @@ from workbench.errors import WorkbenchError
 from workbench.kvcache.replay import MAX_IDLE_S, method_config
 from workbench.ui.kvcache import KVCachePanel, ReplaySettings, compare
 from workbench.viz.kvcache import format_ms
+from tests.conftest import PRESET
 from tests.viz.test_kvcache import replay_result, sample_replays
 
 PER_CALL = ("chunks", "queue", "gantt", "events")
@@ -214,3 +217,17 @@ def test_more_idle_than_a_replay_may_sit_is_refused_beside_the_button():
     assert f"more than the {MAX_IDLE_S:.0f} s allowed" in panel.runner.message.value
     assert "over 5 replays" in panel.runner.message.value
     assert panel.message.value == "" and panel.results is shown
+
+
+def test_the_page_opens_with_every_figure_and_no_torch():
+    """The page says which settings apply to which method from the replay module, which must stay light:
+    torch comes only with the first Replay."""
+    from workbench.kvcache.artifacts import prepare_replays
+
+    prepare_replays(PRESET)                            # made once, then read from the cache
+    code = ("import sys\nfrom workbench.ui.kvcache import KVCachePanel\np = KVCachePanel('quick')\n"
+            "assert 'wb-error' not in p.message.value and len(p.figures) == 5, p.message.value\n"
+            "assert 'the global ratio to LLMS only' in p.scope_note.value\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

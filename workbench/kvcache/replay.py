@@ -39,17 +39,19 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from workbench.errors import WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, chunk_nbytes
+from workbench.kvcache.config import ServiceConfig
 from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, profile_host
 from workbench.kvcache.lifecycle import ACTIONS
-from workbench.kvcache.loader import LoadResult, PipelineLoader
 from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
-from workbench.kvcache.service import LLMService, ServiceConfig
 from workbench.kvcache.store import DROPPED, FILE, IN_MEMORY
 from workbench.kvcache.traces import Trace
+
+if TYPE_CHECKING:
+    from workbench.kvcache.loader import LoadResult
 
 DEFAULT_NEW_TOKENS = 4
 MAX_IDLE_S = 300.0
@@ -228,6 +230,8 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: Servi
     back to back). ``progress(done, total)`` is called after each call; ``should_stop()`` before each
     and while idle, and a true answer ends the replay early with the calls made so far. ``fit_budget``:
     raise the budget to :func:`min_budget_bytes` where the method needs it (recorded in ``settings``)."""
+    from workbench.kvcache.loader import PipelineLoader
+    from workbench.kvcache.service import LLMService
     from workbench.models.decoder import decoder_tokenizer, load_decoder
 
     config = ServiceConfig.preset(method) if config is None else config
