@@ -22,7 +22,7 @@ def names(entries) -> list[str]:
 @pytest.mark.parametrize("policy, order, leaving", [
     ("lctru", ["A0", "B1", "A1", "C0", "B0"], 2),   # 8-bit sub-queue (oldest first), then 4-bit, then 2-bit
     ("lru", ["A0", "A1", "C0", "B0", "B1"], 2),     # oldest first; ties by context and chunk
-    ("h2o", ["B0", "A1", "C0", "A0", "B1"], 3),     # least information density first
+    ("density", ["B0", "A1", "C0", "A0", "B1"], 3),     # least information density first
 ])
 def test_each_policy_orders_the_hand_built_queue_and_frees_just_enough(policy, order, leaving):
     q = queue(policy)
@@ -48,7 +48,7 @@ def test_the_served_context_is_locked_out_of_the_queue():
 def test_whole_contexts_leave_together_at_context_granularity_and_when_killing():
     assert names(queue("lru", "context").victims(1)) == ["A0", "A1"]
     assert names(queue("lctru").victims(1, whole_contexts=True)) == ["A0", "A1"]
-    assert names(queue("h2o", "context").victims(1)) == ["B0", "B1"]
+    assert names(queue("density", "context").victims(1)) == ["B0", "B1"]
 
 
 def test_records_name_policy_level_last_use_bytes_and_whether_anything_was_written():

@@ -186,9 +186,9 @@ def test_a_replay_runs_and_records_the_configuration_it_is_given(configured, mod
 
 
 def test_method_config_changes_only_what_applies_to_a_method():
-    assert method_config("vllm_sq", chunk_size=8, global_ratio=0.25, policy="h2o") == \
+    assert method_config("vllm_sq", chunk_size=8, global_ratio=0.25, policy="density") == \
         replace(ServiceConfig.preset("vllm_sq"), chunk_size=8)
-    assert method_config("llms", policy="h2o", global_ratio=None) == replace(ServiceConfig(), policy="h2o")
+    assert method_config("llms", policy="density", global_ratio=None) == replace(ServiceConfig(), policy="density")
     assert tunable_settings("llms") == ("chunk_size", "global_ratio", "policy")
     assert tunable_settings("lmk") == ("chunk_size",)
     with pytest.raises(WorkbenchError, match="chunk_size is a whole number from 1 to 8192 tokens, got 9000"):

@@ -84,7 +84,7 @@ MECHANISM = Mechanism(
         Command(name="profile", help="measure a prepared model: shard importance, or a device's cost model",
                 configure=commands.configure_profile, top_level_alias=True),
     ),
-    benchmarks={"elastic": "workbench.bench.elastic", "sharding": "workbench.bench.sharding"},
+    benchmarks={"elastic": "workbench.elastic.bench", "sharding": "workbench.elastic.bench_sharding"},
     dashboard=Dashboard(
         page="elastic.ipynb", title="Elastic pipelining (WRX)",
         summary="target latency, preload buffer and device -> the chosen submodel, per-shard bitwidths, AIBs through "

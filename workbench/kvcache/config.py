@@ -49,7 +49,7 @@ class ServiceConfig:
     (every chunk 8-bit, vLLM-SQ) or ``none`` (raw float16 chunks, as the paper's FP16 baselines: vLLM-S).
     granularity: ``chunk`` or ``context`` (whole contexts leave memory together).
     eviction: ``swap`` (to files) or ``kill`` (LMK: KV dropped, recomputed from the tokens; no files).
-    policy: ``lctru``, ``lru`` or ``h2o`` (see ``lifecycle``).
+    policy: ``lctru``, ``lru`` or ``density`` (see ``lifecycle``).
     aot_swap_out: write changed chunks as a call returns (off: only at eviction).
     loading: ``pipeline`` or ``swap_only``; handed to the loader, which decides how to honour it.
     """

@@ -7,8 +7,9 @@ are locked (out of the queue) for the whole call. Policies order the entries:
   8, 4, 2 bits: the least compression-tolerable chunks, which free the most memory per chunk and
   so leave the fewest chunks to bring back), each in recency order, least recently used first;
 * ``lru``: recency only;
-* ``h2o``: lowest information density first (attention-score eviction in the spirit of H2O),
-  recency breaking ties.
+* ``density``: lowest information density first (the mean attention a chunk's tokens receive; H2O's
+  heavy-hitter rule keeps the tokens with the most accumulated attention instead, a sum that favours
+  older tokens), recency breaking ties.
 
 Ties fall to the older use, then context id and chunk index, so an order is always the same.
 Recency is the service's call clock (one tick per call), not wall time.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.errors import MemoryBudgetError  # noqa: F401
 
-POLICIES = ("lctru", "lru", "h2o")
+POLICIES = ("lctru", "lru", "density")
 
 DROP = "drop"          # file already written ahead of time: only memory is freed
 SWAP_OUT = "swap_out"  # written to its file now, then freed
@@ -57,7 +58,7 @@ def _tie(e: QueueEntry) -> tuple:
 SORT_KEYS = {
     "lctru": lambda e: (-e.bits, *_tie(e)),
     "lru": _tie,
-    "h2o": lambda e: (e.density, *_tie(e)),
+    "density": lambda e: (e.density, *_tie(e)),
 }
 
 

@@ -71,7 +71,7 @@ MECHANISM = Mechanism(
     ),
     servers=(Command(name="llms", help="the LLM context service on a Unix socket or 127.0.0.1",
                      configure=commands.configure_serve),),
-    benchmarks={"llms": "workbench.bench.llms"},
+    benchmarks={"llms": "workbench.kvcache.bench"},
     dashboard=Dashboard(
         page="kvcache.ipynb", title="LLM context service (LLMS)",
         summary="memory budget, contexts, compression ratio, switching pattern and device -> the KV-chunk map "

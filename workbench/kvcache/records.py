@@ -28,7 +28,7 @@ class EvictionEvent:
     last_used: int             # the call index of its last use
     bytes: int
     bytes_needed: int
-    policy: str                # lctru, lru, h2o
+    policy: str                # lctru, lru, density
     action: str                # drop (file written ahead of time), swap_out, kill
     reason: str
 

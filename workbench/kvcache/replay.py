@@ -198,7 +198,7 @@ def cost_model(device: str | SwapCostModel, model, chunk_size: int = CHUNK_SIZE)
 POLICY_ORDER = {
     "lctru": "first in the LCTRU queue (heaviest level, then least recently used)",
     "lru": "least recently used",
-    "h2o": "lowest information density",
+    "density": "lowest information density",
 }
 
 

@@ -110,7 +110,7 @@ def queue_reason(policy: str, bits: int, heavier: int, context: int, last_use: i
     if policy == "lctru":
         why = (f"{bits}-bit sub-queue: heavier levels leave first (32, 16, 8, 4, 2 bits), so the {heavier} chunks "
                f"of heavier levels go before it; inside it least recently used first ({used})")
-    elif policy == "h2o":
+    elif policy == "density":
         why = f"lowest information density first, older use breaking ties ({used})"
     else:
         why = f"least recently used first ({used})"

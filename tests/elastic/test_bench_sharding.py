@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from workbench.bench import sharding
+from workbench.elastic import bench_sharding as sharding
 from workbench.elastic.quantize import gobo_quantize
 from workbench.elastic.shardblob import quantized_blob
 

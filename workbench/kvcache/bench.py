@@ -33,8 +33,8 @@ Tables:
   wall time, calls per second and call latency, then every reply checked against one process making
   the same calls in the order the service served them (:mod:`workbench.kvcache.loadtest`).
 
-The replay tables and perplexity (about 1,750 calls and 27 windows) took 19 minutes on this project's
-2-core host; the load (1,600 calls, 1.55 a second with 8 clients, then its single-process check making
+The replay tables, perplexity and memory (about 1,750 calls, 27 windows, two long contexts) took 43
+minutes on this project's 2-core host, shared; the load (1,600 calls, 1.55 a second with 8 clients, then its single-process check making
 them all again) 31 minutes more (``--tables load --load-calls 50`` for a shorter one, 12 minutes).
 ``--quick`` makes every table in about two minutes.
 """
@@ -498,7 +498,7 @@ def memory_table(opts) -> list[dict]:
     for tokens in opts.memory_tokens:
         with tempfile.TemporaryDirectory(prefix="llms-memory-") as swap_dir:
             for build in (True, False):
-                code = ("import json, sys; from workbench.bench.llms import memory_probe; "
+                code = ("import json, sys; from workbench.kvcache.bench import memory_probe; "
                         f"print(json.dumps(memory_probe({swap_dir!r}, {tokens}, {build})))")
                 run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
                 if run.returncode != 0:

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from workbench import bench
-from workbench.bench import llms
+from workbench.kvcache import bench as llms
 from workbench.data import heldout_text
 from workbench.models.decoder import decoder_tokenizer, load_decoder
 
