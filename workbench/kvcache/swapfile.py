@@ -141,7 +141,8 @@ def stream_layers(files, cold: bool = False):
                      for h, (_, bits, shape), size in zip(handles, files, sizes)]
             values: list[np.ndarray | None] = [None] * len(files)
             for (bits, layer_shape), members in groups.items():
-                stacked = stack_layers(bits, layer_shape, [parts[n] for n in members]).to_array()
+                with np.errstate(invalid="ignore", over="ignore"):    # a damaged file's scales: its CRC says so
+                    stacked = stack_layers(bits, layer_shape, [parts[n] for n in members]).to_array()
                 for row, n in enumerate(members):
                     values[n] = stacked[row]
             yield layer, parts, values
