@@ -13,8 +13,8 @@ from workbench.data import TASKS, load_task
 from workbench.presets import default_preset
 from workbench.errors import WorkbenchError
 from workbench.ui.base import BackgroundRun, Panel
-from workbench.viz.elastic import (accuracy_memory_figure, aib_figure, candidates_figure, gantt_figure,
-                                   importance_plan_figure)
+from workbench.viz.elastic import accuracy_memory_figure, aib_figure, candidates_figure, importance_plan_figure
+from workbench.viz.timeline import gantt_figure
 
 DEVICES = ("odroid-n2", "jetson-nano", "host")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.viz.elastic import LANE_COLORS, gantt_figure
+from workbench.viz.timeline import LANE_COLORS, gantt_figure
 from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, outline
 
 METHOD_LABELS = {"llms": "LLMS", "vllm_sq": "vLLM-SQ", "vllm_s": "vLLM-S", "swapping": "Swapping", "lmk": "LMK"}
