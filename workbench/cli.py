@@ -50,9 +50,10 @@ def _cmd_info(args) -> int:
 
 def _cmd_dashboards(args) -> int:
     from workbench.prepare_job import log_path, start_background
-    from workbench.serving import DASHBOARDS_DIR, check_port_free, free_port, stop_group, voila_command, voila_env
+    from workbench.listen import check_tcp_port
+    from workbench.serving import DASHBOARDS_DIR, stop_group, voila_command, voila_env
 
-    port = check_port_free(args.port) if args.port else free_port()
+    port = check_tcp_port(args.port)
     cmd = voila_command(port, preheat=args.preheat)
     job = None
     if not args.no_prepare:
@@ -83,9 +84,10 @@ def _cmd_dashboards(args) -> int:
 
 
 def _cmd_lab(args) -> int:
-    from workbench.serving import check_port_free, default_lab_root, free_port, lab_command
+    from workbench.listen import check_tcp_port
+    from workbench.serving import default_lab_root, lab_command
 
-    port = check_port_free(args.port) if args.port else free_port()
+    port = check_tcp_port(args.port)
     cmd = lab_command(port, args.root or default_lab_root())
     print(f"workbench lab: JupyterLab on http://127.0.0.1:{port}/lab (the URL with its token follows; Ctrl-C stops "
           f"it and its kernels)", flush=True)

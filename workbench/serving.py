@@ -33,19 +33,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def check_port_free(port: int, host: str = "127.0.0.1") -> int:
-    """``port`` if nothing listens on it, else an error that names it (Voila would move to another port)."""
-    from workbench.errors import WorkbenchError
-
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            raise WorkbenchError(f"port {port} on {host} is in use; stop what serves there or pass another "
-                                 f"--port") from None
-    return port
-
-
 try:
     from jupyter_server.auth.identity import PasswordIdentityProvider
 except ImportError:                    # serving needs jupyter_server; the engine does not

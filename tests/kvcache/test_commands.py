@@ -37,4 +37,7 @@ def test_serve_call_continue_and_stop(tmp_path):
     finally:
         server.send_signal(signal.SIGTERM)
         out, _ = server.communicate(timeout=60)
-    assert server.returncode == 0 and "llms: stopped" in out
+    assert server.returncode == 0
+    failed, stopped = out.splitlines()                    # one line per failed request, none per answered one
+    assert failed.startswith("llms: tcp:other call failed: StubError:") and "belongs to another app" in failed, out
+    assert stopped == "llms: stopped"

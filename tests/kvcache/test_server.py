@@ -17,7 +17,7 @@ from workbench.errors import WorkbenchError
 from workbench.kvcache.errors import ContextLimitError, DeadlineError, IdentityError, ProtocolError
 from workbench.kvcache.protocol import PROTOCOL_VERSION
 from workbench.kvcache.server import LLMServer, Peer, ReplyMemory, app_identity, parse_address, peer_credentials
-from workbench.kvcache.service import LLMService, StubError
+from workbench.kvcache.service import CtxStub, LLMService, StubError
 from workbench.kvcache.store import FAILPOINT_ENV, SwapStore
 from workbench.models.decoder import load_decoder
 
@@ -424,3 +424,26 @@ def test_the_reply_memory_waits_for_a_running_first_attempt_and_forgets_a_failed
     with pytest.raises(WorkbenchError):
         memory.run_once(("app", "other"), "c2", "p", failing)
     assert memory.run_once(("app", "other"), "c2", "p", lambda: {"ok": True}) == {"ok": True}
+
+
+def test_verbose_logs_a_line_per_request_and_quiet_only_the_failed_ones(tmp_path, model):
+    service = LLMService(model, tmp_path / "swap")
+    logs = {False: [], True: []}
+    for verbose in (False, True):
+        server = LLMServer(service, "tcp:127.0.0.1:0", log=logs[verbose].append, verbose=verbose)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            with connect(f"log{int(verbose)}", server.address) as session:
+                session.call(session.new_ctx(), "Hi.", 2)
+                with pytest.raises(StubError):
+                    session.call(CtxStub("guess"), "Hi.", 2)
+        finally:
+            server.shutdown()
+            server._server.server_close()
+            thread.join(10)
+    quiet, verbose = logs[False], logs[True]
+    assert len(quiet) == 1 and quiet[0].startswith("llms: tcp:log0 call failed: StubError:"), quiet
+    assert [line.split(" ")[2] for line in verbose] == ["bind", "new_ctx", "call", "call"], verbose
+    assert " ok in " in verbose[2] and "new tokens" in verbose[2] and "failed: StubError" in verbose[3], verbose
+    service.close()

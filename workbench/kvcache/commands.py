@@ -19,7 +19,7 @@ def _serve(args) -> int:
 
     serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=int(args.memory_mb * 1e6),
           max_contexts_per_app=args.max_contexts_per_app, config=ServiceConfig.preset(args.method),
-          metrics_port=args.metrics_port, device=args.device)
+          metrics_port=args.metrics_port, device=args.device, verbose=args.verbose)
     return 0
 
 
@@ -35,6 +35,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="also serve Prometheus metrics on 127.0.0.1:PORT (0 picks a free port)")
     parser.add_argument("--device", choices=SWAP_DEVICES, default="host",
                         help="plan the swap-in pipeline for this host (measured) or pad loads to an emulated preset")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log one line per request (by default: one per start, stop and failed request)")
     parser.set_defaults(func=_serve)
 
 

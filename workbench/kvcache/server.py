@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from workbench.errors import WorkbenchError
+from workbench.listen import AddressError, bind_tcp, check_tcp_port, make_folder, remove_made
 from workbench.kvcache.costmodel import host_costs_cached
 from workbench.kvcache.errors import IdentityError, ProtocolError
 from workbench.kvcache.protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, LineReader, check_version,  # noqa: F401
@@ -266,12 +267,12 @@ class _Handler(socketserver.BaseRequestHandler):
             if not line:
                 return
             with self.owner.in_flight():
-                rid = None
+                rid, op, started = None, None, time.monotonic()
                 try:
                     request = json.loads(line)
                     if not isinstance(request, dict):
                         raise ProtocolError("a request is a JSON object")
-                    rid = request.get("id")
+                    rid, op = request.get("id"), request.get("op")
                     reply = self._answer(request)
                 except WorkbenchError as exc:
                     reply = _reply_error(exc)
@@ -279,6 +280,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     reply = _reply_error(ProtocolError(f"bad request: {exc}"))
                 except Exception as exc:                    # the service failed; the connection stays usable
                     reply = _reply_error(exc)
+                self.owner.log_request(self.session.app if self.session else None, op, reply,
+                                       time.monotonic() - started)
                 if not self._send(dict(reply, id=rid)):
                     return
 
@@ -366,10 +369,10 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
-def _claim_socket_path(path: Path) -> None:
+def _claim_socket_path(path: Path, made: list[Path] | None = None) -> None:
     """Remove a socket file left by a dead server; refuse one a live server answers on."""
     if not path.exists() and not path.is_symlink():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(path.parent, what=f"the folder of the socket unix:{path} (--address)", made=made)
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -377,7 +380,7 @@ def _claim_socket_path(path: Path) -> None:
     except OSError:
         path.unlink()
     else:
-        raise WorkbenchError(f"an LLM service already listens on unix:{path}; stop it or choose another address")
+        raise AddressError(f"an LLM service already listens on unix:{path}; stop it or pass another --address")
     finally:
         probe.close()
 
@@ -385,11 +388,18 @@ def _claim_socket_path(path: Path) -> None:
 def _bind_unix(path: Path) -> _UnixServer:
     """A server on ``path`` that no other user could reach at any moment: bound in a private (0700)
     folder, made 0600, then moved into place."""
-    private = Path(tempfile.mkdtemp(prefix=".llms-", dir=path.parent))
+    try:
+        private = Path(tempfile.mkdtemp(prefix=".llms-", dir=path.parent))
+    except OSError as exc:
+        raise AddressError(f"cannot make the socket unix:{path} (--address): {exc.strerror or exc}; give a path in "
+                           f"a writable folder") from None
     try:
         server = _UnixServer(str(private / "s"), _Handler)
         os.chmod(private / "s", 0o600)
         os.replace(private / "s", path)
+    except OSError as exc:
+        raise AddressError(f"cannot listen on unix:{path} (--address): {exc.strerror or exc}; give a shorter path "
+                           f"in a writable folder") from None
     finally:
         for leftover in private.iterdir():
             leftover.unlink()
@@ -397,12 +407,27 @@ def _bind_unix(path: Path) -> _UnixServer:
     return server
 
 
-def private_dir(path: Path | str) -> Path:
+def listen(address: str | None = None, made: list[Path] | None = None) -> tuple[str, Path | None, object]:
+    """Bind ``address`` now, before a model loads: (kind, socket path or None, the socketserver).
+    An address that cannot be used raises an ``AddressError`` naming it and what to do; folders made
+    for a socket are appended to ``made``."""
+    kind, where = parse_address(address or default_address())
+    if kind == "unix":
+        path = Path(where)
+        _claim_socket_path(path, made)
+        return kind, path, _bind_unix(path)
+    host, port = where
+    sock = bind_tcp(port, host, option=f"--address tcp:{host}:{port}", free=f"tcp:{host}:0")
+    server = _TCPServer(sock.getsockname(), _Handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_address = sock.getsockname()
+    return kind, None, server
+
+
+def private_dir(path: Path | str, made: list[Path] | None = None) -> Path:
     """``path`` as a folder only its owner may enter (0700), made if missing."""
-    path = Path(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
+    return make_folder(path, what="the swap directory (--swap-dir)", mode=0o700, made=made)
 
 
 class LLMServer:
@@ -413,26 +438,49 @@ class LLMServer:
     ``peer_credentials(sock)`` reads who connected on a Unix socket (the kernel's answer by default)."""
 
     def __init__(self, service: LLMService, address: str | None = None, *,
-                 peer_credentials: Callable[[socket.socket], Peer] = peer_credentials):
+                 peer_credentials: Callable[[socket.socket], Peer] = peer_credentials,
+                 bound: tuple | None = None, log: Callable[[str], None] | None = None, verbose: bool = False):
         self.service = service
-        self.kind, where = parse_address(address or default_address())
+        self.kind, self.path, self._server = bound or listen(address)
         self._peer_credentials = peer_credentials
-        swap = private_dir(service.swap_dir)
-        self.tokens = AppTokens(swap / "app-tokens.json")
-        self.replies = ReplyMemory()
-        self.operator_token = secrets.token_urlsafe(32)
-        self.operator_token_path = swap / "operator.token"
-        _write_private(self.operator_token_path, self.operator_token)
-        if self.kind == "unix":
-            self.path = Path(where)
-            _claim_socket_path(self.path)
-            self._server = _bind_unix(self.path)
-        else:
-            self.path = None
-            self._server = _TCPServer(where, _Handler)
+        self._log, self.verbose, self._log_lock = log, verbose, threading.Lock()
+        try:
+            swap = private_dir(service.swap_dir)
+            self.tokens = AppTokens(swap / "app-tokens.json")
+            self.replies = ReplyMemory()
+            self.operator_token = secrets.token_urlsafe(32)
+            self.operator_token_path = swap / "operator.token"
+            _write_private(self.operator_token_path, self.operator_token)
+        except BaseException:
+            self._close_socket()
+            raise
         self._server.owner = self
         self._busy = 0
         self._idle = threading.Condition()
+
+    def log(self, line: str) -> None:
+        """One line to the server's log (``log`` given at start), whole even when threads write at once."""
+        if self._log is not None:
+            with self._log_lock:
+                self._log(line)
+
+    def log_request(self, app: str | None, op, reply: dict, seconds: float) -> None:
+        """A failed request's line always; an answered one's with ``verbose``."""
+        if reply.get("ok", True) and not self.verbose:
+            return
+        what = f"llms: {app or 'unbound'} {op if isinstance(op, str) else '?'}"
+        if reply.get("ok", True):
+            stats = reply.get("stats") or {}
+            extra = (f", {stats['prompt_tokens']} prompt and {stats['output_tokens']} new tokens, switch "
+                     f"{1e3 * stats['switch_s']:.0f} ms" if "output_tokens" in stats else "")
+            self.log(f"{what} ok in {1e3 * seconds:.0f} ms{extra}")
+        else:
+            self.log(f"{what} failed: {reply.get('type')}: {reply.get('error')}")
+
+    def _close_socket(self) -> None:
+        self._server.server_close()
+        if self.path is not None and self.path.exists():
+            self.path.unlink()
 
     @property
     def address(self) -> str:
@@ -471,9 +519,7 @@ class LLMServer:
     def close(self, timeout: float = 60.0) -> None:
         """Close the listening socket, let the call being served finish (queued ones are refused),
         wait for their replies, close the service."""
-        self._server.server_close()
-        if self.path is not None and self.path.exists():
-            self.path.unlink()
+        self._close_socket()
         self.operator_token_path.unlink(missing_ok=True)
         self.service.close()
         with self._idle:
@@ -483,24 +529,37 @@ class LLMServer:
 def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
           memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET, max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP,
           config: ServiceConfig | None = None, metrics_port: int | None = None, model=None,
-          device: str = "host", out: Callable[[str], None] | None = None) -> None:
+          device: str = "host", out: Callable[[str], None] | None = None, verbose: bool = False) -> None:
     """Run an LLM service on ``address`` until SIGTERM or SIGINT (the ``workbench serve llms`` command).
 
-    Prints one line when ready (address, swap directory, contexts restored, metrics URL when
-    ``metrics_port`` is given; 0 picks a free port) and one when stopped. Must run in the main thread.
+    The address, swap directory and metrics port are checked (the address bound) before the model
+    loads: one that cannot be used raises an ``AddressError`` and leaves no socket or folder made.
+    Logs one line when ready (address, swap directory, contexts restored, metrics URL when
+    ``metrics_port`` is given; 0 picks a free port), one per failed request, one when stopped;
+    ``verbose`` adds one per request. Must run in the main thread.
     ``device``: the cost model the swapping-recompute pipeline plans on (``"host"``, measured once and
     cached, or an emulated preset whose loads are padded to its speed); resolved before serving."""
     out = out or (lambda line: print(line, flush=True))
-    swap_dir = private_dir(swap_dir if swap_dir is not None else default_swap_dir())
-    service = LLMService(model, swap_dir, memory_budget_bytes, max_contexts_per_app, config, device=device)
+    made: list[Path] = []
+    bound = listen(address, made)
+    service = None
     try:
+        swap_dir = private_dir(swap_dir if swap_dir is not None else default_swap_dir(), made)
+        if metrics_port:
+            check_tcp_port(metrics_port, option="--metrics-port", free="--metrics-port 0")
+        service = LLMService(model, swap_dir, memory_budget_bytes, max_contexts_per_app, config, device=device)
         chunk_size = service.config.chunk_size
         if not host_costs_cached(service.model, chunk_size):
             out("llms: measuring this host's swap and recompute costs once (about 10 s; cached after)")
         costs = service.loader.costs_for(service.model, chunk_size)
-        server = LLMServer(service, address)
+        server = LLMServer(service, bound=bound, log=out, verbose=verbose)
     except BaseException:
-        service.close()
+        bound[2].server_close()
+        if bound[1] is not None:
+            bound[1].unlink(missing_ok=True)
+        if service is not None:
+            service.close()
+        remove_made(made)
         raise
 
     def stop(signum, frame):
