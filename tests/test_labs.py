@@ -9,6 +9,13 @@ CHANGES = ("up", "down", "same")
 REASONS = {"why_high": "HIGH-REASON", "why_low": "LOW-REASON", "right": "RIGHT-REASON"}
 
 
+@pytest.fixture(autouse=True)
+def fresh_tries():
+    labs.forget_tries()
+    yield
+    labs.forget_tries()
+
+
 @pytest.mark.parametrize("answer", [12, 12.0, np.int64(12), np.float32(12), "12", " 12 ", "12.0", "1.2e1"])
 def test_numbers_are_read_from_ints_floats_and_strings(answer):
     assert labs.as_number(answer) == 12.0
@@ -48,9 +55,49 @@ def test_what_is_not_a_choice(answer, message):
                                                     (12.4, "right", "RIGHT-REASON"), (11.6, "right", "RIGHT-REASON")])
 def test_a_number_is_too_high_too_low_or_right_with_its_own_reason(answer, status, reason):
     feedback = check_number("Q", answer, 12, tolerance=0.5, **REASONS)
-    assert feedback.status == status and feedback.text.endswith(reason)
+    assert feedback.status == status and reason in feedback.text
     assert {"high": "too high", "low": "too low", "right": "right"}[status] in feedback.text
     assert not any(other in feedback.text for other in REASONS.values() if other != reason)
+
+
+def test_a_wrong_number_gets_a_hint_first_and_the_answer_after_a_few_tries():
+    tries = [check_number("Q", 13, 12, **REASONS) for _ in range(labs.TRIES)]
+    for early in tries[:-1]:
+        assert "HIGH-REASON" in early.text and "RIGHT-REASON" not in early.text and "12" not in early.text
+        assert "'answer'" in early.text
+    assert tries[-1].status == "high" and "the answer: 12" in tries[-1].text and "RIGHT-REASON" in tries[-1].text
+
+
+def test_the_answer_on_request_and_each_exercise_counts_its_own_tries():
+    asked = check_number("Q", " Answer ", 12, unit="ms", tolerance=1, **REASONS)
+    assert asked.status == "shown" and "the answer: 12 ms (within 1 ms)" in asked.text and "RIGHT-REASON" in asked.text
+    assert check_choice("C", "answer", "up", CHANGES, "WHY", hint="HINT").text == "the answer: 'up'. WHY"
+    for _ in range(labs.TRIES - 1):
+        check_number("Q", 13, 12, **REASONS)
+    assert "RIGHT-REASON" not in check_number("R", 13, 12, **REASONS).text
+
+
+def test_the_tolerance_is_stated_in_every_feedback_and_used_in_the_check():
+    for answer in (13.2, 12.9, 10.8):
+        feedback = check_number("Q", answer, 12, unit="ms", tolerance=1, **REASONS)
+        assert "(within 1 ms)" in feedback.text
+    assert check_number("Q", 12.9, 12, unit="ms", tolerance=1, **REASONS).right
+    assert not check_number("Q", 13.2, 12, unit="ms", tolerance=1, **REASONS).right
+    assert labs.within(1, "ms") == "within 1 ms" and labs.within(0) == "exactly"
+
+
+def test_answers_are_echoed_as_typed():
+    assert "'SAME'" in check_choice("Q", "SAME", "up", CHANGES, "WHY", hint="HINT").text
+    assert "right, 'Up'" in check_choice("Q", " Up ", "up", CHANGES, "WHY").text
+    assert check_number("Q", "12.0 ms", 12, unit="ms", **REASONS).text.startswith("right, 12.0 ms")
+    assert labs.as_choice("b1", ("A1", "B1")) == "B1"
+
+
+@pytest.mark.parametrize("answer", [-1, "-1", 9])
+def test_impossible_values_are_named_as_such(answer):
+    feedback = check_number("Q", answer, 2, whole=True, minimum=0, maximum=8, quantity="a count of chunks", **REASONS)
+    assert feedback.status == "impossible" and "impossible" in feedback.text and "too" not in feedback.text
+    assert "a count of chunks is from 0 to 8" in feedback.text and str(answer) in feedback.text
 
 
 def test_a_number_not_answered_or_unreadable():
@@ -62,8 +109,8 @@ def test_a_number_not_answered_or_unreadable():
 
 def test_a_choice_is_right_or_wrong_with_the_reason():
     assert check_choice("Q", " Up ", "up", CHANGES, "WHY").status == "right"
-    wrong = check_choice("Q", "SAME", "up", CHANGES, "WHY")
-    assert (wrong.status, wrong.text) == ("wrong", "not 'same'. WHY")
+    wrong = check_choice("Q", "SAME", "up", CHANGES, "WHY", hint="HINT")
+    assert wrong.status == "wrong" and wrong.text.startswith("not 'SAME'. Hint: HINT") and "WHY" not in wrong.text
     assert check_choice("Q", "sideways", "up", CHANGES, "WHY").status == "invalid"
     assert check_choice("Q", None, "up", CHANGES, "WHY", hint="HINT").status == "unanswered"
 

@@ -12,9 +12,17 @@ from nbclient import NotebookClient
 from workbench.elastic import lab as elastic_lab
 from workbench.elastic.lab import ElasticLab
 from workbench.elastic.planner import plan_elastic
+from workbench import labs
 from workbench.labs import AnswerError
 
 LAB = Path(__file__).resolve().parents[2] / "notebooks" / "labs" / "elastic_lab.ipynb"
+
+
+@pytest.fixture(autouse=True)
+def fresh_tries():
+    labs.forget_tries()
+    yield
+    labs.forget_tries()
 
 
 @pytest.mark.parametrize("target, message", [(0, "more than 0 ms, got 0 ms"), (-5, "more than 0 ms, got -5 ms"),
@@ -88,9 +96,9 @@ def test_right_answers_in_any_form(lab):
 
 def test_wrong_numbers_say_which_way_and_why_with_the_engines_figures(lab):
     t_comp_12 = f"{lab.t_comp_ms('jetson-nano', 12):.2f} ms"
-    low, high = lab.check_width(3), lab.check_width(13)
+    low, impossible = lab.check_width(3), lab.check_width(13)
     assert low.status == "low" and "too low" in low.text and t_comp_12 in low.text
-    assert high.status == "high" and "only 12 shards" in high.text
+    assert impossible.status == "impossible" and "a layer has 12 shards" in impossible.text
     plan = lab.plan("odroid-n2", 150)
     layer_ms = f"{lab.t_comp_ms('odroid-n2', plan.m):.2f} ms"
     slack_only = lab.check_initial_aib(150 - plan.n * lab.t_comp_ms("odroid-n2", plan.m))
@@ -99,18 +107,36 @@ def test_wrong_numbers_say_which_way_and_why_with_the_engines_figures(lab):
     assert whole_target.status == "high" and f"compute of all {plan.n} layers" in whole_target.text
 
 
-def test_a_wrong_change_gets_the_buffers_reason(lab):
-    feedback = lab.check_buffer("Down")
-    assert feedback.status == "wrong" and "not 'down'" in feedback.text
+def test_a_wrong_change_gets_a_hint_then_the_buffers_reason(lab):
+    first = lab.check_buffer("Down")
+    assert first.status == "wrong" and "not 'Down'" in first.text and "Hint:" in first.text
+    assert not re.search(r"goes \d+ -> \d+", first.text)
+    for _ in range(labs.TRIES - 1):
+        feedback = lab.check_buffer("same")
+    assert feedback.status == "wrong" and "the answer: 'up'" in feedback.text
     assert "3 shards at 32 bits" in feedback.text and "same 6 x 12 submodel" in feedback.text
     assert re.search(r"goes \d+ -> \d+", feedback.text)
 
 
 def test_a_target_with_a_plan_is_too_high(lab):
-    feedback = lab.check_no_plan(200)
-    assert feedback.status == "high" and "too high" in feedback.text
-    assert f"one layer of 3 shards, the narrowest it considers, computes in {lab.no_plan_below_ms():.2f} ms" \
-        in feedback.text
+    told = f"one layer of 3 shards, the narrowest the planner considers, computes in {lab.no_plan_below_ms():.2f} ms"
+    first = lab.check_no_plan(200)
+    assert first.status == "high" and "too high" in first.text and told not in first.text
+    assert "lab.t_comp_ms('odroid-n2', 3)" in first.text
+    for _ in range(labs.TRIES - 1):
+        feedback = lab.check_no_plan("200 ms")
+    assert feedback.text.startswith("200 ms is too high") and told in feedback.text
+    assert lab.check_no_plan("answer").status == "shown"
+
+
+def test_the_aib_tolerance_is_stated_in_the_question_and_used_in_the_check(lab):
+    stated = labs.within(elastic_lab.AIB_TOLERANCE_MS, "ms")
+    question = nbformat.read(LAB, as_version=4).cells[5].source
+    assert "Exercise 2" in question and f"({stated})" in question
+    aib = lab.initial_aib_ms()
+    assert lab.check_initial_aib(aib + 0.9 * elastic_lab.AIB_TOLERANCE_MS).right
+    off = lab.check_initial_aib(aib + 1.1 * elastic_lab.AIB_TOLERANCE_MS)
+    assert not off.right and f"({stated})" in off.text
 
 
 @pytest.mark.parametrize("answer", [0, -5, "abc", float("inf"), [20]])

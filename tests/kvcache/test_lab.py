@@ -1,14 +1,21 @@
 """The LLMS lab's self-checks: the expected answers come from the engine and the feedback says why."""
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from workbench import labs
 from workbench.kvcache import lab
 
 LAB = Path(__file__).resolve().parents[2] / "notebooks" / "labs" / "kvcache_lab.ipynb"
+
+
+@pytest.fixture(autouse=True)
+def fresh_tries():
+    labs.forget_tries()
+    yield
+    labs.forget_tries()
 
 
 def test_exercise_one_counts_codes_and_channel_numbers():
@@ -18,6 +25,29 @@ def test_exercise_one_counts_codes_and_channel_numbers():
         lab.check_chunk_bytes(92160).text
     assert lab.check_chunk_bytes(10**6).status == "high"
     assert lab.check_chunk_bytes("lots").status == "invalid" and lab.check_chunk_bytes(None).status == "unanswered"
+
+
+def test_exercise_one_hints_before_it_tells_and_calls_a_negative_size_impossible():
+    first = lab.check_chunk_bytes(92160)
+    assert first.status == "low" and "138,240" not in first.text and "138240" not in first.text
+    for _ in range(labs.TRIES - 2):
+        lab.check_chunk_bytes(92160)
+    assert "the answer: 138240" in lab.check_chunk_bytes(92160).text
+    assert "the answer: 138240" in lab.check_chunk_bytes("answer").text
+    impossible = lab.check_chunk_bytes(-1)
+    assert impossible.status == "impossible" and "too low" not in impossible.text
+
+
+def test_exercise_two_shows_the_densities_as_the_question_does():
+    question = lab.shown_densities()
+    assert question == "0.3, 0.015, 0.06, 0.25, 0.01, 0.02, 0.1, 0.025"
+    for _ in range(labs.TRIES):
+        told = lab.check_eight_bit_count(5).text
+    assert [pair.split("->")[0] for pair in told.split("levels are ")[1].split(":")[0].split(", ")] == \
+        question.split(", ")
+    assert lab.check_eight_bit_count(-1).status == lab.check_eight_bit_count(9).status == "impossible"
+    nb = nbformat.read(LAB, as_version=4)
+    assert any("lab.shown_densities()" in c.source for c in nb.cells)
 
 
 def test_exercise_two_levels_meet_four_bits_with_the_densest_at_eight():
@@ -31,14 +61,18 @@ def test_exercise_four_lctru_and_lru_disagree():
     assert lab.eviction_order("lctru") == ["B1", "A0", "B0", "C0", "A1"]
     assert lab.eviction_order("lru") == ["A1", "B0", "B1", "C0", "A0"]
     assert lab.check_first_out("b1").right and lab.check_first_out("B1.").right
-    wrong = lab.check_first_out("A1")
-    assert wrong.status == "wrong" and "plain LRU would start with A1" in wrong.text
+    assert lab.check_first_out("b1").text.startswith("right, 'b1'")
+    wrong = lab.check_first_out("a1")
+    assert wrong.status == "wrong" and "'a1'" in wrong.text and "B1" not in wrong.text
+    for _ in range(labs.TRIES - 1):
+        wrong = lab.check_first_out("A1")
+    assert "the answer: 'B1'" in wrong.text and "plain LRU would start with A1" in wrong.text
 
 
 def test_exercise_three_follows_the_planner():
     known = lab.PipelineAnswer(tx2=14, mi14=0, ratio_tx2=10.3, ratio_mi14=42.7)
     assert lab.check_pipeline("More", known).right
-    assert lab.check_pipeline("fewer", known).status == "wrong" and "14 of 64" in lab.check_pipeline("same", known).text
+    assert lab.check_pipeline("fewer", known).status == "wrong" and "14 of 64" in lab.check_pipeline("answer", known).text
     assert lab.check_pipeline("same", lab.PipelineAnswer(tx2=3, mi14=3, ratio_tx2=1, ratio_mi14=1)).right
 
 

@@ -14,8 +14,8 @@ from workbench.elastic.artifacts import load_importance, load_store
 from workbench.elastic.costmodel import CostModel, device_cost_model
 from workbench.elastic.planner import Candidate, ElasticPlan, plan_elastic
 from workbench.errors import WorkbenchError
-from workbench.labs import (AnswerError, Feedback, as_number, check_choice, check_number, unanswered,
-                            with_unit)
+from workbench.labs import (AnswerError, Feedback, as_number, asks_for_answer, check_choice, check_number, judge,
+                            shown, typed, unanswered, with_unit)
 from workbench.presets import default_preset
 
 
@@ -48,6 +48,7 @@ WIDTH = ("jetson-nano", 200.0)            # exercise 1: device, target ms (no bu
 BUDGET = ("odroid-n2", 150.0, 2)          # exercise 2: device, target ms, layer whose initial AIB is asked
 BUFFER = ("odroid-n2", 300.0, 0.0, 2.0)   # exercise 3: device, target ms, buffer MB before and after
 NO_PLAN = ("odroid-n2", 1.0)              # exercise 4: device, buffer MB
+AIB_TOLERANCE_MS = 1.0                    # exercise 2: how far an answer may be from the AIB (stated in the lab)
 CHANGES = ("up", "down", "same")
 
 
@@ -88,14 +89,16 @@ class ElasticLab:
         narrowest = min(c.m for c in plan.compute.candidates)
         narrow_ms, wide_ms = self.t_comp_ms(device, narrowest), self.t_comp_ms(device, widest)
         return check_number(
-            "Exercise 1", answer, plan.m, whole=True,
+            "Exercise 1", answer, plan.m, whole=True, minimum=1, maximum=widest,
+            quantity=f"a layer's width (a layer has {widest} shards)",
             hint=f"Compare lab.t_comp_ms({device!r}, {narrowest}) with lab.t_comp_ms({device!r}, {widest}).",
-            why_high=f"A layer has only {widest} shards.",
-            why_low=(f"On this GPU a layer of {widest} shards computes in {wide_ms:.2f} ms, only "
-                     f"{wide_ms - narrow_ms:.2f} ms more than {narrowest} shards, so a narrower layer saves almost "
-                     "nothing."),
-            right=(f"{plan.n} layers x {plan.m} shards compute in {plan.n * self.t_comp_ms(device, plan.m):.1f} ms "
-                   f"of the {target_ms:g} ms: width is almost free here, while every layer costs {narrow_ms:.1f} ms."))
+            why_high=f"compare lab.t_comp_ms({device!r}, m) for a narrower and a wider m.",
+            why_low=(f"look at what a wider layer costs on this GPU: a layer of {widest} shards computes in "
+                     f"{wide_ms:.2f} ms; compare lab.t_comp_ms({device!r}, {narrowest})."),
+            right=(f"a layer of {widest} shards computes only {wide_ms - narrow_ms:.2f} ms slower than one of "
+                   f"{narrowest}, so {plan.n} layers x {plan.m} shards compute in "
+                   f"{plan.n * self.t_comp_ms(device, plan.m):.1f} ms of the {target_ms:g} ms: width is almost free "
+                   f"here, while every layer costs {narrow_ms:.1f} ms."))
 
     # -- exercise 2: the IO budget at the start
 
@@ -110,7 +113,7 @@ class ElasticLab:
         layer_ms = self.t_comp_ms(device, plan.m)
         slack_ms = target_ms - plan.n * layer_ms
         return check_number(
-            "Exercise 2", answer, 1e3 * plan.io.steps[0].aib[layer], unit="ms", tolerance=1.0,
+            "Exercise 2", answer, 1e3 * plan.io.steps[0].aib[layer], unit="ms", tolerance=AIB_TOLERANCE_MS,
             hint=f"Compute planning picks {plan.n} x {plan.m} here; one layer of {plan.m} shards computes in "
                  f"{layer_ms:.2f} ms.",
             why_high=(f"The slack is the {target_ms:g} ms target minus the compute of all {plan.n} layers "
@@ -146,7 +149,8 @@ class ElasticLab:
                f"their layer and every later one; on {submodel} the count of 32-bit shards goes "
                f"{_count_32(small)} -> {_count_32(big)}.")
         return check_choice("Exercise 3", answer, self.buffer_change(), CHANGES, why,
-                            hint='Answer "up", "down" or "same".')
+                            hint="look at what a preloaded shard's load time adds to the AIB of its layer and of "
+                                 "every later one, and what IO planning does with a larger AIB.")
 
     # -- exercise 4: the invariant, and a target with no plan
 
@@ -162,18 +166,22 @@ class ElasticLab:
         device, preload_mb = NO_PLAN
         if answer is None:
             return unanswered("Exercise 4", "Lower target_ms in the cell above until the planner gives up.")
+        fastest = self._fastest()
+        answer_text = f"any target below {1e3 * fastest.time_s:.2f} ms"
+        why = (f"one layer of {fastest.m} shards, the narrowest the planner considers, computes in "
+               f"{1e3 * fastest.time_s:.2f} ms, so a shorter target fits no submodel.")
+        if asks_for_answer(answer):
+            return shown("Exercise 4", answer_text, why)
         try:
             plan = self.plan(device, answer, preload_mb)
         except (WorkbenchError, ValueError) as exc:
             return Feedback("Exercise 4", "invalid", f"{exc}.")
-        shown = with_unit(as_number(answer, "ms"), "ms")
         if not plan.found:
-            return Feedback("Exercise 4", "right", f"right, no plan at {shown}: {plan.reason}.")
-        fastest = self._fastest()
-        return Feedback("Exercise 4", "high",
-                        f"{shown} is too high: the planner finds {plan.n} x {plan.m} (predicted "
-                        f"{1e3 * plan.predicted_s:.1f} ms); one layer of {fastest.m} shards, the narrowest it "
-                        f"considers, computes in {1e3 * fastest.time_s:.2f} ms, so no plan needs a target below that.")
+            return Feedback("Exercise 4", "right", f"right, no plan at {typed(answer, 'ms')}: {plan.reason}.")
+        return judge("Exercise 4", NO_PLAN, "high",
+                     f"{typed(answer, 'ms')} is too high: the planner finds {plan.n} x {plan.m} (predicted {1e3 * plan.predicted_s:.1f} ms)",
+                     f"the smallest submodel is one layer of the narrowest width ({fastest.m} shards); look at "
+                     f"lab.t_comp_ms({device!r}, {fastest.m}).", answer_text, why)
 
     def explore(self, device: str, target_ms, preload_mb=0.0) -> str:
         """A plan in words with its invariants (AIBs >= 0, prediction within the target), or a one-line error."""

@@ -10,7 +10,7 @@ import numpy as np
 from workbench.kvcache.chunks import LEVELS, chunk_nbytes
 from workbench.kvcache.density import assign_levels
 from workbench.kvcache.lifecycle import LCTRUQueue, QueueEntry
-from workbench.labs import Feedback, check_choice, check_number
+from workbench.labs import Feedback, check_choice, check_number, with_unit
 
 CHUNK_SHAPE = (30, 2, 3, 16, 64)            # SmolLM2-135M: layers, K and V, KV heads, tokens, head dim
 DENSITIES = (0.30, 0.015, 0.06, 0.25, 0.01, 0.02, 0.10, 0.025)
@@ -30,13 +30,19 @@ def check_chunk_bytes(answer) -> Feedback:
     payload = values * 4 // 8
     channels = values // CHUNK_SHAPE[3]
     return check_number(
-        "Exercise 1", answer, chunk_bytes(4), whole=True,
-        right=f"{payload:,} bytes of 4-bit codes plus {channels:,} channels x 2 numbers (minimum, step) x 2 bytes.",
-        why_high=f"at 4 bits two codes share a byte: {values:,} values take {payload:,} bytes; add the float16 "
-                 f"minimum and step of each of the {channels:,} channels.",
-        why_low=f"besides the {payload:,} bytes of codes, each of the {channels:,} channels (layer, K or V, head, "
-                f"feature) keeps a float16 minimum and step.",
+        "Exercise 1", answer, chunk_bytes(4), whole=True, minimum=1, quantity="a chunk's size in bytes",
+        right=f"{values:,} values at 4 bits take {payload:,} bytes of codes (two share a byte), plus {channels:,} "
+              f"channels x 2 numbers (minimum, step) x 2 bytes.",
+        why_high="at 4 bits two codes share one byte; count the bytes of the codes first, then add what each "
+                 "channel keeps.",
+        why_low="besides the 4-bit codes, each channel (layer, K or V, head, feature) keeps a float16 minimum "
+                "and step.",
         hint="a chunk is 30 layers x (K, V) x 3 heads x 16 tokens x 64 features.")
+
+
+def shown_densities() -> str:
+    """The densities of exercise 2 as the question and every feedback print them."""
+    return ", ".join(f"{d:g}" for d in DENSITIES)
 
 
 def levels_answer() -> np.ndarray:
@@ -47,15 +53,16 @@ def check_eight_bit_count(answer) -> Feedback:
     """Exercise 2: how many of the eight chunks keep 8 bits at a 50 % global ratio."""
     levels = levels_answer()
     n8 = int((levels == 8).sum())
-    shown = ", ".join(f"{d:.2f}->{b}" for d, b in zip(DENSITIES, levels))
+    shown = ", ".join(f"{with_unit(d)}->{b}" for d, b in zip(DENSITIES, levels))
     return check_number(
-        "Exercise 2", answer, n8, whole=True,
-        right=f"the levels are {shown}: the mean is exactly 4 bits, the densest chunks keep 8.",
-        why_high=f"more 8-bit chunks would push the mean above 4 bits even with every other chunk at 2 bits "
-                 f"({shown}).",
-        why_low=f"the chosen levels ({shown}) meet the 4-bit mean exactly with less attention noise: "
-                f"moving a chunk of density d from 4 to 8 bits saves d^2 x (1/225 - 1/65025), and paying "
-                f"for it with two chunks from 4 to 2 bits costs their d^2 x (1/9 - 1/225).",
+        "Exercise 2", answer, n8, whole=True, minimum=0, maximum=len(DENSITIES),
+        quantity=f"the number of 8-bit chunks among {len(DENSITIES)}",
+        right=f"the levels are {shown}: the mean is exactly 4 bits, and each 8-bit chunk saves more noise "
+              f"(d^2 x (1/225 - 1/65025)) than its two 2-bit partners add (d^2 x (1/9 - 1/225)).",
+        why_high="each 8-bit chunk needs two 2-bit chunks to keep the mean at 4 bits; look at whether the "
+                 "noise the sparsest chunks add at 2 bits (d^2 / 9) stays below what the 8-bit one saves.",
+        why_low="look at the densest chunks: moving one from 4 to 8 bits saves d^2 x (1/225 - 1/65025); compare "
+                "that with what two of the sparsest chunks add going from 4 to 2 bits, d^2 x (1/9 - 1/225).",
         hint="one 8-bit chunk is paid for by two 2-bit ones (8 + 2 + 2 averages 4); do it while the dense "
              "chunk's d^2 / 225 beats the two sparsest chunks' d^2 / 9.")
 
@@ -104,9 +111,8 @@ def eviction_order(policy: str) -> list[str]:
 def check_first_out(answer) -> Feedback:
     """Exercise 4: which chunk does LCTRU evict first?"""
     lctru, lru = eviction_order("lctru"), eviction_order("lru")
-    names = tuple(name.lower() for name in lru)
     return check_choice(
-        "Exercise 4", answer, lctru[0].lower(), names,
+        "Exercise 4", answer, lctru[0], tuple(lru),
         why=f"LCTRU empties the heaviest sub-queue first (8-bit: A0 used at 5, B1 at 3), least recently used "
             f"first, so its order is {' '.join(lctru)}; plain LRU would start with {lru[0]} ({' '.join(lru)}).",
         hint="sub-queues by level, heaviest first; inside one, least recently used first.")
