@@ -7,8 +7,9 @@ import pytest
 from workbench.errors import WorkbenchError
 from workbench.kvcache.costmodel import SwapCostModel, model_chunk_bytes
 from workbench.kvcache.records import CHUNK_STATES, ReplayResult
-from workbench.kvcache.replay import (budget_for, context_bytes, context_tokens, idle_gaps, method_config,
-                                      min_budget_bytes, replay, tunable_settings, working_set_bytes)
+from workbench.kvcache.replay import (budget_for, call_tokens, context_bytes, context_tokens, idle_gaps,
+                                      method_config, min_budget_bytes, replay, tunable_settings,
+                                      working_reserve_bytes, working_set_bytes)
 from workbench.kvcache.service import ServiceConfig
 from workbench.kvcache.traces import Trace, TraceCall
 from workbench.models.config import DecoderConfig
@@ -143,8 +144,11 @@ def test_budgets_are_fractions_of_the_working_set_at_8_bits():
     assert full == 230400 and context_bytes(22, cfg) == full + six
     ws = full + six + thirteen
     assert working_set_bytes(trace, 8, 4, stub, tok) == ws
-    assert budget_for(trace, 0.3, max_new_tokens=4, model=stub, tokenizer=tok) == round(0.3 * ws)
-    assert min_budget_bytes(trace, 32, 4, stub, tok) == 4 * 23 * 30 * 2 * 3 * 64    # 22 + 1 tokens, raw float32
+    assert call_tokens(trace, 4, tok) == 23                                         # the last call's pending token too
+    reserve = 23 * 2 * 30 * 3 * 64 * 2                                              # its working cache, float16
+    assert working_reserve_bytes(trace, 8, 4, stub, tok) == reserve
+    assert budget_for(trace, 0.3, max_new_tokens=4, model=stub, tokenizer=tok) == reserve + round(0.3 * ws)
+    assert min_budget_bytes(trace, 32, 4, stub, tok) == 2 * 4 * 23 * 30 * 2 * 3 * 64  # chunks and cache, float32
 
 
 # ----------------------------------------------------------------------------- a configuration of one's own
@@ -170,7 +174,9 @@ def configured(model, costs8, tmp_path_factory):
 def test_a_replay_runs_and_records_the_configuration_it_is_given(configured, model):
     result, config = configured
     recorded = result.settings["config"]
-    assert ServiceConfig(**{**recorded, "levels": tuple(recorded["levels"])}) == config
+    limit = call_tokens(tiny_trace(), 2)                  # a replay limits contexts to its largest call
+    assert ServiceConfig(**{**recorded, "levels": tuple(recorded["levels"])}) == replace(config, max_context_tokens=limit)
+    assert result.settings["working_reserve_bytes"] == working_reserve_bytes(tiny_trace(), 8, 2, model)
     assert (config.chunk_size, config.global_ratio, config.policy) == (8, 1.0, "lru")
     tokenizer = decoder_tokenizer()
     assert result.settings["least_budget_bytes"] == min_budget_bytes(tiny_trace(), 8, 2, model, tokenizer, 8)

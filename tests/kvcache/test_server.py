@@ -17,14 +17,16 @@ from workbench.errors import WorkbenchError
 from workbench.kvcache.errors import ContextLimitError, DeadlineError, IdentityError, ProtocolError
 from workbench.kvcache.protocol import PROTOCOL_VERSION
 from workbench.kvcache.server import LLMServer, Peer, ReplyMemory, app_identity, parse_address, peer_credentials
-from workbench.kvcache.service import CtxStub, LLMService, StubError
+from workbench.kvcache.service import CtxStub, LLMService, ServiceConfig, StubError
 from workbench.kvcache.store import FAILPOINT_ENV, SwapStore
 from workbench.models.decoder import load_decoder
 
 NEW = 4
-SERVE = ("import sys\nfrom workbench.kvcache.server import serve\n"
-         "serve(sys.argv[1], swap_dir=sys.argv[2], memory_budget_bytes=int(sys.argv[3]))")
-BUDGET = 1_500_000                                  # a few contexts: calls evict and reload chunks
+SERVE = ("import sys\nfrom workbench.kvcache.server import serve\nfrom workbench.kvcache.config import ServiceConfig\n"
+         "serve(sys.argv[1], swap_dir=sys.argv[2], memory_budget_bytes=int(sys.argv[3]), "
+         "config=ServiceConfig(max_context_tokens=256))")
+RESERVE = 256 * 2 * 30 * 3 * 64 * 2                 # the working cache of a 256-token call, float16
+BUDGET = RESERVE + 1_500_000                        # and a few contexts: calls evict and reload chunks
 
 
 class Served:
@@ -152,7 +154,7 @@ def test_a_killed_server_serves_every_returned_call_with_the_same_continuation(t
         assert store.verify() == [] and not store.recovery_notes
 
     # the reference: the same calls on a service never killed
-    ref = LLMService(load_decoder(), tmp_path / "ref", BUDGET)
+    ref = LLMService(load_decoder(), tmp_path / "ref", BUDGET, config=ServiceConfig(max_context_tokens=256))
     for token, calls in history.items():
         session = ref.bind("a")
         stub = session.new_ctx(systems[token])

@@ -19,6 +19,14 @@ NEW = 4
 SYSTEM = "Be brief."
 A_PROMPTS = ("Name a color.", "And another?")
 B_PROMPT = "Say hi."
+LIMIT = 256
+"""The context limit of the services whose budgets hold one context but not two: their working-cache reserve
+(``RESERVE``) stays small, so a budget is that reserve and the bytes chunks may take beside it."""
+RESERVE = LIMIT * 2 * 30 * 3 * 64 * 2                     # K and V of 30 layers, 3 heads of 64, float16
+
+
+def limited(config: ServiceConfig | None = None) -> ServiceConfig:
+    return replace(config or ServiceConfig(), max_context_tokens=LIMIT)
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +70,12 @@ def test_an_app_holds_at_most_its_limit_of_contexts(tmp_path, model):
 
 
 def test_a_context_larger_than_the_whole_budget_is_refused_and_left_as_it_was(tmp_path, model):
-    with LLMService(model, tmp_path, memory_budget_bytes=100_000) as svc:
+    with LLMService(model, tmp_path, memory_budget_bytes=RESERVE + 100_000, config=limited()) as svc:
         a = svc.bind("a")
         stub = a.new_ctx(SYSTEM)
-        with pytest.raises(MemoryBudgetError, match="more than the whole memory budget of 100000 bytes; a served "
-                                                    "context is never evicted"):
+        with pytest.raises(MemoryBudgetError, match=f"more than the 100000 bytes the memory budget of {RESERVE + 100_000} "
+                                                    f"leaves beside the call's working cache \\({RESERVE} bytes\\); a "
+                                                    f"served context is never evicted"):
             a.call(stub, A_PROMPTS[0], NEW)
         [ctx] = svc.snapshot()["contexts"]
         assert ctx["tokens"] == 0 and ctx["calls"] == 0 and svc.evictions == []
@@ -106,9 +115,9 @@ def test_the_fair_lock_serves_callers_in_arrival_order():
 
 RUNS = {
     # name: (config, budget). A budget that holds one context with room for its call, not two.
-    "llms": (ServiceConfig(), 600_000),
-    "vllm_sq": (PRESETS["vllm_sq"], 700_000),                    # 8-bit, LRU, written only at eviction
-    "kill": (ServiceConfig(compression="none", eviction="kill"), 1_050_000),   # float16 chunks
+    "llms": (limited(), RESERVE + 600_000),
+    "vllm_sq": (limited(PRESETS["vllm_sq"]), RESERVE + 700_000),              # 8-bit, LRU, written only at eviction
+    "kill": (limited(ServiceConfig(compression="none", eviction="kill")), RESERVE + 1_050_000),   # float16 chunks
 }
 
 
@@ -212,7 +221,40 @@ def test_snapshot_lists_contexts_chunks_and_the_queue_in_eviction_order(runs):
     assert keys == sorted(keys)
     in_memory = sum(ch["bytes"] for ctx in snap["contexts"] for ch in ctx["chunks"] if ch["state"] == "memory+file")
     assert snap["memory"]["used_bytes"] == in_memory == sum(snap["memory"]["by_level"].values())
-    assert in_memory <= snap["memory_budget_bytes"] and snap["last_call"]["ctx"] == runs["llms"][1][2]["stats"].ctx
+    assert in_memory <= snap["chunk_budget_bytes"] == snap["memory_budget_bytes"] - RESERVE
+    assert snap["working_reserve_bytes"] == RESERVE and snap["last_call"]["ctx"] == runs["llms"][1][2]["stats"].ctx
+
+
+def test_the_working_cache_of_a_call_counts_against_the_budget(tmp_path, model, monkeypatch):
+    """Chunks in memory and the cache a call works in never exceed the budget together: the cache is at most
+    the reserve for the context limit, and chunks get only what the reserve leaves. A budget that cannot
+    hold the reserve is refused when the service is made, naming both."""
+    from workbench.kvcache.chunks import ChunkedKV
+
+    peaks = []
+    to_cache = ChunkedKV.to_cache
+
+    def measured(kv, *args, **kwargs):
+        cache = to_cache(kv, *args, **kwargs)
+        working = 2 * cache.k.numel() * cache.k.element_size()
+        peaks.append((svc._used_bytes() + working, working))
+        return cache
+
+    monkeypatch.setattr(ChunkedKV, "to_cache", measured)
+    config, budget = RUNS["llms"]
+    svc = LLMService(model, tmp_path / "a", memory_budget_bytes=budget, config=config)
+    app = svc.bind("a")
+    stubs = [app.new_ctx(SYSTEM) for _ in range(3)]
+    for stub, prompt in zip(stubs + stubs[:1], A_PROMPTS + (B_PROMPT, "Say bye.")):
+        app.call(stub, prompt, NEW)
+    assert len(peaks) == 4 and svc.evictions                   # chunks made room; the cache fit beside them
+    assert all(total <= budget and 0 < working <= RESERVE for total, working in peaks)
+    svc.close()
+    with pytest.raises(MemoryBudgetError, match=rf"memory_budget_bytes must exceed the working cache of a call at "
+                                                rf"the context limit \({RESERVE} bytes for {LIMIT} tokens\), got "
+                                                rf"{RESERVE}; raise the budget or lower max_context_tokens"):
+        LLMService(model, tmp_path / "b", memory_budget_bytes=RESERVE, config=config)
+    assert not (tmp_path / "b").exists()
 
 
 def test_metrics_count_swaps_recomputes_evictions_and_memory_per_level(runs):
@@ -257,7 +299,7 @@ def test_the_services_pipeline_recomputes_what_equation_4_says_to(tmp_path, mode
                                chunk_bytes=model_chunk_bytes(model.cfg), recompute_fixed_s=0.0,
                                recompute_per_chunk_s=0.01, io_fixed_s=0.0, read_bytes_per_s=1e3)
     loader = PipelineLoader(dear_reads)
-    svc = LLMService(model, tmp_path, memory_budget_bytes=RUNS["llms"][1], loader=loader)
+    svc = LLMService(model, tmp_path, memory_budget_bytes=RUNS["llms"][1], config=RUNS["llms"][0], loader=loader)
     app = svc.bind("a")
     a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
     app.call(a, A_PROMPTS[0], max_new_tokens=NEW)
@@ -280,7 +322,7 @@ def test_on_an_emulated_device_writes_at_eviction_take_the_devices_time(tmp_path
                          io_fixed_s=0.0, read_bytes_per_s=2e6)
     assert PipelineLoader(replace(slow, source="measured")).write_seconds(10**6, 4) == 0.0
     assert PipelineLoader(slow).write_seconds(10**6, 4) == pytest.approx(0.5)
-    svc = LLMService(model, tmp_path, memory_budget_bytes=RUNS["vllm_sq"][1], config=PRESETS["vllm_sq"],
+    svc = LLMService(model, tmp_path, memory_budget_bytes=RUNS["vllm_sq"][1], config=RUNS["vllm_sq"][0],
                      loader=PipelineLoader(slow))
     app = svc.bind("a")
     a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
@@ -313,7 +355,7 @@ def test_empty_and_over_long_prompts_are_refused_and_leave_the_context_as_it_was
 
 
 
-@pytest.mark.parametrize("name, budget, fail_at", [("llms", 600_000, 1), ("vllm_sq", 900_000, 2)])
+@pytest.mark.parametrize("name, budget, fail_at", [("llms", RESERVE + 600_000, 1), ("vllm_sq", RESERVE + 900_000, 2)])
 def test_a_full_disk_undoes_the_call_or_eviction_and_every_context_continues_as_without_it(
         tmp_path, model, monkeypatch, name, budget, fail_at):
     """LLMS writes chunks as a call returns, vLLM-SQ when it evicts: a full disk at that write is refused with
@@ -384,6 +426,7 @@ def _conversation(model, folder, steps, *, config=None, budget=600_000, during=N
     before step n when given (it may raise the expected error itself and return True to run the step
     again); the service is closed and reopened half way, so what the index holds is what continues."""
     out = []
+    config, budget = limited(config), RESERVE + budget
     svc = LLMService(model, folder, memory_budget_bytes=budget, config=config)
     app = svc.bind("a")
     stubs = [app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)]
@@ -483,7 +526,7 @@ def test_a_damaged_swap_file_is_caught_by_its_check_dropped_and_recomputed(tmp_p
         else:
             path.unlink()
 
-    damaged = LLMService(model, tmp_path / "damaged", memory_budget_bytes=700_000, config=config)
+    damaged = LLMService(model, tmp_path / "damaged", memory_budget_bytes=RESERVE + 700_000, config=limited(config))
     app = damaged.bind("a")
     stubs = [app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)]
     out, stats = [], []

@@ -11,9 +11,10 @@ from workbench.errors import WorkbenchError
 METHODS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk")
 """LLMS and the paper's baselines, as service presets."""
 
-REPLAYS_FORMAT = 3
+REPLAYS_FORMAT = 4
 """Bumped when what a replay records or how it emulates a device changes (2: presets read at their
-bandwidth and pace eviction writes); replays of another format are made again."""
+bandwidth and pace eviction writes; 4: budgets hold the working cache of the call served); replays of
+another format are made again."""
 
 DEFAULTS = {
     "full": {"contexts": 6, "calls": 30, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,

@@ -14,11 +14,14 @@ from workbench.kvcache.traces import PATTERNS
 
 
 def _serve(args) -> int:
+    from dataclasses import replace
+
     from workbench.kvcache.server import serve
     from workbench.kvcache.config import ServiceConfig
 
-    serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=int(args.memory_mb * 1e6),
-          max_contexts_per_app=args.max_contexts_per_app, config=ServiceConfig.preset(args.method),
+    config = replace(ServiceConfig.preset(args.method), max_context_tokens=args.max_context_tokens)
+    serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=round(args.memory_mb * 1e6),
+          max_contexts_per_app=args.max_contexts_per_app, config=config,
           metrics_port=args.metrics_port, device=args.device, verbose=args.verbose)
     return 0
 
@@ -27,7 +30,11 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="unix:PATH or tcp:127.0.0.1:PORT (default: a Unix socket in the cache)")
     parser.add_argument("--swap-dir", type=writable_folder, help="where swapped chunks and the index live "
                                                                  "(default: in the cache)")
-    parser.add_argument("--memory-mb", type=positive("MB"), default=512.0, help="KV-cache memory budget (MB)")
+    parser.add_argument("--memory-mb", type=positive("MB"), default=512.0,
+                        help="KV-cache memory budget (MB): chunks in memory and the working cache of the call served")
+    parser.add_argument("--max-context-tokens", type=count(1),
+                        help="the longest context served, in tokens (default: the decoder's context); the budget "
+                             "reserves the working cache of a call this long")
     parser.add_argument("--max-contexts-per-app", type=count(1), default=16)
     parser.add_argument("--method", choices=tuple(PRESETS), default="llms",
                         help="LLMS, or one of the paper's baselines and ablations on the same engine")

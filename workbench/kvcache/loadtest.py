@@ -198,13 +198,13 @@ def reference_replies(plans: list[list[LoadCall]], result: LoadRun, *, memory_bu
     """(client, index) -> the reply one process gets making the load's calls in the order the service served
     them (its call counter), on a fresh service of the same ``method`` and budget. Calls the service
     never answered are left out (they are reported as missing)."""
-    from workbench.kvcache.service import LLMService, ServiceConfig
+    from workbench.kvcache.service import LLMService
 
     by_key = {(call.client, call.index): call for calls in plans for call in calls}
     order = [by_key[(r.client, r.index)] for r in sorted(result.replies, key=lambda r: r.tick)]
     out = {}
     with tempfile.TemporaryDirectory(prefix="llms-reference-") as tmp, \
-            LLMService(model, swap_dir or tmp, memory_budget_bytes, config=ServiceConfig.preset(method)) as svc:
+            LLMService(model, swap_dir or tmp, memory_budget_bytes, config=load_config(method)) as svc:
         sessions = {c: svc.bind(app_name(c)) for c in range(len(plans))}
         stubs = {(c, k): sessions[c].new_ctx(SYSTEM_PROMPT) for c, calls in enumerate(plans)
                  for k in range(1 + max(call.context for call in calls))}
@@ -245,19 +245,40 @@ def check_replies(plans: list[list[LoadCall]], result: LoadRun, reference: dict[
 
 # ----------------------------------------------------------------------------- a served service
 
-def budget_bytes(memory_mb: float) -> int:
-    """The budget `workbench serve llms --memory-mb` gives the service (the reference must use the same)."""
-    return int(memory_mb * 1e6)
+LOAD_CONTEXT_TOKENS = 2048
+"""The context limit of the load's service (``--max-context-tokens``): far above what a client's calls
+reach, and a working-cache reserve small beside the default budget."""
+
+
+def budget_bytes(memory_mb: float, model=None) -> int:
+    """The budget the load's service gets: ``memory_mb`` for chunks beside the working cache reserved for
+    a call of :data:`LOAD_CONTEXT_TOKENS` (the reference must use the same)."""
+    from workbench.kvcache.chunks import working_nbytes
+    from workbench.kvcache.replay import _decoder_cfg
+
+    cfg = _decoder_cfg(model)
+    return int(memory_mb * 1e6) + working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, LOAD_CONTEXT_TOKENS)
+
+
+def load_config(method: str = "llms"):
+    """The configuration of the load's service: ``method``'s preset at :data:`LOAD_CONTEXT_TOKENS`."""
+    from dataclasses import replace
+
+    from workbench.kvcache.config import ServiceConfig
+
+    return replace(ServiceConfig.preset(method), max_context_tokens=LOAD_CONTEXT_TOKENS)
 
 
 @contextmanager
 def served(swap_dir: Path | str, memory_mb: float, method: str = "llms", address: str | None = None,
            timeout_s: float = 300.0) -> Iterator[str]:
     """`workbench serve llms` in a process of its own on ``address`` (a Unix socket in ``swap_dir`` by
-    default) with a budget of ``memory_mb``; yields the address once it serves, stops it with SIGTERM after."""
+    default) with ``memory_mb`` for chunks (:func:`budget_bytes`, :func:`load_config`); yields the address
+    once it serves, stops it with SIGTERM after."""
     address = address or f"unix:{Path(swap_dir) / 'llms.sock'}"
     cmd = [sys.executable, "-m", "workbench.cli", "serve", "llms", "--address", address, "--swap-dir",
-           str(swap_dir), "--memory-mb", repr(float(memory_mb)), "--method", method]
+           str(swap_dir), "--memory-mb", repr(budget_bytes(memory_mb) / 1e6), "--method", method,
+           "--max-context-tokens", str(LOAD_CONTEXT_TOKENS)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
 

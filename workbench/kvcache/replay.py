@@ -19,7 +19,9 @@ recompute) padded to its per-chunk cost, and writes of chunks evicted without a 
 swap out at eviction) padded to its bandwidth too, so all methods are compared on one device.
 
 Memory budgets are relative to a trace's working set: the bytes every context would hold at 8 bits
-when the trace ends (:func:`working_set_bytes`, from token counts, :func:`budget_for`). A method
+when the trace ends (:func:`working_set_bytes`, from token counts, :func:`budget_for`), beside the
+working cache the service reserves for the call it serves (:func:`working_reserve_bytes`: the replay
+limits contexts to the trace's largest call, so the reserve is what that call needs). A method
 whose base level cannot hold the trace's largest context alone under the budget (raw float16
 chunks are 1.6 times an 8-bit chunk with its scales) would have to refuse calls; unless ``fit_budget`` is off, the
 replay raises such a method's budget to the least that serves every call (:func:`min_budget_bytes`)
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from workbench.errors import WorkbenchError
-from workbench.kvcache.chunks import CHUNK_SIZE, chunk_nbytes
+from workbench.kvcache.chunks import CHUNK_SIZE, chunk_nbytes, working_nbytes
 from workbench.kvcache.config import ServiceConfig
 from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, profile_host
 from workbench.kvcache.lifecycle import ACTIONS
@@ -112,23 +114,42 @@ def working_set_bytes(trace: Trace, bits: int = 8, max_new_tokens: int = DEFAULT
     return sum(context_bytes(n, cfg, bits, chunk_size) for n in context_tokens(trace, max_new_tokens, tokenizer))
 
 
+def call_tokens(trace: Trace, max_new_tokens: int = DEFAULT_NEW_TOKENS, tokenizer=None) -> int:
+    """The most tokens one call of ``trace`` works on (its context with the call's prompt and answer):
+    the context limit a replay gives the service, which sizes the working cache it reserves."""
+    return max(context_tokens(trace, max_new_tokens, tokenizer)) + 1
+
+
+def working_reserve_bytes(trace: Trace, bits: int = 8, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
+                          tokenizer=None) -> int:
+    """Bytes of the working cache the service reserves, within its budget, for ``trace``'s largest call
+    (``chunks.working_nbytes`` at :func:`call_tokens`; a method's chunks at ``bits`` set its dtype)."""
+    cfg = _decoder_cfg(model)
+    return working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                          call_tokens(trace, max_new_tokens, tokenizer), bits)
+
+
 def budget_for(trace: Trace, fraction: float, *, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
                tokenizer=None, chunk_size: int = CHUNK_SIZE) -> int:
-    """A memory budget of ``fraction`` of the trace's working set at 8 bits, in bytes (rounded).
+    """A memory budget in bytes (rounded): the working cache of ``trace``'s largest call
+    (:func:`working_reserve_bytes`) and ``fraction`` of the trace's working set at 8 bits for chunks.
 
     The paper gives Llama2-7B contexts 1 to 3 GB, where one full 4K-token context takes 1 GiB at
     8 bits; the shipped decoder's contexts are a few MB, so budgets are stated against the contexts
     a trace builds. ``fraction`` = 1 holds every context at 8 bits with nothing compressed."""
-    return int(round(fraction * working_set_bytes(trace, 8, max_new_tokens, model, tokenizer, chunk_size)))
+    return working_reserve_bytes(trace, 8, max_new_tokens, model, tokenizer) + int(round(
+        fraction * working_set_bytes(trace, 8, max_new_tokens, model, tokenizer, chunk_size)))
 
 
 def min_budget_bytes(trace: Trace, bits: int, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
                      tokenizer=None, chunk_size: int = CHUNK_SIZE) -> int:
     """The least budget that lets a method writing ``chunk_size``-token chunks at ``bits`` serve every call
-    of ``trace``: the largest context at ``bits`` with room for the pending token of its last call (what
-    the service's check asks for a context being served alone)."""
+    of ``trace``: the working cache of its largest call, and the largest context at ``bits`` with room
+    for the pending token of its last call (what the service's check asks for a context served alone)."""
     cfg = _decoder_cfg(model)
-    return max(context_bytes(n + 1, cfg, bits, chunk_size) for n in context_tokens(trace, max_new_tokens, tokenizer))
+    tokens = context_tokens(trace, max_new_tokens, tokenizer)
+    return working_reserve_bytes(trace, bits, max_new_tokens, model, tokenizer) + max(
+        context_bytes(n + 1, cfg, bits, chunk_size) for n in tokens)
 
 
 # ----------------------------------------------------------------------------- configuration and idle time
@@ -238,13 +259,21 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: Servi
     gaps = idle_gaps(trace, idle_scale)
     model = model if model is not None else load_decoder()
     tokenizer = decoder_tokenizer()
+    largest = call_tokens(trace, max_new_tokens, tokenizer)
+    if config.max_context_tokens is None and largest <= model.cfg.max_positions:
+        config = replace(config, max_context_tokens=largest)
     costs = cost_model(device, model, config.chunk_size)
-    needed = min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer, config.chunk_size)
+    cfg = model.cfg
+    reserve = working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                             config.max_context_tokens or cfg.max_positions, config.base_bits)
+    needed = reserve + min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer, config.chunk_size) \
+        - working_reserve_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer)
     budget = max(int(memory_budget_bytes), needed) if fit_budget else int(memory_budget_bytes)
     loader = PipelineLoader(costs)
     settings = {"config": config.to_dict(), "device": costs.device, "device_notes": costs.notes,
                 "requested_budget_bytes": int(memory_budget_bytes), "least_budget_bytes": needed,
                 "budget_raised": budget > int(memory_budget_bytes), "max_new_tokens": max_new_tokens,
+                "working_reserve_bytes": reserve,
                 "idle_scale": float(idle_scale),
                 "trace": {"calls": len(trace.calls), "contexts": trace.contexts, "pattern": trace.pattern,
                           "mean_interval_s": trace.mean_interval_s, "seed": trace.seed,

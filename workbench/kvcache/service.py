@@ -36,7 +36,7 @@ import numpy as np
 
 from workbench.devices import pad_until
 from workbench.errors import WorkbenchError
-from workbench.kvcache.chunks import ChunkData, ChunkedKV, chunk_nbytes
+from workbench.kvcache.chunks import ChunkData, ChunkedKV, chunk_nbytes, working_nbytes
 from workbench.kvcache.density import assign_levels
 from workbench.kvcache.config import (DEFAULT_MAX_CONTEXTS_PER_APP, DEFAULT_MEMORY_BUDGET,  # noqa: F401
                                       MAX_CHUNK_SIZE, PRESETS, ServiceConfig, check_whole)
@@ -161,6 +161,14 @@ class LLMService:
             if value is not None and value > context:
                 raise WorkbenchError(f"{name} is at most {context} tokens (the decoder's context), got {value}")
         self.memory_budget_bytes = int(memory_budget_bytes)
+        limit = self.config.max_context_tokens or context
+        self.working_reserve_bytes = working_nbytes(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim,
+                                                    limit, self.config.base_bits)
+        if self.working_reserve_bytes >= self.memory_budget_bytes:
+            raise MemoryBudgetError(
+                f"memory_budget_bytes must exceed the working cache of a call at the context limit "
+                f"({self.working_reserve_bytes} bytes for {limit} tokens), got {self.memory_budget_bytes}; raise the "
+                f"budget or lower max_context_tokens")
         self.max_contexts_per_app = int(max_contexts_per_app)
         if loader is not None and device != "host":
             raise WorkbenchError("give either a loader or a device for the built-in pipeline loader, not both")
@@ -408,16 +416,22 @@ class LLMService:
     def _used_bytes(self) -> int:
         return sum(c.nbytes for ctx in self._contexts.values() for c in ctx.chunks if c.state in IN_MEMORY)
 
+    @property
+    def chunk_budget_bytes(self) -> int:
+        """What chunks in memory may take: the budget less the working cache reserved for the call served."""
+        return self.memory_budget_bytes - self.working_reserve_bytes
+
     def _make_room(self, ctx: _Context, missing: list[int], adding: int) -> list[EvictionRecord]:
         growth = self._growth_bytes(ctx, adding)
         whole = sum(c.nbytes for c in ctx.chunks) + growth
-        if whole > self.memory_budget_bytes:
+        if whole > self.chunk_budget_bytes:
             raise MemoryBudgetError(
                 f"context {ctx.row.id} needs {whole} bytes in memory for this call ({len(ctx.chunks)} chunks and "
-                f"room for {adding} more tokens), more than the whole memory budget of {self.memory_budget_bytes} "
-                f"bytes; a served context is never evicted: raise memory_budget_bytes, ask for fewer new tokens "
-                f"or start a new context")
-        deficit = self._used_bytes() + sum(ctx.chunks[i].nbytes for i in missing) + growth - self.memory_budget_bytes
+                f"room for {adding} more tokens), more than the {self.chunk_budget_bytes} bytes the memory budget "
+                f"of {self.memory_budget_bytes} leaves beside the call's working cache ({self.working_reserve_bytes} "
+                f"bytes); a served context is never evicted: raise memory_budget_bytes, lower max_context_tokens, "
+                f"ask for fewer new tokens or start a new context")
+        deficit = self._used_bytes() + sum(ctx.chunks[i].nbytes for i in missing) + growth - self.chunk_budget_bytes
         return self._evict(deficit, ctx.row.id) if deficit > 0 else []
 
     def _evict(self, deficit: int, served: str) -> list[EvictionRecord]:
@@ -556,7 +570,7 @@ class LLMService:
         with self._state:
             others = sum(c.nbytes for other in self._contexts.values() if other is not ctx
                          for c in other.chunks if c.state in IN_MEMORY)
-            deficit = others + ctx.kv.nbytes() - self.memory_budget_bytes
+            deficit = others + ctx.kv.nbytes() - self.chunk_budget_bytes
             if deficit <= 0:
                 return True
             if sum(e.nbytes for e in self.queue.order()) < deficit:
@@ -655,6 +669,7 @@ class LLMService:
         return {
             "swap_dir": str(self.swap_dir), "config": self.config.to_dict(),
             "memory_budget_bytes": self.memory_budget_bytes, "max_contexts_per_app": self.max_contexts_per_app,
+            "working_reserve_bytes": self.working_reserve_bytes, "chunk_budget_bytes": self.chunk_budget_bytes,
             "memory": {"used_bytes": sum(by_level.values()), "by_level": {str(k): v for k, v in sorted(by_level.items())}},
             "contexts": contexts,
             "queue": {"policy": self.queue.policy, "granularity": self.queue.granularity, "order": order,

@@ -80,7 +80,7 @@ def chunk_map_figure(result, call: int, title: str | None = None) -> go.Figure:
         template=TEMPLATE, barmode="overlay", height=max(340, 190 + 28 * contexts), margin={**MARGIN, "t": 80},
         title=f"{title}<br><sub>{record.chunks_missing} chunks were missing: {record.chunks_loaded} swapped in, "
               f"{record.chunks_recomputed} recomputed; {record.memory_bytes / 1e6:.2f} of "
-              f"{result.memory_budget_bytes / 1e6:.2f} MB of KV in memory after the call</sub>",
+              f"{_chunk_budget(result) / 1e6:.2f} MB of KV in memory after the call</sub>",
         xaxis={"title": "chunk (position in the context)", "range": [-0.5, width - 0.5], "tick0": 0,
                "dtick": max(1, width // 16)})
     _context_axis(fig, contexts, [c for c in range(contexts)
@@ -95,6 +95,11 @@ def recorded_setting(result, key: str, default=None):
         if isinstance(where, dict) and where.get(key) is not None:
             return where[key]
     return default
+
+
+def _chunk_budget(result) -> int:
+    """What a replay's budget left for chunks: the whole budget less the working cache reserved for a call."""
+    return result.memory_budget_bytes - int(recorded_setting(result, "working_reserve_bytes", 0))
 
 
 def _last_uses(result, call: int) -> dict[int, int]:
