@@ -84,7 +84,7 @@ def test_profile_importance_bad_input_is_named(prepared):
     out = run_cli("profile", "importance", "--task", "imdb", "--preset", "quick")
     assert out.returncode == 2 and "invalid choice: 'imdb'" in out.stderr
     out = run_cli("profile", "importance", "--task", "bbc", "--preset", "quick", "--dev-size", "0")
-    assert out.returncode == 2 and "argument --dev-size: must be at least 1, got 0" in out.stderr
+    assert out.returncode == 2 and "argument --dev-size: must be at least 1 examples, got 0" in out.stderr
 
 
 def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
@@ -109,9 +109,9 @@ def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
     out = run_cli("plan", "--preset", "quick", "--target-ms", "5")
     assert out.returncode == 1 and "no submodel fits 5.0 ms" in out.stdout
     out = run_cli("plan", "--preset", "quick", "--target-ms", "0")
-    assert out.returncode == 2 and "argument --target-ms: must be positive, got 0 ms" in out.stderr
+    assert out.returncode == 2 and "argument --target-ms: must be more than 0 ms, got 0" in out.stderr
     out = run_cli("elastic", "plan", "--preset", "quick", "--preload-mb", "-1")
-    assert out.returncode == 2 and "argument --preload-mb: must be 0 or more, got -1 MB" in out.stderr
+    assert out.returncode == 2 and "argument --preload-mb: must be at least 0 MB, got -1" in out.stderr
 
 
 def test_mechanism_commands_and_their_top_level_aliases(prepared):

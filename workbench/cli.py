@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="models, tasks, cache, mechanisms and device profiles")
     add_preset_argument(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the information as JSON")
     p.add_argument("--device", choices=profile_names(),
                    help="show one device profile's per-layer compute and load times")
     p.set_defaults(func=_cmd_info)

@@ -155,6 +155,12 @@ def record_split(name: str, path: Path | None = None) -> Path:
     return path
 
 
+@lru_cache(maxsize=None)
+def split_size(name: str, split: str) -> int:
+    """Examples in a task's recorded ``split``, read from its split file alone (for the commands' bounds)."""
+    return len(json.loads((SPLITS_DIR / f"{task_spec(name).name}.json").read_text())[split])
+
+
 @lru_cache(maxsize=4)
 def load_task(name: str) -> TaskData:
     """Read a task's examples from its package and its recorded split."""

@@ -36,7 +36,7 @@ def test_markov_prefers_the_recently_used_and_gaussian_the_middle():
 def test_bad_settings_are_named():
     with pytest.raises(WorkbenchError, match="unknown switching pattern 'zipf'"):
         synthesize_trace(4, 10, "zipf", texts=TEXTS)
-    with pytest.raises(WorkbenchError, match="at least one context"):
+    with pytest.raises(WorkbenchError, match="contexts: must be at least 1 contexts, got 0"):
         synthesize_trace(0, 10, texts=TEXTS)
 
 

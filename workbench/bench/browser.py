@@ -19,6 +19,10 @@ import time
 import numpy as np
 
 PAGE_TIMEOUT_MS = 180_000
+REDRAW_TIMEOUT_S = 30
+KERNEL_CULL_S = 300
+"""The served kernels' idle timeout (``cull_idle_timeout`` in ``workbench.serving``): a longer wait for the
+waiting kernels would outlast them."""
 
 
 def _revision(page, figure: str) -> int:
@@ -46,7 +50,7 @@ def measure_page(browser, base: str, dashboard, changes: int) -> dict:
             page.wait_for_function(
                 "([name, before]) => { const el = document.querySelector(`.wb-figure[data-name='${name}']`);"
                 " return el && Number(el.dataset.revision) > before; }",
-                arg=[dashboard.probe_figure, before], timeout=30_000)
+                arg=[dashboard.probe_figure, before], timeout=1000 * REDRAW_TIMEOUT_S)
             samples.append(time.perf_counter() - moved)
         return {"page": dashboard.page, "cold_s": cold_s, "changes": len(samples),
                 "redraw_median_ms": 1e3 * float(np.median(samples)),
@@ -56,18 +60,21 @@ def measure_page(browser, base: str, dashboard, changes: int) -> dict:
 
 
 def parser():
-    from workbench.argtypes import Parser, count, non_negative
+    from workbench.argtypes import LONGEST_RUN_S, Bound, Parser, count, non_negative
     from workbench.mechanisms import dashboards
     from workbench.presets import add_preset_argument
 
     p = Parser(prog="workbench bench browser")
     add_preset_argument(p)
-    p.add_argument("--changes", type=count(20), default=24, help="control changes timed per page (at least 20)")
+    p.add_argument("--changes", type=count(20, unit="changes", at_most=Bound(
+        LONGEST_RUN_S // REDRAW_TIMEOUT_S, f"an hour's run of changes at the {REDRAW_TIMEOUT_S} s a redraw may take")),
+        default=24, help="control changes timed per page")
     p.add_argument("--pages", nargs="*", choices=[d.page for d in dashboards()],
                    help="pages to measure (default: every dashboard)")
     p.add_argument("--no-preheat", dest="preheat", action="store_false",
                    help="start each page's kernel on request (what a page costs without a waiting kernel)")
-    p.add_argument("--pool-wait-s", type=non_negative("s"), default=40.0,
+    p.add_argument("--pool-wait-s", type=non_negative("s", Bound(
+        KERNEL_CULL_S, f"the server stops kernels idle for {KERNEL_CULL_S} s")), default=40.0,
                    help="with preheating, seconds to let the server start and run its waiting kernels first")
     return p
 

@@ -19,7 +19,7 @@ from workbench.presets import add_preset_argument
 def parser() -> Parser:
     p = Parser(prog="workbench bench ui")
     add_preset_argument(p)
-    p.add_argument("--device", default="odroid-n2", choices=profile_names())
+    p.add_argument("--device", default="odroid-n2", choices=profile_names(), help="the device the panel plans for")
     return p
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.argtypes import Parser, count, positive
+from workbench.argtypes import Parser
+from workbench.elastic import limits
 from workbench.data import TASKS
 from workbench.devices import profile_names
 from workbench.presets import add_preset_argument
@@ -19,14 +20,15 @@ from workbench.presets import add_preset_argument
 
 def parser() -> Parser:
     p = Parser(prog="workbench bench elastic")
-    p.add_argument("--task", default="sentiment", choices=list(TASKS))
+    p.add_argument("--task", default="sentiment", choices=list(TASKS), help="the task of the cells")
     add_preset_argument(p)
-    p.add_argument("--devices", nargs="+", default=["host", "odroid-n2", "jetson-nano"], choices=profile_names())
-    p.add_argument("--targets", nargs="+", type=positive("ms"), default=[150, 200, 400],
+    p.add_argument("--devices", nargs="+", default=["host", "odroid-n2", "jetson-nano"], choices=profile_names(),
+                   help="devices of the cells (host: real speed; others emulated)")
+    p.add_argument("--targets", nargs="+", type=limits.target_ms, default=[150, 200, 400],
                    help="target latencies (ms)")
-    p.add_argument("--runs", type=count(1), default=5, help="measured pipeline runs per cell (after a warm-up)")
-    p.add_argument("--eval-size", type=count(1), help="dev examples for accuracy (default: the whole split)")
-    p.add_argument("--seeds", type=count(1), default=5, help="random orders in the Table 7 analogue")
+    p.add_argument("--runs", type=limits.runs, default=5, help="measured pipeline runs per cell (after a warm-up)")
+    p.add_argument("--eval-size", type=limits.dev_examples, help="dev examples for accuracy (default: the whole split)")
+    p.add_argument("--seeds", type=limits.orders, default=5, help="random orders in the Table 7 analogue")
     p.add_argument("--table7-tasks", nargs="+", default=["sentiment", "bbc"], choices=list(TASKS),
                    help="tasks of the Table 7 analogue (the paper averages over its benchmarks)")
     p.add_argument("--table7-only", action="store_true", help="skip the cells (Tables 5 and 6)")

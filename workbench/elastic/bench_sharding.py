@@ -180,17 +180,19 @@ def storage_rows(task: str, preset: str, eval_size: int | None, progress: bool) 
 
 def parser():
     from workbench import bitpack
-    from workbench.argtypes import Parser, count
+    from workbench.argtypes import Parser, count, per_core
+    from workbench.elastic import limits
     from workbench.data import TASKS
     from workbench.presets import add_preset_argument
 
     p = Parser(prog="workbench bench sharding")
-    p.add_argument("--task", default="sentiment", choices=list(TASKS))
+    p.add_argument("--task", default="sentiment", choices=list(TASKS), help="the task whose store is decompressed")
     add_preset_argument(p)
-    p.add_argument("--repeats", type=count(1), default=9)
-    p.add_argument("--eval-size", type=count(1), help="dev examples for the accuracy column (default: the whole split)")
-    p.add_argument("--skip-accuracy", action="store_true")
-    p.add_argument("--load", type=count(0), default=bitpack.default_threads(),
+    p.add_argument("--repeats", type=limits.runs, default=9, help="timed decompressions per layer (the median is kept)")
+    p.add_argument("--eval-size", type=limits.dev_examples, help="dev examples for the accuracy column (default: the whole split)")
+    p.add_argument("--skip-accuracy", action="store_true", help="skip the storage table's accuracy column")
+    p.add_argument("--load", type=count(0, unit="processes", at_most=per_core(4, "busy-loop processes")),
+                   default=bitpack.default_threads(),
                    help="busy-loop processes for the loaded columns (default: one per core)")
     return p
 

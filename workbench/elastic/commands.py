@@ -11,7 +11,8 @@ import json
 import sys
 import time
 
-from workbench.argtypes import count, non_negative, positive, text, writable_file
+from workbench.argtypes import seed, text, text_file, writable_file
+from workbench.elastic import limits
 from workbench.data import TASKS
 from workbench.devices import profile_names
 from workbench.prepare import print_preset_notice
@@ -89,23 +90,25 @@ def _profile_costs(args) -> int:
 def configure_profile(parser: argparse.ArgumentParser) -> None:
     what = parser.add_subparsers(dest="what", required=True, metavar="{importance,costs}")
     p = what.add_parser("importance", help="WRX shard-importance ablation on a seeded dev subset (cached, resumable)")
-    p.add_argument("--task", required=True, choices=list(TASKS))
+    p.add_argument("--task", required=True, choices=list(TASKS), help="the task whose model is profiled")
     add_preset_argument(p)
-    p.add_argument("--dev-size", type=count(1), help="dev examples (default: 512 full, 24 quick; capped at the split)")
-    p.add_argument("--seed", type=int, default=0, help="seed that draws the dev subset")
-    p.add_argument("--compare-seed", type=int, help="also profile with this seed and report how the rankings agree")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--dev-size", type=limits.dev_examples,
+                   help="dev examples (default: 512 full, 24 quick; capped at the split)")
+    p.add_argument("--seed", type=seed, default=0, help="seed that draws the dev subset")
+    p.add_argument("--compare-seed", type=seed, help="also profile with this seed and report how the rankings agree")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_profile_importance)
     for name in ("costs", "device"):
         p = what.add_parser(name, help="t_io(k) and t_comp(m) of a device for a task's model (host: measured)"
                             if name == "costs" else "old name of `costs`")
-        p.add_argument("--task", required=True, choices=list(TASKS))
-        p.add_argument("--device", default="host", choices=profile_names())
+        p.add_argument("--task", required=True, choices=list(TASKS), help="the task whose model is profiled")
+        p.add_argument("--device", default="host", choices=profile_names(),
+                       help="host (measured) or a device profile (emulated)")
         add_preset_argument(p)
         p.add_argument("--remeasure", action="store_true", help="measure the host again instead of the cached figures")
         p.add_argument("--out", type=writable_file, help="also save the cost model as JSON here")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the cost model as JSON")
         p.set_defaults(func=_profile_costs)
 
 
@@ -187,12 +190,12 @@ def _run(args) -> int:
 def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     from workbench.elastic.baselines import METHODS
 
-    parser.add_argument("--task", default="sentiment", choices=list(TASKS))
+    parser.add_argument("--task", default="sentiment", choices=list(TASKS), help="the task whose model runs")
     parser.add_argument("--device", default="odroid-n2", choices=profile_names(),
                         help="host (real speed) or a preset (emulated)")
-    parser.add_argument("--target-ms", type=positive("ms"), default=200.0, help="target latency (ms)")
-    parser.add_argument("--preload-mb", type=non_negative("MB"), default=1.0, help="preload buffer (MB)")
-    parser.add_argument("--method", default="Ours", choices=METHODS)
+    parser.add_argument("--target-ms", type=limits.target_ms, default=200.0, help="target latency (ms)")
+    parser.add_argument("--preload-mb", type=limits.preload_mb, default=1.0, help="preload buffer (MB)")
+    parser.add_argument("--method", default="Ours", choices=METHODS, help="WRX (Ours) or one of its baselines")
     add_preset_argument(parser)
     parser.add_argument("--trace", type=writable_file,
                         help="write the timeline as Chrome/Perfetto trace JSON to this file")
@@ -200,13 +203,15 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def configure_plan(parser: argparse.ArgumentParser) -> None:
     _plan_arguments(parser)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=_plan)
 
 
 def configure_run(parser: argparse.ArgumentParser) -> None:
     _plan_arguments(parser)
-    parser.add_argument("--text", type=text, default="A gripping, beautifully acted film.",
-                        help="text to classify (cut to the task's token limit, which is then stated)")
-    parser.add_argument("--repeat", type=count(1), default=3)
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument("--text", type=text, default="A gripping, beautifully acted film.",
+                       help="text to classify (cut to the task's token limit, which is then stated)")
+    given.add_argument("--text-file", type=text_file, dest="text", help="classify the text of this UTF-8 file")
+    parser.add_argument("--repeat", type=limits.runs, default=3, help="pipeline runs, each measured")
     parser.set_defaults(func=_run)

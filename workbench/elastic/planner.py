@@ -103,7 +103,18 @@ def _check_target(target_s: float) -> float:
         raise PlanningError(f"target latency must be a number of seconds, got {target_s!r}") from None
     if not np.isfinite(target) or target <= 0:
         raise PlanningError(f"target latency must be positive, got {target_s!r} s")
-    return target
+    return _within("target latency", target, "target_s")
+
+
+def _within(name: str, value: float, bound: str) -> float:
+    """``value`` checked against the range the commands state (``workbench.elastic.limits``), as a PlanningError."""
+    from workbench.argtypes import OutOfRangeError
+    from workbench.elastic import limits
+
+    try:
+        return getattr(limits, bound).check(name, value)
+    except OutOfRangeError as exc:
+        raise PlanningError(str(exc)) from None
 
 
 def choose_submodel(time_fn, target_s: float, num_layers: int, num_shards: int, min_width: int = 1,
@@ -508,6 +519,7 @@ def plan_elastic(cost_model: CostModel, target_s: float, importance, preload_byt
     target = _check_target(target_s)
     if preload_bytes is None or not np.isfinite(preload_bytes) or preload_bytes < 0:
         raise PlanningError(f"preload buffer size must be >= 0 bytes, got {preload_bytes!r}")
+    _within("preload buffer (MB)", preload_bytes / 1e6, "preload_mb")
     rejected: list[Rejection] = []
     first_choice = None
     while True:

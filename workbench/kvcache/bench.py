@@ -46,8 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.argtypes import Parser, count, positive
+from workbench.argtypes import Bound, Parser, count, memory_holds, seed
+from workbench.kvcache import limits
 from workbench.kvcache.artifacts import METHODS
+from workbench.data import split_size
 from workbench.kvcache.costmodel import SWAP_PRESETS
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import add_preset_argument
@@ -70,45 +72,59 @@ QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12
 """--quick: tiny sizes so every table is made in a minute or two (the tests)."""
 
 
+CHAT_TURN_TOKENS = 192
+"""Tokens a memory probe's call adds to its context besides the context itself (the chat turn, the growth)."""
+CALLS_PER_CONTEXT = count(1, unit="calls", at_most=Bound(limits.CONTEXT_TOKENS,
+                                                         "the decoder's context; every call adds a token or more"))
+SEARCHED_CONTEXTS = count(2, unit="contexts", at_most=limits.contexts.at_most)
+ARTICLES = count(1, unit="articles", at_most=Bound(split_size("bbc", "test"), "the held-out BBC articles"))
+PREFIX = count(16, unit="tokens", at_most=Bound(limits.CONTEXT_TOKENS - 2, "the decoder's context less a target"))
+TARGET = count(2, unit="tokens", at_most=Bound(limits.CONTEXT_TOKENS - 16, "the decoder's context less a chunk"))
+WINDOWS = count(1, unit="windows", at_most=memory_holds(8 * 19, "windows of 19 token ids or more"))
+MEMORY_TOKENS = count(16, unit="tokens", at_most=Bound(
+    limits.CONTEXT_TOKENS - CHAT_TURN_TOKENS, f"the decoder's {limits.CONTEXT_TOKENS} less the chat turn and the "
+                                              f"call's growth"))
+
+
 def parser() -> Parser:
     p = Parser(prog="workbench bench llms")
     add_preset_argument(p)
-    p.add_argument("--calls", type=count(1), default=4, help="calls per context in a trace (on average)")
-    p.add_argument("--contexts", nargs="+", type=count(1), default=[2, 4, 8, 16],
+    p.add_argument("--calls", type=CALLS_PER_CONTEXT, default=4, help="calls per context in a trace (on average)")
+    p.add_argument("--contexts", nargs="+", type=limits.contexts, default=[2, 4, 8, 16],
                    help="active-context counts of the switching table")
     p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=["markov"],
                    help="switching patterns; the first also makes the ablation and the reference trace")
     p.add_argument("--device", choices=["host", *SWAP_PRESETS], default="orin-nx",
                    help="emulated device (or the host at its own speed)")
-    p.add_argument("--budget", type=positive("fraction of the working set"), default=0.375,
+    p.add_argument("--budget", type=limits.working_set_fraction, default=0.375,
                    help="memory of the switching and ablation tables, the same for every context count: this "
                         "fraction of the reference trace's working set at 8 bits")
-    p.add_argument("--budgets", nargs=3, type=positive("fraction of the working set"), default=[0.25, 0.5, 0.75],
+    p.add_argument("--budgets", nargs=3, type=limits.working_set_fraction, default=[0.25, 0.5, 0.75],
                    help="the three memory budgets of the active-contexts table, as fractions of the reference "
                         "trace's working set at 8 bits")
     p.add_argument("--search-pattern", choices=PATTERNS, default="random",
                    help="pattern of the active-contexts search (random: contexts grow evenly, as the paper's all "
                         "reach the model's window; Markov's favourites outgrow a fixed budget by themselves)")
-    p.add_argument("--max-contexts", type=count(2), default=16, help="largest count the active-contexts search tries")
-    p.add_argument("--reference-contexts", type=count(2), default=REFERENCE_CONTEXTS,
+    p.add_argument("--max-contexts", type=SEARCHED_CONTEXTS, default=16, help="largest count the active-contexts search tries")
+    p.add_argument("--reference-contexts", type=SEARCHED_CONTEXTS, default=REFERENCE_CONTEXTS,
                    help="contexts of the ablation and of the trace whose working set the --budgets refer to")
-    p.add_argument("--max-new-tokens", type=count(1), default=4, help="tokens generated per call")
-    p.add_argument("--prompt-words", type=count(1), default=40, help="words per prompt, at most")
-    p.add_argument("--seed", type=count(0), default=0, help="trace seed")
-    p.add_argument("--articles", type=count(1), default=16, help="held-out BBC articles for the perplexity table")
-    p.add_argument("--prefix", type=count(16), default=192,
+    p.add_argument("--max-new-tokens", type=limits.new_tokens, default=4, help="tokens generated per call")
+    p.add_argument("--prompt-words", type=limits.prompt_words, default=40, help="words per prompt, at most")
+    p.add_argument("--seed", type=seed, default=0, help="trace seed")
+    p.add_argument("--articles", type=ARTICLES, default=16, help="held-out BBC articles for the perplexity table")
+    p.add_argument("--prefix", type=PREFIX, default=192,
                    help="perplexity: tokens prefilled into chunks per window (a multiple of 16)")
-    p.add_argument("--target", type=count(2), default=64, help="perplexity: tokens scored per window")
-    p.add_argument("--windows", type=count(1), default=32, help="perplexity: most windows scored")
-    p.add_argument("--load-clients", type=count(1), default=8, help="load: client processes")
-    p.add_argument("--load-calls", type=count(1), default=200, help="load: calls per client")
-    p.add_argument("--load-contexts", type=count(1), default=16, help="load: contexts, shared out among the clients")
-    p.add_argument("--load-memory-mb", type=positive("MB"), default=32.0, help="load: the served service's budget")
-    p.add_argument("--load-new-tokens", type=count(1), default=2, help="load: tokens generated per call")
-    p.add_argument("--load-prompt-words", type=count(1), default=6, help="load: words per prompt, at most")
-    p.add_argument("--memory-tokens", nargs="+", type=count(16), default=[2048, 8000],
-                   help="memory: context lengths whose call's peak RSS is measured (at most 8000 tokens: the "
-                        "decoder's 8,192 less the chat turn and the call's growth)")
+    p.add_argument("--target", type=TARGET, default=64, help="perplexity: tokens scored per window")
+    p.add_argument("--windows", type=WINDOWS, default=32, help="perplexity: most windows scored")
+    p.add_argument("--load-clients", type=limits.client_processes, default=8, help="load: client processes")
+    p.add_argument("--load-calls", type=CALLS_PER_CONTEXT, default=200, help="load: calls per client")
+    p.add_argument("--load-contexts", type=limits.contexts, default=16, help="load: contexts, shared out among the clients")
+    p.add_argument("--load-memory-mb", type=limits.memory_mb, default=32.0,
+                   help="load: the served service's budget for chunks, beside the working cache of a call")
+    p.add_argument("--load-new-tokens", type=limits.new_tokens, default=2, help="load: tokens generated per call")
+    p.add_argument("--load-prompt-words", type=limits.prompt_words, default=6, help="load: words per prompt, at most")
+    p.add_argument("--memory-tokens", nargs="+", type=MEMORY_TOKENS, default=[2048, 8000],
+                   help="memory: context lengths whose call's peak RSS is measured")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
     p.add_argument("--quick", action="store_true", help="tiny sizes (tests): " +
                    ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
@@ -120,11 +136,11 @@ def options(args: list[str]):
     if opts.quick:
         for key, value in QUICK.items():
             setattr(opts, key, value)
-    if max(opts.memory_tokens) > 8000:
-        parser().error(f"--memory-tokens: at most 8000 tokens (the decoder's 8,192 less the chat turn and the "
-                       f"call's growth), got {max(opts.memory_tokens)}")
     if opts.prefix % 16:
         parser().error(f"--prefix must be a multiple of 16 (whole chunks), got {opts.prefix}")
+    if opts.prefix + opts.target + 1 > limits.CONTEXT_TOKENS:
+        parser().error(f"--prefix and --target: a window of {opts.prefix} + {opts.target} + 1 tokens is longer than "
+                       f"the decoder's context of {limits.CONTEXT_TOKENS}")
     if opts.load_contexts < opts.load_clients:
         parser().error(f"--load-contexts must be at least --load-clients (every client holds a context of its own), "
                        f"got {opts.load_contexts} for {opts.load_clients}")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from workbench.argtypes import count, positive, tcp_port, writable_folder
+from workbench.argtypes import count, seed, tcp_port, text_file, writable_folder
+from workbench.kvcache import limits
 from workbench.kvcache.config import PRESETS, SWAP_DEVICES
 from workbench.kvcache.traces import PATTERNS
 
@@ -30,12 +31,13 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", help="unix:PATH or tcp:127.0.0.1:PORT (default: a Unix socket in the cache)")
     parser.add_argument("--swap-dir", type=writable_folder, help="where swapped chunks and the index live "
                                                                  "(default: in the cache)")
-    parser.add_argument("--memory-mb", type=positive("MB"), default=512.0,
+    parser.add_argument("--memory-mb", type=limits.memory_mb, default=512.0,
                         help="KV-cache memory budget (MB): chunks in memory and the working cache of the call served")
-    parser.add_argument("--max-context-tokens", type=count(1),
+    parser.add_argument("--max-context-tokens", type=count(1, unit="tokens", at_most=limits.decoder_tokens),
                         help="the longest context served, in tokens (default: the decoder's context); the budget "
                              "reserves the working cache of a call this long")
-    parser.add_argument("--max-contexts-per-app", type=count(1), default=16)
+    parser.add_argument("--max-contexts-per-app", type=limits.contexts, default=16,
+                        help="contexts one app may hold at once")
     parser.add_argument("--method", choices=tuple(PRESETS), default="llms",
                         help="LLMS, or one of the paper's baselines and ablations on the same engine")
     parser.add_argument("--metrics-port", type=tcp_port,
@@ -63,12 +65,13 @@ def _trace(args) -> int:
 
 
 def configure_trace(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--contexts", type=count(1), default=4)
-    parser.add_argument("--calls", type=count(1), default=12)
-    parser.add_argument("--pattern", choices=PATTERNS, default="markov")
-    parser.add_argument("--mean-interval-s", type=positive("s"), default=300.0, help="mean seconds between calls")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--contexts", type=limits.contexts, default=4, help="active contexts the calls go to")
+    parser.add_argument("--calls", type=limits.trace_calls, default=12, help="calls in the trace")
+    parser.add_argument("--pattern", choices=PATTERNS, default="markov", help="how the next call's context is chosen")
+    parser.add_argument("--mean-interval-s", type=limits.mean_interval_s, default=300.0,
+                        help="mean seconds between calls")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the trace's random draws")
+    parser.add_argument("--json", action="store_true", help="print the trace as JSON")
     parser.set_defaults(func=_trace)
 
 
@@ -92,9 +95,9 @@ def _costs(args) -> int:
 
 def configure_costs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=SWAP_DEVICES, default="host", help="host (measured) or an emulated preset")
-    parser.add_argument("--chunk-size", type=count(1), default=16)
+    parser.add_argument("--chunk-size", type=limits.measured_chunk_size, default=16, help="tokens per chunk")
     parser.add_argument("--remeasure", action="store_true", help="measure the host again")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the cost model as JSON")
     parser.set_defaults(func=_costs)
 
 
@@ -104,7 +107,8 @@ def _call(args) -> int:
 
     with connect(args.app, args.address) as session:
         stub = session.new_ctx(args.system) if args.context is None else CtxStub(args.context)
-        for piece in session.call_stream(stub, args.prompt, max_new_tokens=args.max_new_tokens):
+        prompt = args.prompt if args.prompt is not None else args.prompt_file
+        for piece in session.call_stream(stub, prompt, max_new_tokens=args.max_new_tokens):
             print(piece, end="", flush=True)
         print()
     if args.context is None:
@@ -113,11 +117,14 @@ def _call(args) -> int:
 
 
 def configure_call(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", type=_prompt)
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("prompt", type=_prompt, nargs="?", help="the prompt (or --prompt-file)")
+    prompt.add_argument("--prompt-file", type=text_file, help="read the prompt from this UTF-8 text file")
     parser.add_argument("--app", default="cli", help="the app the context belongs to")
-    parser.add_argument("--context", help="a context stub from an earlier call (default: a new context)")
-    parser.add_argument("--system", help="system prompt of a new context")
-    parser.add_argument("--max-new-tokens", type=count(1), default=32)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--context", help="a context stub from an earlier call (default: a new context)")
+    which.add_argument("--system", help="system prompt of a new context (one given by --context keeps its own)")
+    parser.add_argument("--max-new-tokens", type=limits.new_tokens, default=32, help="tokens to generate at most")
     parser.add_argument("--address", help="the service's address (default: its Unix socket in the cache)")
     parser.set_defaults(func=_call)
 

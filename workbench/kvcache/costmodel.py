@@ -188,8 +188,16 @@ def measure_swap_in(model, chunk_size: int = CHUNK_SIZE, counts=(1, 2, 4, 8), le
     return [(x, x * chunk_nbytes(shape, bits), s) for (bits, x), s in zip(cases, seconds)], COLD_READS
 
 
+def _check_measured_chunk_size(model, chunk_size: int) -> None:
+    """The measurement prefills 8 chunks: they must fit the decoder's context (checked before any work)."""
+    from workbench.kvcache.limits import measured_chunk_size_for
+
+    measured_chunk_size_for(model.cfg.max_positions).check("chunk_size", chunk_size)
+
+
 def measure_host(model, chunk_size: int = CHUNK_SIZE, repeats: int = 3) -> SwapCostModel:
     """Measure and fit both lines on this machine (about 10 s on 2 cores for the shipped decoder)."""
+    _check_measured_chunk_size(model, chunk_size)
     re_points = measure_recompute(model, chunk_size, repeats=repeats)
     io_points, dropped = measure_swap_in(model, chunk_size, repeats=repeats)
     a, b = fit_linear(re_points)
@@ -217,6 +225,7 @@ def host_costs_cached(model, chunk_size: int = CHUNK_SIZE) -> bool:
 
 def profile_host(model, chunk_size: int = CHUNK_SIZE, remeasure: bool = False, repeats: int = 3) -> SwapCostModel:
     """The host's measured swap cost model, from the cache or measured once (``repeats`` per point) and cached."""
+    _check_measured_chunk_size(model, chunk_size)
     path = host_cost_path(model, chunk_size)
     if path.exists() and not remeasure:
         try:

@@ -69,15 +69,19 @@ def synthesize_trace(contexts: int, calls: int, pattern: str = "random", mean_in
                      texts: dict[str, list[str]] | None = None) -> Trace:
     """A trace of ``calls`` calls over ``contexts`` contexts; ``texts`` (source -> texts) replaces the shipped
     datasets (tests)."""
-    if not 1 <= contexts:
-        raise WorkbenchError(f"a trace needs at least one context, got {contexts}")
-    if calls < 1:
-        raise WorkbenchError(f"a trace needs at least one call, got {calls}")
+    from workbench.argtypes import seed as seeds
+    from workbench.kvcache import limits
+
+    limits.contexts.check("contexts", contexts)
+    limits.trace_calls.check("calls", calls)
+    limits.mean_interval_s.check("mean_interval_s", mean_interval_s)
+    seeds.check("seed", seed)
+    limits.prompt_words.check("max_prompt_words", max_prompt_words)
     if pattern not in PATTERNS:
         raise WorkbenchError(f"unknown switching pattern {pattern!r}; known: {', '.join(PATTERNS)}")
-    if mean_interval_s <= 0 or not 0 < decay < 1:
-        raise WorkbenchError(f"the mean interval must be > 0 s and the decay in (0, 1), got "
-                             f"{mean_interval_s} and {decay}")
+    if not 0 < decay < 1:
+        raise WorkbenchError(f"decay: in (0, 1), got {decay}")
+    limits.check_trace_time(contexts, calls, pattern)
     rng = np.random.default_rng(seed)
     sources = tuple(SOURCES[i % len(SOURCES)] for i in range(contexts))
     pools = {s: (texts or {}).get(s) or _texts(s) for s in set(sources)}

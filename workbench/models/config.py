@@ -62,3 +62,14 @@ class DecoderConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.num_heads
+
+
+def shipped_decoder_config() -> DecoderConfig:
+    """The shipped decoder's shape without torch or its weights: its converted config.json where the cache
+    has it, else the defaults above (SmolLM2-135M's own); commands read their bounds from it."""
+    from workbench.assets import converted_decoder_path
+
+    try:
+        return DecoderConfig(**json.loads((converted_decoder_path() / "config.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return DecoderConfig()
