@@ -49,6 +49,7 @@ def _cmd_info(args) -> int:
 
 
 def _cmd_dashboards(args) -> int:
+    from workbench.prepare import serve_now_hint
     from workbench.prepare_job import log_path, start_background
     from workbench.listen import check_tcp_port
     from workbench.serving import DASHBOARDS_DIR, stop_group, voila_command, voila_env
@@ -62,6 +63,9 @@ def _cmd_dashboards(args) -> int:
             print(f"workbench dashboards: the {args.preset} prepare is running in the background "
                   f"({'started now' if state == 'started' else 'started elsewhere'}; log {log_path(args.preset)}); "
                   f"the gallery shows its progress and each page works once its artifacts are ready", flush=True)
+            hint = serve_now_hint(args.preset)
+            if hint:
+                print(f"workbench dashboards: {hint}", flush=True)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
     proc = subprocess.Popen(cmd, cwd=DASHBOARDS_DIR, start_new_session=True,

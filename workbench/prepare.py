@@ -150,6 +150,32 @@ def estimate_s(preset: str) -> float:
     return sum(s.estimate_s.get(preset, 0.0) for s in steps(preset))
 
 
+def pages_waiting(preset: str) -> dict[str, list[str]]:
+    """Each dashboard's title -> the prepare steps of ``preset`` it still waits for (empty: it serves now)."""
+    ready = {s.name: s.ready(preset) for s in steps(preset)}
+    return {d.title: [name for name in d.requires if not ready.get(name, False)] for d in registry.dashboards()}
+
+
+def serving_now(preset: str) -> str | None:
+    """Another preset whose artifacts serve every page now, when ``preset``'s do not (else None)."""
+    from workbench.presets import PRESETS
+
+    if not any(pages_waiting(preset).values()):
+        return None
+    return next((other for other in PRESETS if other != preset and not any(pages_waiting(other).values())), None)
+
+
+def serve_now_hint(preset: str) -> str:
+    """One line saying which preset would serve every page now and how ('' when ``preset`` does, or none does)."""
+    other = serving_now(preset)
+    if other is None:
+        return ""
+    waiting = sum(bool(missing) for missing in pages_waiting(preset).values())
+    return (f"{waiting} of {len(registry.dashboards())} pages wait for the {preset} prepare; the {other} preset's "
+            f"artifacts serve every page now: `workbench dashboards --preset {other}`"
+            f"{' (its figures are not meaningful)' if preset_notice(other) else ''}")
+
+
 def preset_notice(preset: str) -> str:
     """The one line every output built on quick-prepared artifacts shows ('' for the full preset)."""
     if preset == "full":

@@ -35,9 +35,15 @@ class Gallery(widgets.VBox):
         ready, status = self.status.ready, self.status.status        # read once, by the status view
         how = ("being prepared in the background, see below" if status and status.get("state") == "running"
                else f"<code>{html.escape(prepare_hint(self.preset))}</code>")
-        parts = []
+        from workbench.prepare import serve_now_hint
+
+        waiting = {d.title: [name for name in d.requires if not ready.get(name, False)] for d in dashboards()}
+        serving = sum(not missing for missing in waiting.values())
+        other = serve_now_hint(self.preset) if serving < len(waiting) else ""
+        parts = [f"<div class='wb-serving' style='margin:4px 0'>Serving the <b>{html.escape(self.preset)}</b> preset: "
+                 f"{serving} of {len(waiting)} pages ready.{' ' + html.escape(other) if other else ''}</div>"]
         for d in dashboards():
-            missing = [name for name in d.requires if not ready.get(name, False)]
+            missing = waiting[d.title]
             state = ("<span class='wb-ready'>ready</span>" if not missing else
                      f"<span class='wb-not-ready'>waiting for {html.escape(', '.join(missing))} ({how})</span>")
             parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
