@@ -87,3 +87,13 @@ def test_target_below_one_layer_explains_the_empty_plan(prepared):
     assert "No plan: no submodel fits 50.0 ms" in panel.submodel.value
     panel.runner.button.click()
     assert "nothing to run" in panel.runner.message.value and panel.message.value == ""     # beside the button
+
+
+def test_the_memory_figure_follows_the_target_without_evaluated_cells(prepared, monkeypatch):
+    monkeypatch.setattr(ElasticPanel, "evaluation_cells", lambda self: [])
+    panel = ElasticPanel(PRESET, target_ms=200)
+    assert "200 ms" in panel.figures["memory"].layout.title.text
+    panel.target.value = 350
+    title = panel.figures["memory"].layout.title.text
+    assert "350 ms" in title and "200 ms" not in title
+    assert panel.figures["memory"].layout.height <= 200

@@ -212,3 +212,11 @@ def test_every_mark_of_every_figure_is_explained():
     assert set(figures) == set(workbench.viz.__all__)
     problems = [f"{name}: {p}" for name, figs in figures.items() for fig in figs for p in unexplained(fig)]
     assert problems == []
+
+
+def test_accuracy_memory_figure_names_the_users_target_and_stays_short_without_cells():
+    fig = accuracy_memory_figure(evaluation_cells(), 200, "odroid-n2", gold=0.87, asked_ms=230)
+    assert fig.layout.title.text.endswith("at 200 ms on odroid-n2 (the evaluated target nearest to your 230 ms)")
+    assert "nearest" not in accuracy_memory_figure(evaluation_cells(), 200, "odroid-n2", asked_ms=200).layout.title.text
+    empty = accuracy_memory_figure([], 230, "odroid-n2")
+    assert "230 ms" in empty.layout.title.text and empty.layout.height <= 200

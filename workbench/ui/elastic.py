@@ -180,14 +180,14 @@ class ElasticPanel(Panel):
         rows = self.evaluation_cells()
         device = self.device.value
         targets = sorted({r["target_ms"] for r in rows if r["device"] == device})
+        asked = self.target.value
         if not targets:
-            self.show_if_changed("memory", (self.task.value, device, None), lambda: accuracy_memory_figure(
-                [], self.target.value, device, title="Accuracy vs memory"))
+            self.show_if_changed("memory", (self.task.value, device, asked, None),
+                                 lambda: accuracy_memory_figure([], asked, device))
             return
-        nearest = min(targets, key=lambda t: abs(t - self.target.value))
-        self.show_if_changed("memory", (self.task.value, device, nearest, len(rows)), lambda: accuracy_memory_figure(
-            rows, nearest, device, gold=rows[0]["gold"],
-            title=f"Accuracy vs memory on {device} at {nearest:.0f} ms (evaluated target nearest to yours)"))
+        nearest = min(targets, key=lambda t: abs(t - asked))
+        self.show_if_changed("memory", (self.task.value, device, nearest, asked, len(rows)),
+                             lambda: accuracy_memory_figure(rows, nearest, device, gold=rows[0]["gold"], asked_ms=asked))
 
     def _run_for_real(self, handle) -> dict:
         """Worker thread: run the current plan ``runs`` times on dev texts (emulated on presets)."""

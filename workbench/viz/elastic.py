@@ -89,19 +89,25 @@ def aib_figure(io_plan, step: int | None = None, title: str = "Accumulated IO bu
 SHARD_MEMORY_FLOOR_MB = 0.01
 
 
+EMPTY_HEIGHT = 160
+
+
 def accuracy_memory_figure(cells, target_ms: float, device: str, gold: float | None = None,
-                           title: str | None = None) -> go.Figure:
+                           title: str | None = None, asked_ms: float | None = None) -> go.Figure:
     """Accuracy against the shard memory each method holds before a run (log axis, as the paper's Figure 7).
 
     Methods that hold no shards (Load&Exec, StdPL, Ours-0MB) sit at 0.01 MB; the hover gives exact figures,
-    including the resident parameters every method keeps alike. With no cell for this device and target
-    the figure says so instead of showing empty axes."""
+    including the resident parameters every method keeps alike. ``asked_ms``: the target the user chose,
+    when ``target_ms`` is the evaluated one nearest to it (the title says both). With no cell for this
+    device and target a short figure says so instead of showing empty axes."""
     rows = [c if isinstance(c, dict) else c.as_row() for c in cells]
     rows = [r for r in rows if r["device"] == device and float(r["target_ms"]) == float(target_ms)]
-    title = title or f"Accuracy vs memory at {target_ms:.0f} ms on {device}"
+    nearest = (f" (the evaluated target nearest to your {asked_ms:.0f} ms)"
+               if asked_ms is not None and round(asked_ms) != round(target_ms) else "")
+    title = title or f"Accuracy vs memory at {target_ms:.0f} ms on {device}{nearest}"
     if not rows:
-        return message_figure(title, f"No evaluated cells for {device} at {target_ms:.0f} ms:<br>run "
-                                     "'workbench bench elastic' to fill this view")
+        return message_figure(title, f"No evaluated cells for {device} at {target_ms:.0f} ms: run "
+                                     "'workbench bench elastic' to fill this view", height=EMPTY_HEIGHT)
     fig = go.Figure()
     for r in rows:
         ours = r["method"].startswith("Ours")
