@@ -14,7 +14,8 @@ def test_serve_call_continue_and_stop(tmp_path):
     address = f"tcp:127.0.0.1:{port}"
     env = {**os.environ, "WORKBENCH_PRESET": "quick"}
     server = subprocess.Popen(CLI + ["serve", "llms", "--address", address, "--swap-dir", str(tmp_path / "swap"),
-                                     "--memory-mb", "64", "--device", "orin-nx"], stdout=subprocess.PIPE,
+                                     "--memory-mb", "64", "--max-context-tokens", "512", "--device", "orin-nx"],
+                              stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env)
     try:
         ready = server.stdout.readline()

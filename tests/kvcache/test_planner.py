@@ -232,3 +232,14 @@ def test_a_fixed_plan_takes_the_chunks_as_given():
     assert plan.objective_s == pytest.approx(max(model.t_re(1), model.t_io(1250, 2)))
     with pytest.raises(WorkbenchError, match="chunk 3 is listed twice"):
         fixed_plan(model, [(3, 4, 500)], [(3, 4, 500)])
+
+
+def test_the_loader_hands_the_planner_typed_chunks_with_their_bytes_as_stored():
+    from workbench.kvcache.loader import ChunkSpec
+    from workbench.kvcache.planner import MissingChunk
+    from workbench.kvcache.swapfile import file_size
+
+    shape = (30, 2, 3, 16, 64)
+    got = ChunkSpec(bits=4, shape=shape, path=None).missing(3)
+    assert got == MissingChunk(index=3, bits=4, nbytes=file_size(4, shape)) and got.nbytes > 0
+    assert file_size(4, shape) < file_size(8, shape)

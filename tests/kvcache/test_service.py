@@ -225,6 +225,17 @@ def test_snapshot_lists_contexts_chunks_and_the_queue_in_eviction_order(runs):
     assert snap["working_reserve_bytes"] == RESERVE and snap["last_call"]["ctx"] == runs["llms"][1][2]["stats"].ctx
 
 
+def test_the_typed_state_is_what_the_snapshot_shows(runs):
+    """``state()`` (what replays read) and the JSON snapshot (what dashboards read) are one view."""
+    svc, _ = runs["llms"]
+    state, snap = svc.state(), svc.snapshot()
+    assert [c.to_dict() for c in state.contexts] == snap["contexts"]
+    assert [(e.ctx, e.chunk, e.bits) for e in state.queue] == [(e["ctx"], e["chunk"], e["bits"])
+                                                                for e in snap["queue"]["order"]]
+    assert state.used_bytes == snap["memory"]["used_bytes"] == svc.budget.used_bytes() > 0
+    assert {int(k): v for k, v in snap["memory"]["by_level"].items()} == state.by_level() == svc.memory_by_level()
+
+
 def test_the_working_cache_of_a_call_counts_against_the_budget(tmp_path, model, monkeypatch):
     """Chunks in memory and the cache a call works in never exceed the budget together: the cache is at most
     the reserve for the context limit, and chunks get only what the reserve leaves. A budget that cannot
@@ -237,7 +248,7 @@ def test_the_working_cache_of_a_call_counts_against_the_budget(tmp_path, model, 
     def measured(kv, *args, **kwargs):
         cache = to_cache(kv, *args, **kwargs)
         working = 2 * cache.k.numel() * cache.k.element_size()
-        peaks.append((svc._used_bytes() + working, working))
+        peaks.append((svc.budget.used_bytes() + working, working))
         return cache
 
     monkeypatch.setattr(ChunkedKV, "to_cache", measured)
@@ -448,9 +459,9 @@ def test_any_failure_after_inference_undoes_the_call_and_a_restart_continues_as_
         tmp_path, model, monkeypatch):
     """Not only a store error: any exception between inference and the index commit (here the level
     assignment) leaves the context as it was, in memory and in the index alike."""
-    from workbench.kvcache import service as service_module
+    from workbench.kvcache import compression, service as service_module
 
-    real_assign = service_module.assign_levels
+    real_assign = compression.assign_levels
 
     def during(n, svc, app, stubs):
         if n != 2:
@@ -462,11 +473,11 @@ def test_any_failure_after_inference_undoes_the_call_and_a_restart_continues_as_
         def broken(*args, **kwargs):
             raise ValueError("levels went wrong")
 
-        monkeypatch.setattr(service_module, "assign_levels", broken)
+        monkeypatch.setattr(compression, "assign_levels", broken)
         with pytest.raises(service_module.CallFailedError,
                            match=r"failed \(ValueError: levels went wrong\); it was undone and the context is as it was"):
             app.call(stubs[0], A_PROMPTS[1], max_new_tokens=NEW)
-        monkeypatch.setattr(service_module, "assign_levels", real_assign)
+        monkeypatch.setattr(compression, "assign_levels", real_assign)
         assert held() == before
         assert svc.store.verify() == []
 

@@ -31,19 +31,18 @@ from workbench.devices import pad_until
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, ChunkedKV, encode_at_level
 from workbench.kvcache.costmodel import SWAP_PRESETS, SwapCostModel, device_cost_model, device_label, profile_host
-from workbench.kvcache.planner import SwapPlan, fixed_plan, plan_swap_recompute
+from workbench.kvcache.planner import MissingChunk, SwapPlan, fixed_plan, plan_swap_recompute
 from workbench.kvcache.recompute import LayerRecompute, held_layers
 from workbench.kvcache.swapfile import DamagedChunkFileError, LayerBytes, file_size, stack_layers, stream_layers
 from workbench.timeline import Span, Timeline
 
 
-def missing_chunks(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]]) -> list[tuple[int, int, int]]:
-    """``(chunk index, bits, bytes)`` of every chunk of ``kv`` not in memory, for the planner;
-    ``files`` maps each to its swap file and level."""
+def missing_chunks(kv: ChunkedKV, files: Mapping[int, tuple[Path, int]]) -> list[MissingChunk]:
+    """Every chunk of ``kv`` not in memory, for the planner; ``files`` maps each to its swap file and level."""
     absent = [i for i in kv.missing() if i not in files]
     if absent:
         raise WorkbenchError(f"chunks {absent} are not in memory and have no swap file")
-    return [(i, int(files[i][1]), file_size(int(files[i][1]), chunk_shape(kv, i))) for i in kv.missing()]
+    return [MissingChunk(i, int(files[i][1]), file_size(int(files[i][1]), chunk_shape(kv, i))) for i in kv.missing()]
 
 
 def chunk_shape(kv: ChunkedKV, index: int) -> tuple[int, ...]:
@@ -208,6 +207,10 @@ class ChunkSpec:
     path: Path | None
     crc32: int | None = None
 
+    def missing(self, index: int) -> MissingChunk:
+        """This chunk, as chunk ``index`` of its context, for the planner (its bytes as its file holds them)."""
+        return MissingChunk(index, self.bits, file_size(self.bits, self.shape))
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoadRequest:
@@ -281,8 +284,8 @@ class PipelineLoader:
     def __call__(self, request: LoadRequest) -> LoadReport:
         costs = self.costs_for(request.model, request.kv.chunk_size)
         specs = request.specs
-        with_file = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is not None]
-        fileless = [(i, s.bits, file_size(s.bits, s.shape)) for i, s in sorted(specs.items()) if s.path is None]
+        with_file = [s.missing(i) for i, s in sorted(specs.items()) if s.path is not None]
+        fileless = [s.missing(i) for i, s in sorted(specs.items()) if s.path is None]
         if fileless or request.loading != "pipeline":
             plan = fixed_plan(costs, fileless, with_file)
         else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Iterable, NamedTuple
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -32,6 +33,18 @@ from workbench.kvcache.costmodel import SwapCostModel, device_label
 from workbench.timeline import Span, Timeline
 
 EPS = 1e-12
+
+
+class MissingChunk(NamedTuple):
+    """A chunk a load must bring back, as the planner sees it: its index, level and bytes as stored."""
+    index: int
+    bits: int
+    nbytes: int
+
+
+def _missing(chunks: Iterable) -> list[MissingChunk]:
+    """``chunks`` as :class:`MissingChunk` (plain ``(index, bits, bytes)`` tuples are taken too)."""
+    return [MissingChunk(int(i), int(b), int(n)) for i, b, n in chunks]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,15 +63,15 @@ class SwapPlan:
     device: str                             # the cost model's device
 
 
-def _groups(missing) -> dict[tuple[int, int], list[int]]:
+def _groups(missing: list[MissingChunk]) -> dict[tuple[int, int], list[int]]:
     """(bits, bytes) -> chunk indices of that level and size, earliest first."""
     groups: dict[tuple[int, int], list[int]] = defaultdict(list)
     seen = set()
-    for index, bits, nbytes in missing:
-        if index in seen:
-            raise WorkbenchError(f"chunk {index} is listed twice among the missing chunks")
-        seen.add(index)
-        groups[(int(bits), int(nbytes))].append(int(index))
+    for m in missing:
+        if m.index in seen:
+            raise WorkbenchError(f"chunk {m.index} is listed twice among the missing chunks")
+        seen.add(m.index)
+        groups[(m.bits, m.nbytes)].append(m.index)
     return {key: sorted(chunks) for key, chunks in sorted(groups.items())}
 
 
@@ -89,39 +102,39 @@ def solve_counts(costs: SwapCostModel, sizes: list[int], counts: list[int]) -> t
     return [int(round(v)) for v in result.x[:g]], float(result.fun) * scale
 
 
-def fixed_plan(costs: SwapCostModel, recompute, load) -> SwapPlan:
-    """A plan that recomputes ``recompute`` and reads ``load`` as given (``(chunk, bits, bytes)`` each), with
-    the pipeline's predicted timeline on ``costs``: for chunks that have no file (they can only be
-    recomputed) or a loader told to read everything."""
-    recompute, load = list(recompute), list(load)
+def fixed_plan(costs: SwapCostModel, recompute: Iterable[MissingChunk], load: Iterable[MissingChunk]) -> SwapPlan:
+    """A plan that recomputes ``recompute`` and reads ``load`` as given, with the pipeline's predicted
+    timeline on ``costs``: for chunks that have no file (they can only be recomputed) or a loader told to
+    read everything."""
+    recompute, load = _missing(recompute), _missing(load)
     _groups(recompute + load)                                   # a chunk listed twice is refused
-    load_bytes = sum(int(b) for _, _, b in load)
+    load_bytes = sum(m.nbytes for m in load)
     done: dict[int, int] = defaultdict(int)
     missing: dict[int, int] = defaultdict(int)
-    for _, bits, _ in recompute:
-        done[int(bits)] += 1
-        missing[int(bits)] += 1
-    for _, bits, _ in load:
-        missing[int(bits)] += 1
+    for m in recompute:
+        done[m.bits] += 1
+        missing[m.bits] += 1
+    for m in load:
+        missing[m.bits] += 1
     re_s, io_s = costs.t_re(len(recompute)), costs.t_io(load_bytes, len(load))
     timeline = pipeline_timeline(costs, len(recompute), load_bytes, len(load))
-    return SwapPlan(recompute=tuple(sorted(int(i) for i, _, _ in recompute)),
-                    load=tuple(sorted(int(i) for i, _, _ in load)), recompute_counts=dict(done),
+    return SwapPlan(recompute=tuple(sorted(m.index for m in recompute)),
+                    load=tuple(sorted(m.index for m in load)), recompute_counts=dict(done),
                     missing_counts=dict(missing), load_bytes=load_bytes, recompute_s=re_s, load_s=io_s,
                     objective_s=max(re_s, io_s), predicted_s=timeline.end, timeline=timeline, device=costs.device)
 
 
-def plan_swap_recompute(costs: SwapCostModel, missing) -> SwapPlan:
-    """Plan one load of the chunks ``missing``: ``(chunk index, bits, bytes)`` each, bytes as stored.
+def plan_swap_recompute(costs: SwapCostModel, missing: Iterable[MissingChunk]) -> SwapPlan:
+    """Plan one load of the chunks ``missing`` (bytes as stored).
 
     When recomputing a single chunk already takes as long as reading every missing chunk, reading all
     is optimal (any plan that recomputes takes at least ``T_re(1)``), and the solver, which costs
     milliseconds, as much as a small load, is skipped. Equation 4 leaves out the pipeline's fill (the
     recompute of the last layer starts only once that layer is read): where the fill makes the solver's
     split slower than reading everything, reading everything is the plan."""
-    missing = list(missing)
+    missing = _missing(missing)
     groups = _groups(missing)
-    if not missing or costs.t_re(1) >= costs.t_io(sum(int(b) for _, _, b in missing), len(missing)):
+    if not missing or costs.t_re(1) >= costs.t_io(sum(m.nbytes for m in missing), len(missing)):
         return fixed_plan(costs, (), missing)
     keys = list(groups)
     x, objective = solve_counts(costs, [k[1] for k in keys], [len(groups[k]) for k in keys])

@@ -49,7 +49,8 @@ from workbench.kvcache.config import ServiceConfig
 from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, profile_host
 from workbench.kvcache.lifecycle import ACTIONS
 from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
-from workbench.kvcache.store import DROPPED, FILE, IN_MEMORY
+from workbench.kvcache.statistics import ChunkState, ServiceState
+from workbench.kvcache.store import DROPPED, FILE
 from workbench.kvcache.traces import Trace
 
 if TYPE_CHECKING:
@@ -230,10 +231,10 @@ def _reason(policy: str, granularity: str, action: str, context: int, chunk: int
             f"{POLICY_ORDER[policy]}{whole}; context {served} needed {needed} B; {ACTIONS[action]}")
 
 
-def _chunk_state(chunk: dict) -> str:
-    if chunk["state"] in IN_MEMORY:
-        return str(chunk["bits"])
-    return {FILE: "swapped", DROPPED: "killed"}[chunk["state"]]
+def _chunk_state(chunk: ChunkState) -> str:
+    if chunk.in_memory:
+        return str(chunk.bits)
+    return {FILE: "swapped", DROPPED: "killed"}[chunk.state]
 
 
 def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: ServiceConfig | None = None,
@@ -281,7 +282,7 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: Servi
     records: list[CallRecord] = []
     folder = tempfile.TemporaryDirectory(prefix="llms-replay-") if swap_dir is None else nullcontext(swap_dir)
     with folder as root, LLMService(model, root, budget, config=config, tokenizer=tokenizer, loader=loader) as svc:
-        if svc.snapshot()["contexts"]:
+        if svc.state().contexts:
             raise WorkbenchError(f"{root} already holds contexts of another run; a replay starts from an empty "
                                  "swap folder")
         apps, stubs, index_of, call_of_tick = {}, {}, {}, {}
@@ -297,12 +298,10 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: Servi
                 stubs[c] = apps[c].new_ctx()
             loader.last = None
             text, stats = apps[c].call_with_stats(stubs[c], call.prompt, max_new_tokens)
-            snap = svc.snapshot()
-            for ctx in snap["contexts"]:
-                index_of.setdefault(ctx["id"], int(ctx["app"].removeprefix("app-")))
-            served = next(ctx for ctx in snap["contexts"] if ctx["id"] == stats.ctx)
-            call_of_tick[served["last_tick"]] = i
-            records.append(_record(i, call, gaps[i], first, stats, text, snap, svc, loader.last, index_of,
+            index_of.setdefault(stats.ctx, c)
+            state = svc.state()
+            call_of_tick[state.context(stats.ctx).last_tick] = i
+            records.append(_record(i, call, gaps[i], first, stats, text, state, svc, loader.last, index_of,
                                    call_of_tick, trace.contexts))
             if progress is not None:
                 progress(i + 1, len(trace.calls))
@@ -311,8 +310,8 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: Servi
                         pattern=trace.pattern, settings=json.loads(json.dumps(settings)), calls=tuple(records))
 
 
-def _record(i, call, idle_s, first, stats, text, snap, svc, load: LoadResult | None, index_of, call_of_tick,
-            contexts: int) -> CallRecord:
+def _record(i, call, idle_s, first, stats, text, state: ServiceState, svc, load: LoadResult | None,
+            index_of: dict[str, int], call_of_tick: dict[int, int], contexts: int) -> CallRecord:
     config = svc.config
     evicted = svc.evictions[-stats.evictions:] if stats.evictions else []
     events = tuple(EvictionEvent(
@@ -322,16 +321,16 @@ def _record(i, call, idle_s, first, stats, text, snap, svc, load: LoadResult | N
                        call_of_tick.get(r.last_used, -1), r.bytes_needed, call.context)) for r in evicted)
     brought = {} if load is None else {**{j: "loaded" for j in load.loaded}, **{j: "recomputed" for j in load.recomputed}}
     rows: list[tuple[str, ...]] = [()] * contexts
-    for ctx in snap["contexts"]:
-        c = index_of[ctx["id"]]
-        rows[c] = tuple(brought.get(ch["index"], _chunk_state(ch)) if c == call.context else _chunk_state(ch)
-                        for ch in ctx["chunks"])
-    queue = tuple((index_of[e["ctx"]], int(e["chunk"]), int(e["bits"])) for e in snap["queue"]["order"])
+    for ctx in state.contexts:
+        c = index_of[ctx.id]
+        rows[c] = tuple(brought.get(ch.index, _chunk_state(ch)) if c == call.context else _chunk_state(ch)
+                        for ch in ctx.chunks)
+    queue = tuple((index_of[e.ctx], e.chunk, e.bits) for e in state.queue)
     return CallRecord(
         index=i, time_s=call.time_s, idle_s=idle_s, context=call.context, switch_s=0.0 if first else stats.switch_s,
         io_s=stats.io_s, recompute_s=stats.recompute_s, inference_s=stats.inference_s,
         queue_wait_s=stats.queue_wait_s, chunks_missing=stats.chunks_missing, chunks_loaded=stats.chunks_loaded,
         chunks_recomputed=stats.chunks_recomputed, bytes_read=stats.bytes_read,
-        memory_bytes=int(snap["memory"]["used_bytes"]), output=text, evictions=events, chunk_map=tuple(rows),
+        memory_bytes=state.used_bytes, output=text, evictions=events, chunk_map=tuple(rows),
         queue=queue, predicted=None if load is None else load.predicted,
         measured=None if load is None else load.timeline, missing_bits=() if load is None else load.missing_bits)

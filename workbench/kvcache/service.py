@@ -15,7 +15,10 @@ A call on a context:
 5. writes every changed chunk to its file and commits the index (ahead-of-time swap-out), and only
    then returns; a service killed at any point restarts with every returned call intact.
 
-Baselines of the paper are configurations of the same service (``ServiceConfig``, ``PRESETS``).
+Baselines of the paper are configurations of the same service (``ServiceConfig``, ``PRESETS``, in the
+torch-free ``config``). The budget and its evictions live in ``budget``, the compression after a call in
+``compression``, and what the service shows of itself (a typed ``state()``, the JSON snapshot, an app's part
+of it) in ``statistics``; this module holds the contexts, the call path and its one commit.
 """
 from __future__ import annotations
 
@@ -26,34 +29,31 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections import deque
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-import numpy as np
 
-from workbench.devices import pad_until
 from workbench.errors import WorkbenchError
-from workbench.kvcache.chunks import ChunkData, ChunkedKV, chunk_nbytes, working_nbytes
-from workbench.kvcache.density import assign_levels
+from workbench.kvcache.budget import MemoryBudget
+from workbench.kvcache.chunks import ChunkData, ChunkedKV, working_nbytes
+from workbench.kvcache.compression import relevel_context
 from workbench.kvcache.config import (DEFAULT_MAX_CONTEXTS_PER_APP, DEFAULT_MEMORY_BUDGET,  # noqa: F401
                                       MAX_CHUNK_SIZE, PRESETS, ServiceConfig, check_whole)
 from workbench.kvcache.loader import (ChunkSpec, Loader, LoadReport, LoadRequest, PipelineLoader,  # noqa: F401
                                       loader_name)
 from workbench.kvcache.errors import (CallFailedError, ContextLimitError, DeadlineError,  # noqa: F401
                                       MemoryBudgetError, ServiceClosedError, StubError, SwapStoreError)
-from workbench.kvcache.lifecycle import DROP, KILL, SWAP_OUT, EvictionRecord, LCTRUQueue, QueueEntry
+from workbench.kvcache.lifecycle import EvictionRecord, LCTRUQueue, QueueEntry
 from workbench.kvcache.metrics import ServiceMetrics
 from workbench.kvcache.protocol import CallStats, CtxStub
 from workbench.kvcache.swapfile import DamagedChunkFileError
-from workbench.kvcache.store import (BOTH, DROPPED, FILE, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow,
+from workbench.kvcache.statistics import ChunkState, ContextState, ServiceState, app_snapshot, queue_dicts
+from workbench.kvcache.store import (BOTH, DROPPED, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow, ServedContext,
                                      SwapStore)
 
 log = logging.getLogger("workbench.kvcache")
-
-EVICTIONS_KEPT = 1000
 
 
 def default_swap_dir() -> Path:
@@ -121,14 +121,6 @@ class FairLock:
 
 # ----------------------------------------------------------------------------- the service
 
-@dataclass(eq=False)
-class _Context:
-    row: ContextRow
-    kv: ChunkedKV
-    chunks: list[ChunkRow]
-    density: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-
 class LLMService:
     """The context service on one model. ``LLMService()`` serves the prepared decoder (and its
     tokenizer: ``tokenizer`` must be given with any other model) with a swap directory in the cache;
@@ -160,14 +152,13 @@ class LLMService:
                             ("max_context_tokens", self.config.max_context_tokens)):
             if value is not None and value > context:
                 raise WorkbenchError(f"{name} is at most {context} tokens (the decoder's context), got {value}")
-        self.memory_budget_bytes = int(memory_budget_bytes)
         limit = self.config.max_context_tokens or context
-        self.working_reserve_bytes = working_nbytes(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim,
-                                                    limit, self.config.base_bits)
-        if self.working_reserve_bytes >= self.memory_budget_bytes:
+        reserve = working_nbytes(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, limit,
+                                 self.config.base_bits)
+        if reserve >= memory_budget_bytes:
             raise MemoryBudgetError(
                 f"memory_budget_bytes must exceed the working cache of a call at the context limit "
-                f"({self.working_reserve_bytes} bytes for {limit} tokens), got {self.memory_budget_bytes}; raise the "
+                f"({reserve} bytes for {limit} tokens), got {memory_budget_bytes}; raise the "
                 f"budget or lower max_context_tokens")
         self.max_contexts_per_app = int(max_contexts_per_app)
         if loader is not None and device != "host":
@@ -185,15 +176,31 @@ class LLMService:
         self.queue = LCTRUQueue(self.config.policy, self.config.granularity)
         self._turn = FairLock()
         self._state = threading.RLock()
-        self._contexts: dict[str, _Context] = {}
+        self._contexts: dict[str, ServedContext] = {}
         self._stubs: dict[str, str] = {}
-        self._evictions: deque[EvictionRecord] = deque(maxlen=EVICTIONS_KEPT)
+        self.budget = MemoryBudget(memory_budget_bytes, reserve, config=self.config, queue=self.queue,
+                                   store=self.store, metrics=self.metrics, contexts=self._contexts, lock=self._state,
+                                   write_seconds=getattr(self.loader, "write_seconds", None))
         self._tick = 0
         self._closed = False
         self.last_call: CallStats | None = None
         self._restore()
 
     # ------------------------------------------------------------------ set-up
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self.budget.total_bytes
+
+    @property
+    def working_reserve_bytes(self) -> int:
+        """The working cache reserved within the budget for a call at the context limit."""
+        return self.budget.reserve_bytes
+
+    @property
+    def chunk_budget_bytes(self) -> int:
+        """What chunks in memory may take: the budget less the working cache reserve."""
+        return self.budget.chunk_bytes
 
     @property
     def _heads_times_layers(self) -> int:
@@ -209,7 +216,7 @@ class LLMService:
             if len(chunks) != -(-len(kv.tokens) // kv.chunk_size):
                 raise WorkbenchError(f"the index of {self.swap_dir} lists {len(chunks)} chunks for context {row.id} "
                                      f"of {len(kv.tokens)} tokens; the swap directory is damaged")
-            ctx = _Context(row, kv, chunks, kv.chunk_density(self._heads_times_layers))
+            ctx = ServedContext(row, kv, chunks, kv.chunk_density(self._heads_times_layers))
             self._contexts[row.id] = ctx
             self._stubs[row.stub_sha256] = row.id
             self._tick = max(self._tick, row.last_tick)
@@ -250,11 +257,11 @@ class LLMService:
                              system_prompt=system_prompt, created=now, last_used=now, last_tick=self._tick)
             self.store.add_context(row)
             with self._state:
-                self._contexts[row.id] = _Context(row, self._empty_kv(), [])
+                self._contexts[row.id] = ServedContext(row, self._empty_kv(), [])
                 self._stubs[row.stub_sha256] = row.id
             return CtxStub(token)
 
-    def _resolve(self, app: str, stub: CtxStub) -> _Context:
+    def _resolve(self, app: str, stub: CtxStub) -> ServedContext:
         if not isinstance(stub, CtxStub):
             raise StubError(f"expected a context stub from new_ctx, got {type(stub).__name__}")
         ctx_id = self._stubs.get(_digest(stub.token))
@@ -285,7 +292,7 @@ class LLMService:
                      "created": c.row.created, "last_used": c.row.last_used, "system_prompt": c.row.system_prompt}
                     for c in self._contexts.values() if c.row.app == app]
 
-    def _drop(self, ctx: _Context) -> None:
+    def _drop(self, ctx: ServedContext) -> None:
         """Delete ``ctx`` (its files, index rows and queue entries); the caller holds the turn."""
         self.store.delete_context(ctx.row.id)
         with self._state:
@@ -296,7 +303,7 @@ class LLMService:
 
     # ------------------------------------------------------------------ a call
 
-    def _prompt_ids(self, ctx: _Context, prompt: str) -> list[int]:
+    def _prompt_ids(self, ctx: ServedContext, prompt: str) -> list[int]:
         """SmolLM2's chat format: the first turn with the system prompt; later turns close the last
         answer (``<|im_end|>`` when it was cut short) and open a user and an assistant turn."""
         tok = self.tokenizer
@@ -335,7 +342,7 @@ class LLMService:
                 self.queue.lock(ctx.row.id)
             try:
                 missing = kv.missing()
-                records = self._make_room(ctx, missing, adding)
+                records = self.budget.make_room(ctx, missing, adding)
                 t_loaded = time.perf_counter()
                 report = self._load(ctx, missing)
                 t_dequantize = time.perf_counter()
@@ -394,7 +401,7 @@ class LLMService:
             return text, stats
 
     @staticmethod
-    def _repeated(ctx: _Context, call_id: str, request: str) -> tuple[str, CallStats]:
+    def _repeated(ctx: ServedContext, call_id: str, request: str) -> tuple[str, CallStats]:
         """The committed reply of call ``call_id``, a retry of the context's last call: not run again."""
         saved = json.loads(ctx.row.last_reply)
         if saved["request"] != request:
@@ -402,81 +409,7 @@ class LLMService:
                                  f"or max_new_tokens); a new call needs a new call_id")
         return saved["text"], CallStats.from_dict(saved["stats"])
 
-    def _growth_bytes(self, ctx: _Context, adding: int) -> int:
-        """Most bytes the call can add: the chunks from the open last one on, at the base level,
-        less what the open last one holds now."""
-        kv = ctx.kv
-        n, cs, end = len(kv.tokens), kv.chunk_size, len(kv.tokens) + adding
-        total = sum(chunk_nbytes((kv.layers, 2, kv.kv_heads, min(end, (i + 1) * cs) - i * cs, kv.head_dim),
-                                 self.config.base_bits) for i in range(n // cs, -(-end // cs)))
-        if n % cs:
-            total -= ctx.chunks[-1].nbytes
-        return max(0, total)
-
-    def _used_bytes(self) -> int:
-        return sum(c.nbytes for ctx in self._contexts.values() for c in ctx.chunks if c.state in IN_MEMORY)
-
-    @property
-    def chunk_budget_bytes(self) -> int:
-        """What chunks in memory may take: the budget less the working cache reserved for the call served."""
-        return self.memory_budget_bytes - self.working_reserve_bytes
-
-    def _make_room(self, ctx: _Context, missing: list[int], adding: int) -> list[EvictionRecord]:
-        growth = self._growth_bytes(ctx, adding)
-        whole = sum(c.nbytes for c in ctx.chunks) + growth
-        if whole > self.chunk_budget_bytes:
-            raise MemoryBudgetError(
-                f"context {ctx.row.id} needs {whole} bytes in memory for this call ({len(ctx.chunks)} chunks and "
-                f"room for {adding} more tokens), more than the {self.chunk_budget_bytes} bytes the memory budget "
-                f"of {self.memory_budget_bytes} leaves beside the call's working cache ({self.working_reserve_bytes} "
-                f"bytes); a served context is never evicted: raise memory_budget_bytes, lower max_context_tokens, "
-                f"ask for fewer new tokens or start a new context")
-        deficit = self._used_bytes() + sum(ctx.chunks[i].nbytes for i in missing) + growth - self.chunk_budget_bytes
-        return self._evict(deficit, ctx.row.id) if deficit > 0 else []
-
-    def _evict(self, deficit: int, served: str) -> list[EvictionRecord]:
-        """Free at least ``deficit`` bytes of other contexts' chunks, as the policy orders them: one
-        index transaction for all, writing only chunks without a current file."""
-        kill = self.config.eviction == "kill"
-        with self._state:
-            victims = self.queue.victims(deficit, whole_contexts=kill)
-            records, rows, files, undo = [], [], {}, []
-            for e in victims:
-                ctx = self._contexts[e.ctx]
-                row = ctx.chunks[e.chunk]
-                undo.append((e, row, row.state, ctx.kv.chunks[e.chunk]))
-                if kill:
-                    action, row.state = KILL, DROPPED
-                elif row.state == BOTH:
-                    action, row.state = DROP, FILE
-                else:
-                    action, row.state = SWAP_OUT, FILE
-                    files[row.key] = ctx.kv.chunks[e.chunk]
-                ctx.kv.chunks[e.chunk] = None
-                rows.append(row)
-                records.append(EvictionRecord(policy=self.config.policy, ctx=e.ctx, chunk=e.chunk, bits=e.bits,
-                                              last_used=e.last_used, nbytes=e.nbytes, bytes_needed=deficit,
-                                              action=action, served_ctx=served))
-            t0 = time.perf_counter()
-            try:
-                written = self.store.commit(chunks=rows, files=files)
-            except (OSError, sqlite3.Error) as exc:
-                for e, row, state, data in undo:
-                    row.state = state
-                    self._contexts[e.ctx].kv.chunks[e.chunk] = data
-                    self.queue.put(e)
-                raise SwapStoreError(f"could not swap chunks out to {self.swap_dir} to make room ({exc}); "
-                                     "nothing was evicted and every context is as it was") from exc
-            self._evictions.extend(records)
-        write_seconds = getattr(self.loader, "write_seconds", None)
-        if files and write_seconds is not None:                  # an emulated device's write time
-            pad_until(t0 + write_seconds(written, len(files)))
-        for r in records:
-            self.metrics.record_eviction(r.policy, r.action)
-        self.metrics.record_writes(len(files), written, "eviction")
-        return records
-
-    def _load(self, ctx: _Context, missing: list[int]) -> LoadReport:
+    def _load(self, ctx: ServedContext, missing: list[int]) -> LoadReport:
         """Bring ``missing`` chunks into memory through the loader. A swap file that fails its size or
         CRC-32 check is logged, counted, dropped, and its chunk recomputed from its tokens (the load is
         redone, since recomputed chunks may have attended to the damaged one)."""
@@ -514,14 +447,14 @@ class LLMService:
                 ctx.chunks[i].state = MEMORY
         return report
 
-    def _chunk_spec(self, ctx: _Context, i: int, damaged: Mapping[int, str]) -> ChunkSpec:
+    def _chunk_spec(self, ctx: ServedContext, i: int, damaged: Mapping[int, str]) -> ChunkSpec:
         row = ctx.chunks[i]
         has_file = row.state in HAS_FILE and i not in damaged
         return ChunkSpec(bits=row.bits, shape=tuple(row.shape),
                          path=self.store.current_path(ctx.row.id, i) if has_file else None,
                          crc32=row.crc32 if has_file else None)
 
-    def _drop_damaged(self, ctx: _Context, damaged: Mapping[int, str]) -> None:
+    def _drop_damaged(self, ctx: ServedContext, damaged: Mapping[int, str]) -> None:
         """Record damaged swap files: their chunks become ``dropped`` (recomputed from their tokens) in
         one index transaction, the files are removed, and each is logged and counted."""
         rows = []
@@ -537,49 +470,21 @@ class LLMService:
                 self.store.remove_file(row.ctx, row.idx)
         self.metrics.record_damaged(len(rows))
 
-    def _compress(self, ctx: _Context) -> tuple[set[int], dict[tuple[str, int], ChunkData]]:
-        """Tolerance-aware compression over the whole context (LLMS 3.2): every full chunk's level is
-        assigned anew from its density (``assign_levels``), up or down, and made from the chunk's 8-bit
-        base (in memory while the chunk is at 8 bits, else its base file). Returns the chunks whose
-        level changed, and the bases to write for chunks that became full at 8 bits.
-
-        A chunk without a usable base (a damaged base file) can only go down, from what it holds.
-        Raised levels need memory: other contexts are evicted for it when they can give it, else the
-        raised chunks keep their old level."""
-        kv = ctx.kv
-        ctx.density = kv.chunk_density(self._heads_times_layers)
-        if self.config.compression != "tolerance":
-            return set(), {}
-        full = kv.full_chunks()
-        if not full:
-            return set(), {}
-        rows = {r.idx: r for r in ctx.chunks}
-        bases = {(ctx.row.id, i): kv.chunks[i] for i in full
-                 if kv.chunks[i].bits == self.config.base_bits and (i not in rows or rows[i].base_crc32 is None)}
-        targets = dict(zip(full, assign_levels(ctx.density[full], self.config.levels, self.config.global_ratio)))
-        changed, raised = kv.relevel(targets, lambda i: self.store.read_base(rows[i]) if i in rows else None)
-        if raised and not self._room_for_raised(ctx, raised):
-            for i, held in raised.items():
-                kv.chunks[i] = held
-                changed.discard(i)
-        return changed, bases
-
-    def _room_for_raised(self, ctx: _Context, raised: Mapping[int, ChunkData]) -> bool:
-        """Whether the served context, with ``raised`` chunks at their new level, fits the budget,
-        evicting other contexts' chunks for it when they hold enough."""
-        with self._state:
-            others = sum(c.nbytes for other in self._contexts.values() if other is not ctx
-                         for c in other.chunks if c.state in IN_MEMORY)
-            deficit = others + ctx.kv.nbytes() - self.chunk_budget_bytes
-            if deficit <= 0:
-                return True
-            if sum(e.nbytes for e in self.queue.order()) < deficit:
-                return False
-        self._evict(deficit, ctx.row.id)
-        return True
+    def _compress(self, ctx: ServedContext) -> tuple[set[int], dict[tuple[str, int], ChunkData]]:
+        """Tolerance-aware compression over the whole context (``compression.relevel_context``); raised
+        levels keep their old one unless the budget makes room for them. Returns the chunks whose level
+        changed and the bases to write, by (context, chunk)."""
+        done = relevel_context(ctx.kv, {r.idx: r for r in ctx.chunks}, self.config, self._heads_times_layers,
+                               self.store.read_base)
+        ctx.density = done.density
+        if done.raised and not self.budget.room_for_raised(ctx, done.raised):
+            for i, held in done.raised.items():
+                ctx.kv.chunks[i] = held
+                done.changed.discard(i)
+        return done.changed, {(ctx.row.id, i): data for i, data in done.bases.items()}
 
     @staticmethod
-    def _undo_for(ctx: _Context) -> Callable[[], None]:
+    def _undo_for(ctx: ServedContext) -> Callable[[], None]:
         """What puts ``ctx`` back as it is now (its tokens, chunks, rows and density), for a call whose
         results cannot be saved."""
         kv = ctx.kv
@@ -591,7 +496,7 @@ class LLMService:
             ctx.chunks, ctx.row, ctx.density = saved_rows, saved_row, saved_density
         return undo
 
-    def _finish_call(self, ctx: _Context, dirty: set[int], bases: Mapping[tuple[str, int], ChunkData] | None = None,
+    def _finish_call(self, ctx: ServedContext, dirty: set[int], bases: Mapping[tuple[str, int], ChunkData] | None = None,
                      call_id: str | None = None, reply: str | None = None) -> tuple[int, int]:
         """Record the call in one index transaction, writing the changed chunks first when swapping out
         ahead of time, and the new full chunks' 8-bit bases; returns (bytes written, files written)."""
@@ -616,7 +521,7 @@ class LLMService:
             written = self.store.commit(contexts=[r], chunks=rows, files=files, bases=bases)
         return written, len(files)
 
-    def _enqueue(self, ctx: _Context) -> None:
+    def _enqueue(self, ctx: ServedContext) -> None:
         for row in ctx.chunks:
             if row.state in IN_MEMORY:
                 density = float(ctx.density[row.idx]) if row.idx < len(ctx.density) else 0.0
@@ -626,22 +531,17 @@ class LLMService:
     # ------------------------------------------------------------------ observing
 
     def memory_by_level(self) -> dict[int, int]:
-        out: dict[int, int] = {}
         with self._state:
-            for ctx in self._contexts.values():
-                for c in ctx.chunks:
-                    if c.state in IN_MEMORY:
-                        out[c.bits] = out.get(c.bits, 0) + c.nbytes
-        return out
+            return self.budget.by_level()
 
     def _update_memory_metrics(self) -> None:
         self.metrics.set_memory(self.memory_by_level(), self.memory_budget_bytes, len(self._contexts))
 
     @property
     def evictions(self) -> list[EvictionRecord]:
-        """The latest evictions (up to 1000), oldest first."""
+        """The latest evictions (up to ``budget.EVICTIONS_KEPT``), oldest first."""
         with self._state:
-            return list(self._evictions)
+            return list(self.budget.evictions)
 
     def metrics_text(self) -> str:
         return self.metrics.text()
@@ -650,30 +550,33 @@ class LLMService:
         """Serve the Prometheus text on 127.0.0.1:``port``; returns (HTTP server, thread)."""
         return self.metrics.start_server(port)
 
+    def state(self) -> ServiceState:
+        """Every context with its chunks' levels and states, and the eviction queue in order, typed."""
+        with self._state:
+            contexts = tuple(ContextState(
+                id=c.row.id, app=c.row.app, tokens=len(c.kv.tokens), calls=c.row.calls, last_used=c.row.last_used,
+                last_tick=c.row.last_tick, served=c.row.id in self.queue.locked,
+                chunks=tuple(ChunkState(index=r.idx, bits=r.bits, state=r.state, nbytes=r.nbytes,
+                                        last_tick=r.last_tick,
+                                        density=float(c.density[r.idx]) if r.idx < len(c.density) else None)
+                             for r in c.chunks)) for c in self._contexts.values())
+            return ServiceState(contexts=contexts, queue=tuple(self.queue.order()))
+
     def snapshot(self) -> dict:
         """A JSON-ready view for a dashboard: settings, memory per level, every context with its
         chunks' levels and states, the eviction queue in order, recent evictions, counters, the last call."""
         with self._state:
-            by_level = self.memory_by_level()
-            contexts = [{
-                "id": c.row.id, "app": c.row.app, "tokens": len(c.kv.tokens), "calls": c.row.calls,
-                "last_used": c.row.last_used, "last_tick": c.row.last_tick, "served": c.row.id in self.queue.locked,
-                "bytes_in_memory": sum(r.nbytes for r in c.chunks if r.state in IN_MEMORY),
-                "chunks": [{"index": r.idx, "bits": r.bits, "state": r.state, "bytes": r.nbytes,
-                            "last_tick": r.last_tick,
-                            "density": float(c.density[r.idx]) if r.idx < len(c.density) else None}
-                           for r in c.chunks]} for c in self._contexts.values()]
-            order = [asdict(e) for e in self.queue.order()]
+            state = self.state()
             subs = {str(bits): [[e.ctx, e.chunk] for e in entries] for bits, entries in self.queue.sub_queues().items()}
-            evictions = [r.to_dict() for r in list(self._evictions)[-50:]]
+            evictions = [r.to_dict() for r in list(self.budget.evictions)[-50:]]
         return {
             "swap_dir": str(self.swap_dir), "config": self.config.to_dict(),
             "memory_budget_bytes": self.memory_budget_bytes, "max_contexts_per_app": self.max_contexts_per_app,
             "working_reserve_bytes": self.working_reserve_bytes, "chunk_budget_bytes": self.chunk_budget_bytes,
-            "memory": {"used_bytes": sum(by_level.values()), "by_level": {str(k): v for k, v in sorted(by_level.items())}},
-            "contexts": contexts,
-            "queue": {"policy": self.queue.policy, "granularity": self.queue.granularity, "order": order,
-                      "sub_queues": subs},
+            "memory": state.memory_dict(),
+            "contexts": [c.to_dict() for c in state.contexts],
+            "queue": {"policy": self.queue.policy, "granularity": self.queue.granularity,
+                      "order": queue_dicts(state.queue), "sub_queues": subs},
             "evictions": evictions, "waiting_calls": self._turn.waiting,
             "loader": loader_name(self.loader),
             "metrics": self.metrics.values(),
@@ -681,28 +584,8 @@ class LLMService:
         }
 
     def app_snapshot(self, app: str) -> dict:
-        """The snapshot one app may see: the settings, and of the contexts, memory, queue, evictions and
-        last call only its own; service-wide counters are left out."""
-        snap = self.snapshot()
-        snap["contexts"] = [c for c in snap["contexts"] if c["app"] == app]
-        mine = {c["id"] for c in snap["contexts"]}
-        by_level: dict[str, int] = {}
-        for c in snap["contexts"]:
-            for r in c["chunks"]:
-                if r["state"] in IN_MEMORY:
-                    by_level[str(r["bits"])] = by_level.get(str(r["bits"]), 0) + r["bytes"]
-        snap["memory"] = {"used_bytes": sum(by_level.values()), "by_level": dict(sorted(by_level.items()))}
-        queue = snap["queue"]
-        queue["order"] = [e for e in queue["order"] if e["ctx"] in mine]
-        queue["sub_queues"] = {bits: [e for e in entries if e[0] in mine] for bits, entries in queue["sub_queues"].items()}
-        snap["evictions"] = [r if r["served_ctx"] in mine else
-                             dict(r, served_ctx=None, reason=r["reason"].replace(f"context {r['served_ctx']}",
-                                                                                 "another app's context"))
-                             for r in snap["evictions"] if r["ctx"] in mine]
-        if snap["last_call"] is not None and snap["last_call"]["app"] != app:
-            snap["last_call"] = None
-        del snap["metrics"]
-        return snap
+        """The snapshot one app may see (``statistics.app_snapshot``)."""
+        return app_snapshot(self.snapshot(), app)
 
     # ------------------------------------------------------------------ closing
 

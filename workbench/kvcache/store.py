@@ -52,7 +52,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from workbench.errors import CorruptArtifactError, WorkbenchError
-from workbench.kvcache.chunks import LEVELS, ChunkData
+from workbench.kvcache.chunks import LEVELS, ChunkData, ChunkedKV
 from workbench.kvcache.swapfile import check_file_size, read_chunk, write_chunk
 
 FORMAT = 1
@@ -146,6 +146,16 @@ class ChunkRow:
     @property
     def key(self) -> tuple[str, int]:
         return self.ctx, self.idx
+
+
+@dataclass(eq=False)
+class ServedContext:
+    """A context as the service holds it in memory: its index row, its chunks (``kv.chunks[i]`` None while
+    chunk i is not in memory) with their rows, and each chunk's information density."""
+    row: ContextRow
+    kv: ChunkedKV
+    chunks: list[ChunkRow]
+    density: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def _failpoint(name: str) -> None:
