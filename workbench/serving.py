@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -165,3 +166,19 @@ def chromium() -> Iterator[object]:
             yield browser
         finally:
             browser.close()
+
+
+VOILA_SHARE_SCOPE = re.compile(r"^(Unsatisfied version [\d.]+ from _JUPYTERLAB\.CORE_OUTPUT of shared singleton module "
+                               r"@jupyterlab/[a-z-]+ \(required \^4\.5\.10\)|Unsatisfied version [\d.]+ from "
+                               r"_JUPYTERLAB\.CORE_OUTPUT of shared singleton module @jupyterlab/(services|coreutils) "
+                               r"\(required \^[67]\.5\.10\)|No satisfying version \(\^4\.5\.10\) of shared module "
+                               r"@jupyterlab/[a-z-]+ found in shared scope default\.)")
+"""The one family of console warnings a page may print: Voila 0.5.13 ships its JupyterLab core at 4.2.5 beside
+its own widget manager built against 4.5.10, and webpack says so on every load (Voila's bundles, not ours;
+the manager runs on the 4.2.5 core). Everything else a page prints as a warning or error fails its test."""
+
+
+def console_problems(messages: list[tuple[str, str]]) -> list[str]:
+    """The console warnings and errors (and uncaught page errors) that are not Voila's known share-scope lines."""
+    return [f"{kind}: {text}" for kind, text in messages
+            if kind in ("warning", "error", "pageerror") and not VOILA_SHARE_SCOPE.match(text)]

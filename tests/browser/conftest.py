@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from workbench.serving import chromium, free_port
+from workbench.serving import chromium, console_problems, free_port
 from workbench.serving import voila_server as serve
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -45,11 +45,16 @@ def outside(url: str) -> bool:
 @pytest.fixture
 def page(browser, request):
     """A fresh browser page; every request it makes is recorded (``page.outside_requests``: those that left
-    127.0.0.1, which fail the test), and a failed test leaves a full-page screenshot in test-artifacts/."""
+    127.0.0.1, which fail the test), so is its console (``page.console``: a warning or error other than
+    Voila's own share-scope lines fails the test), and a failed test leaves a full-page screenshot in
+    test-artifacts/."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 1600})
     pg = ctx.new_page()
     pg.outside_requests = []
+    pg.console = []
     pg.on("request", lambda r: pg.outside_requests.append(r.url) if outside(r.url) else None)
+    pg.on("console", lambda m: pg.console.append((m.type, m.text)))
+    pg.on("pageerror", lambda e: pg.console.append(("pageerror", str(e))))
     yield pg
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
@@ -57,6 +62,8 @@ def page(browser, request):
         pg.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
     ctx.close()
     assert not pg.outside_requests, f"the page fetched from outside 127.0.0.1: {pg.outside_requests}"
+    problems = console_problems(pg.console)
+    assert not problems, "the page printed to its console:\n" + "\n".join(problems[:20])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -100,26 +107,31 @@ SEEN_JS = """el => {
 }"""
 
 
-def assert_seen(locator, label: str, min_px: int = 200, settle_s: float = 3.0) -> None:
-    """``locator``'s element shows at least ``min_px`` x ``min_px`` on screen once scrolled to: its box cut by
-    every clipping ancestor and the viewport, and nothing else drawn over its centre. (A size read from the
-    element alone passes a figure whose container is 0 px tall with overflow hidden.) Scrolling and layout
-    get ``settle_s`` to finish."""
+def assert_seen(locator, label: str, min_px: int = 200, settle_s: float = 3.0, min_height: int | None = None) -> None:
+    """``locator``'s element shows at least ``min_px`` x ``min_px`` (``min_height`` tall when given) on screen
+    once scrolled to: its box cut by every clipping ancestor and the viewport, and nothing else drawn over its
+    centre. (A size read from the element alone passes a figure whose container is 0 px tall with overflow
+    hidden.) Scrolling and layout get ``settle_s`` to finish."""
+    tall = min_px if min_height is None else min_height
     deadline = time.monotonic() + settle_s
     while True:
         locator.scroll_into_view_if_needed()
         seen = locator.evaluate(SEEN_JS)
-        if (seen["width"] >= min_px and seen["height"] >= min_px and seen["hit"]) or time.monotonic() > deadline:
+        if (seen["width"] >= min_px and seen["height"] >= tall and seen["hit"]) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert seen["width"] >= min_px and seen["height"] >= min_px, \
+    assert seen["width"] >= min_px and seen["height"] >= tall, \
         f"{label} shows {seen['width']:.0f} x {seen['height']:.0f} px {seen['why']}".rstrip()
     assert seen["hit"], f"{label}: something else is drawn over its centre"
 
 
 def assert_figures_visible(page, names, min_px: int = 200, timeout_ms: int = 180_000) -> None:
-    """Each named figure slot is drawn (its plot rendered at the current revision) and seen (``assert_seen``)."""
+    """Each named figure slot is drawn (its plot rendered at the current revision) and seen (``assert_seen``),
+    as tall as its figure asks to be where that is less than ``min_px`` (a short note such as "no results
+    yet"; its own height, not its container's, so a figure squeezed by the page still fails)."""
     for name in names:
         slot = page.locator(f".wb-figure[data-name='{name}'][data-revision]").first
-        slot.locator(".main-svg").first.wait_for(timeout=timeout_ms)
-        assert_seen(slot, f"figure {name!r}", min_px)
+        svg = slot.locator(".main-svg").first
+        svg.wait_for(timeout=timeout_ms)
+        asked = float(svg.get_attribute("height") or min_px)
+        assert_seen(slot, f"figure {name!r}", min_px, min_height=min(min_px, int(asked)))
