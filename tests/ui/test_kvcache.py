@@ -7,6 +7,7 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.kvcache.replay import MAX_IDLE_S, method_config
+from workbench.ui import kvcache as kvcache_ui
 from workbench.ui.kvcache import KVCachePanel, ReplaySettings, compare
 from workbench.viz.kvcache import format_ms
 from tests.conftest import PRESET
@@ -20,7 +21,8 @@ def panel_on(results=None, **kwargs) -> KVCachePanel:
     return KVCachePanel("quick", provider=lambda: results, **kwargs)
 
 
-def test_first_load_draws_every_figure_and_the_engine_numbers():
+def test_first_load_draws_every_figure_and_the_engine_numbers(monkeypatch):
+    monkeypatch.setattr(kvcache_ui, "HEADLINE_SWITCHES", 2)     # the sample's two switches may carry a headline
     results = dict(sorted(sample_replays().items()))            # as a JSON file with sorted keys gives them
     panel = panel_on(results)
     assert panel.message.value == "" and set(panel.figures) == {"latency", *PER_CALL}
@@ -131,7 +133,17 @@ def test_replay_generates_as_many_tokens_per_call_as_the_replays_shown():
     assert {r.settings["max_new_tokens"] for r in panel.results.values()} == {1}
 
 
-def test_the_summary_says_which_budgets_were_raised_and_reads_close_ratios_plainly():
+def test_a_headline_ratio_from_too_few_switches_is_withheld_and_says_why():
+    results = sample_replays()                                   # two switches per method
+    summary = panel_on(results).summary.value
+    assert "No headline ratio: 2 switches per method, fewer than the 10 a mean should rest on" in summary
+    assert "faster than" not in summary
+    assert f"data-method='llms'>{format_ms(results['llms'].mean_switch_s())}</span>" in summary
+    assert results["llms"].switches_s() == [0.004, 0.006]
+
+
+def test_the_summary_says_which_budgets_were_raised_and_reads_close_ratios_plainly(monkeypatch):
+    monkeypatch.setattr(kvcache_ui, "HEADLINE_SWITCHES", 2)
     llms = replace(replay_result(), settings={"requested_budget_bytes": 2_000_000, "config": {"policy": "lctru"}})
     lmk = replace(replay_result("lmk", 1.02, "kill", "lru"), memory_budget_bytes=5_000_000)
     summary = panel_on({"llms": llms, "lmk": lmk}).summary.value

@@ -4,14 +4,13 @@ Each benchmark is a module exposing ``parser()`` (a ``workbench.argtypes.Parser`
 options, so `workbench bench NAME --help` and bad values behave like every other command)
 and ``run(args: list[str])`` that returns rows
 (``list[dict]``) or named tables of rows (``dict[str, list[dict]]``); each table is
-printed and saved to ``<cache>/results/<name>.csv`` (``<name>-<table>.csv`` for named ones).
+printed and saved to ``<cache>/results/<run>/<name>.csv`` (``<name>-<table>.csv`` for named ones) with a
+label of what made it (:mod:`workbench.bench.results`).
 """
 from __future__ import annotations
 
-import csv
 import importlib
 
-from workbench.cache import cache_dir
 from workbench.errors import UnknownNameError
 
 SHARED = {
@@ -55,29 +54,28 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(fmt(r[c]).ljust(widths[c]) for c in cols))
 
 
-def save_rows(name: str, rows: list[dict]):
-    path = cache_dir() / "results" / f"{name}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 def run_benchmark(name: str, args: list[str] | None = None) -> dict[str, list[dict]]:
+    """Run benchmark ``name``, print its tables and save them labelled with what made them
+    (:mod:`workbench.bench.results`: the full run's results and a quick one's are kept apart)."""
+    from workbench.bench import results
+
     known = benchmarks()
     if name not in known:
         raise UnknownNameError("benchmark", name, known)
     from workbench.prepare import print_preset_notice
 
-    print_preset_notice(getattr(bench_parser(name).parse_args(list(args or [])), "preset", "full"))
-    result = importlib.import_module(known[name]).run(list(args or []))
+    args = list(args or [])
+    opts = bench_parser(name).parse_args(args)
+    preset = getattr(opts, "preset", None) or "full"
+    print_preset_notice(preset)
+    made_by = results.label(preset, bool(getattr(opts, "quick", False)), ["workbench", "bench", name, *args])
+    result = importlib.import_module(known[name]).run(args)
     tables = result if isinstance(result, dict) else {"": result}
     for table, rows in tables.items():
         if table:
             print(f"\n== {table}")
         print_table(rows)
         if rows:
-            print(f"results written to {save_rows(f'{name}-{table}' if table else name, rows)}")
+            path = results.save_rows(f"{name}-{table}" if table else name, rows, made_by)
+            print(f"results written to {path} ({made_by['run']} run)")
     return tables

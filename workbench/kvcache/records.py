@@ -71,14 +71,19 @@ class ReplayResult:
     def switch_latencies(self) -> np.ndarray:
         return np.array([c.switch_s for c in self.calls])
 
-    def mean_switch_s(self, skip_first_use: bool = True) -> float:
-        """Mean switching latency; by default over calls to contexts that already existed (a context's first
+    def switches_s(self, skip_first_use: bool = True) -> list[float]:
+        """Switching latencies; by default of calls to contexts that already existed (a context's first
         call has nothing to bring back under any method)."""
         seen, values = set(), []
         for c in self.calls:
             if c.context in seen or not skip_first_use:
                 values.append(c.switch_s)
             seen.add(c.context)
+        return values
+
+    def mean_switch_s(self, skip_first_use: bool = True) -> float:
+        """Mean of :meth:`switches_s`; 0 when there is none."""
+        values = self.switches_s(skip_first_use)
         return float(np.mean(values)) if values else 0.0
 
     def to_json(self) -> dict:

@@ -29,13 +29,19 @@ def paper_rows(figure: int) -> pd.DataFrame:
     return rows[rows["figure"] == figure].drop(columns="figure").reset_index(drop=True)
 
 
-def bench_table(name: str) -> pd.DataFrame | None:
+def bench_results(name: str, run: str | None = None):
     """Table ``name`` of the last `workbench bench llms` run (switching, active_contexts, ablation,
-    perplexity), or None when it has not run on this cache."""
-    from workbench.cache import cache_dir
+    perplexity, ...) with what made it (``workbench.bench.results.Results``): the full run's when there
+    is one, else a quick run's (its caption says it is not meaningful); None when neither ran on this cache."""
+    from workbench.bench.results import load_results
 
-    path = cache_dir() / "results" / f"llms-{name}.csv"
-    return pd.read_csv(path) if path.exists() else None
+    return load_results(f"llms-{name}", run)
+
+
+def bench_table(name: str, run: str | None = None) -> pd.DataFrame | None:
+    """The rows of :func:`bench_results`, or None."""
+    found = bench_results(name, run)
+    return None if found is None else found.frame()
 
 
 def replay_ratios(replays: dict) -> pd.DataFrame:

@@ -98,19 +98,16 @@ class ElasticPanel(Panel):
 
     def evaluation_cells(self) -> list[dict]:
         """Rows of the last `workbench bench elastic` run for this task and prepare preset (or none)."""
-        import csv
+        from workbench.bench.results import load_results, run_label
 
-        from workbench.cache import cache_dir
-
-        path = cache_dir() / "results" / "elastic-cells.csv"
-        if not path.exists():
+        found = load_results("elastic-cells", run_label(self.preset))
+        if found is None:
             return []
-        stamp = (path.stat().st_mtime_ns, self.task.value)
+        stamp = (found.path.stat().st_mtime_ns, self.task.value)
         if self._results_cache is not None and self._results_cache[0] == stamp:
             return self._results_cache[1]
-        with open(path) as handle:
-            rows = [r for r in csv.DictReader(handle)
-                    if r.get("task") == self.task.value and r.get("preset", r.get("profile")) == self.preset]
+        rows = [r for r in found.rows()
+                if r.get("task") == self.task.value and r.get("preset", r.get("profile")) == self.preset]
         for r in rows:
             for k in ("target_ms", "accuracy", "preload_mb", "resident_mb", "memory_mb", "predicted_ms",
                       "measured_ms", "measured_max_ms", "gold"):

@@ -68,6 +68,10 @@ def in_method_order(results: dict) -> dict:
     return {m: results[m] for m in (*[m for m in METHODS if m in results], *[m for m in results if m not in METHODS])}
 
 
+HEADLINE_SWITCHES = 10
+"""Fewest switches per method behind the page's headline ratio; with fewer it is withheld and says why."""
+
+
 def compare(ratio: float, name: str) -> str:
     """How a baseline's mean switch reads beside LLMS's (``ratio`` = baseline / LLMS)."""
     if ratio >= 1.05:
@@ -324,7 +328,12 @@ class KVCachePanel(Panel):
                  f"{format_ms(mean)}</span>" + (f" ({mean / llms:.1f}x LLMS)" if m != "llms" and llms > 0 else "")
                  for m, mean in means.items()]
         versus = [compare(means[m] / llms, method_label(m)) for m in ("vllm_sq", "lmk") if m in means and llms > 0]
-        head = f"LLMS switches {' and '.join(versus)}. " if versus else ""
+        switches = min(len(r.switches_s()) for r in results.values())
+        if switches < HEADLINE_SWITCHES:
+            head = (f"<span class='wb-kv-withheld'>No headline ratio: {switches} switches per method, fewer than "
+                    f"the {HEADLINE_SWITCHES} a mean should rest on (replay more calls).</span> ")
+        else:
+            head = f"LLMS switches {' and '.join(versus)} (means of {switches} switches or more). " if versus else ""
         first = next(iter(results.values()))
         requested = recorded_setting(first, "requested_budget_bytes", first.memory_budget_bytes)
         raised = [f"{method_label(m)} {r.memory_budget_bytes / 1e6:.2f} MB" for m, r in results.items()

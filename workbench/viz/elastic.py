@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, outline
+from workbench.viz.style import INK, MARGIN, TEMPLATE, log_axis, message_figure, outline
 
 MARK_COLOR, LAYER_BAR_COLOR = "#E45756", "#54A24B"
 LAYER_LINE_COLORS = ("#4C78A8", "#F58518", "#72B7B2", "#B279A2", "#9D755D", "#FF9DA6", "#EECA3B", "#79706E")
@@ -123,7 +123,8 @@ def accuracy_memory_figure(cells, target_ms: float, device: str, gold: float | N
                       showlegend=True)
     return fig.update_layout(
         template=TEMPLATE, title=title, height=400, margin=MARGIN,
-        xaxis={"type": "log", "title": "shards held in memory before a run (MB; none at 0.01)"},
+        xaxis=log_axis(SHARD_MEMORY_FLOOR_MB / 2, 2 * max(SHARD_MEMORY_FLOOR_MB, *(float(r["preload_mb"]) for r in rows)),
+                       "shards held in memory before a run (MB; none at 0.01)"),
         yaxis_title="dev accuracy (%)")
 
 

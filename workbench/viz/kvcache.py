@@ -6,11 +6,10 @@ states, levels and actions are discrete colours, each with its own legend entry.
 """
 from __future__ import annotations
 
-import numpy as np
 import plotly.graph_objects as go
 
 from workbench.viz.timeline import LANE_COLORS, gantt_figure
-from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, outline
+from workbench.viz.style import INK, MARGIN, TEMPLATE, log_axis, message_figure, outline
 
 METHOD_LABELS = {"llms": "LLMS", "vllm_sq": "vLLM-SQ", "vllm_s": "vLLM-S", "swapping": "Swapping", "lmk": "LMK"}
 METHOD_COLORS = {"llms": "#E45756", "vllm_sq": "#4C78A8", "vllm_s": "#72B7B2", "swapping": "#B279A2",
@@ -233,8 +232,7 @@ def latency_figure(results: dict, title: str = "Switching latency per call") -> 
         title=f"{title}<br><sub>legend: mean over calls to contexts that already existed (a first call "
               f"brings nothing back)</sub>",
         xaxis={"title": "call in the trace", "tick0": 0, "dtick": max(1, calls_shown // 16)},
-        yaxis={"type": "log", "title": "switching latency (ms, log scale)",
-               "range": [np.log10(floor), np.log10(max(positive, default=1e-3) * 1e3) + 0.2]})
+        yaxis=log_axis(floor, max(positive, default=1e-3) * 1e3 * 10 ** 0.2, "switching latency (ms, log scale)"))
     return fig
 
 

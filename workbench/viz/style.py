@@ -45,3 +45,13 @@ def message_figure(title: str, message: str, height: int = 400) -> go.Figure:
         template=TEMPLATE, title=title, height=height, margin=MARGIN, plot_bgcolor="white", xaxis={"visible": False},
         yaxis={"visible": False}, annotations=[{"text": message, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
                                                 "showarrow": False, "font": {"size": 14}}])
+
+
+def log_axis(low: float, high: float, title: str) -> dict:
+    """A log axis from ``low`` to ``high`` (data units) labelled at powers of ten only, where the range holds
+    one; within one decade at 1, 2 and 5 times a power of ten (Plotly's default labels every minor step)."""
+    import math
+
+    span = math.log10(max(high, low * 1.0001)) - math.log10(low)
+    return {"type": "log", "title": title, "dtick": 1 if span >= 1 else "D2", "minor": {"showgrid": False},
+            "range": [math.log10(low), math.log10(max(high, low * 1.0001))]}
