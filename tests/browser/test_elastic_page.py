@@ -56,3 +56,90 @@ def test_target_slider_replans_gantt_and_submodel(voila_server, page):
     plans = int(page.locator(".wb-submodel").get_attribute("data-plans")) - before
     print(f"{presses} arrow-key steps -> {plans} plan(s) computed in the kernel")
     assert 1 <= plans <= presses
+
+
+FIGURE_JS = """slot => {
+    const gd = slot.querySelector('.js-plotly-plot');
+    const title = slot.querySelector('.gtitle');
+    const data = gd && gd.data ? JSON.stringify(gd.data.map(t => [t.name, t.x, t.y, t.z, t.base])) : '';
+    return {title: title ? title.textContent : '', data: data};
+}"""
+
+
+def figure_state(page, name):
+    """The title and the data a figure slot shows in the page now."""
+    return page.locator(f".wb-figure[data-name='{name}'][data-revision]").first.evaluate(FIGURE_JS)
+
+
+def wait_for_title(page, name, text, timeout_ms=60_000):
+    page.locator(f".wb-figure[data-name='{name}'] .gtitle", has_text=text).first.wait_for(timeout=timeout_ms)
+
+
+def set_readout(page, label, value):
+    """Type ``value`` into the readout of the slider labelled ``label`` and settle it with Enter."""
+    slider = page.locator(".widget-slider", has=page.locator("label", has_text=label))
+    slider.locator(".widget-readout").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(str(value))
+    page.keyboard.press("Enter")
+
+
+def test_every_control_moves_the_titles_and_data_of_its_figures(voila_server, page):
+    """Task, device, target, preload, AIB step and runs, each off its default: the figures drawn from each
+    show a new title naming the new value, and new data."""
+    from workbench.data import TASKS
+
+    page.goto(f"{voila_server}/voila/render/elastic.ipynb", timeout=PAGE_TIMEOUT_MS)
+    page.locator(".wb-submodel").wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, ["importance", "candidates", "aib", "gantt", "memory"])
+    names = ("importance", "candidates", "aib", "gantt", "memory")
+    seen = {n: figure_state(page, n) for n in names}
+
+    def changed(*which):
+        now = {n: figure_state(page, n) for n in names}
+        for n in which:
+            assert now[n]["title"] != seen[n]["title"], f"figure {n!r} kept its title {now[n]['title']!r}"
+        seen.update(now)
+        return now
+
+    before = dict(seen)
+    page.locator(".widget-dropdown", has=page.locator("label", has_text="Task")).locator("select").select_option(
+        label=TASKS["bbc"].title)
+    wait_for_title(page, "importance", f"({TASKS['bbc'].title})")
+    now = changed("importance")
+    assert now["importance"]["data"] != before["importance"]["data"]        # bbc's importance, not sentiment's
+
+    page.locator(".widget-dropdown", has=page.locator("label", has_text="Device")).locator("select").select_option(
+        "jetson-nano")
+    wait_for_title(page, "candidates", "on jetson-nano")
+    wait_for_title(page, "gantt", "on jetson-nano")
+    changed("candidates", "gantt", "memory")
+
+    before = dict(seen)
+    set_readout(page, "Target (ms)", 300)
+    wait_for_title(page, "candidates", "at 300 ms on jetson-nano")
+    now = changed("candidates", "memory")
+    assert now["candidates"]["data"] != before["candidates"]["data"]
+
+    before = dict(seen)
+    set_readout(page, "Preload (MB)", 4.5)
+    wait_for_title(page, "aib", "4.50 MB preload buffer")
+    now = changed("aib")
+    assert now["aib"]["data"] != before["aib"]["data"]
+
+    before = dict(seen)
+    set_readout(page, "AIB step", 0)
+    wait_for_title(page, "aib", "step 0/")
+    now = changed("aib")
+    assert now["aib"]["data"] != before["aib"]["data"]
+
+    runs = page.locator(".widget-text", has=page.locator("label", has_text="runs")).locator("input")
+    runs.fill("1")
+    runs.press("Enter")
+    before = dict(seen)
+    page.locator("button", has_text="Run for real").click()
+    page.locator(".wb-run-info", has_text="1 real run(s)").wait_for(timeout=120_000)
+    page.wait_for_timeout(500)
+    now = {n: figure_state(page, n) for n in names}
+    assert now["gantt"]["data"] != before["gantt"]["data"]          # the measured run overlaid
+    assert page.locator(".wb-error").count() == 0

@@ -1,6 +1,7 @@
 import base64
 import json
 
+from workbench.data import TASKS
 from workbench.elastic.planner import plan_elastic
 from workbench.elastic.artifacts import load_context
 from workbench.ui import ElasticPanel
@@ -97,3 +98,25 @@ def test_the_memory_figure_follows_the_target_without_evaluated_cells(prepared, 
     title = panel.figures["memory"].layout.title.text
     assert "350 ms" in title and "200 ms" not in title
     assert panel.figures["memory"].layout.height <= 200
+
+
+def test_every_figure_title_follows_the_controls_it_depends_on(prepared):
+    """Task, device, target, preload and step each move the titles of the figures drawn from them."""
+    panel = ElasticPanel(PRESET)
+    titles = lambda: {name: fig.layout.title.text for name, fig in panel.figures.items()}
+    before = titles()
+    first = expected_plan("sentiment", "odroid-n2", 200, 1.0)
+    assert f"({TASKS['sentiment'].title}) and the {first.n} x {first.m} plan" in before["importance"]
+    assert "at 200 ms on odroid-n2" in before["candidates"] and "1.00 MB preload" in before["aib"]
+    panel.task.value = "bbc"
+    plan = expected_plan("bbc", "odroid-n2", 200, 1.0)
+    assert f"({TASKS['bbc'].title}) and the {plan.n} x {plan.m} plan" in titles()["importance"]
+    panel.device.value = "jetson-nano"
+    assert "on jetson-nano" in titles()["candidates"] and "on jetson-nano" in titles()["gantt"]
+    assert "on jetson-nano" in titles()["memory"]
+    panel.target.value = 300
+    assert "at 300 ms on jetson-nano" in titles()["candidates"] and "300 ms" in titles()["memory"]
+    panel.preload.value = 4.5
+    assert "4.50 MB preload buffer" in titles()["aib"]
+    panel.step.value = 0
+    assert "step 0/" in titles()["aib"]

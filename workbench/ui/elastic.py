@@ -152,13 +152,17 @@ class ElasticPanel(Panel):
         finally:
             self._replanning = False
         key = (self.task.value, plan.n, plan.m, plan.bits.tobytes(), plan.preloaded.tobytes())
+        task = TASKS[self.task.value].title
+        shown = f"the {plan.n} x {plan.m} plan" if plan.found else "no plan"
         self.show_if_changed("importance", key,
-                             lambda: importance_plan_figure(ctx.importance.accuracy, plan if plan.found else None))
+                             lambda: importance_plan_figure(ctx.importance.accuracy, plan if plan.found else None,
+                                                            title=f"Shard importance ({task}) and {shown}"))
         if plan.compute is not None:             # depends on the target and device only, not on the buffer
             compute = plan.compute
             key = (self.task.value, self.device.value, compute.target_s, compute.n, compute.m,
                    tuple((r.n, r.m) for r in plan.rejected))      # rejections depend on the buffer
-            self.show_if_changed("candidates", key, lambda: candidates_figure(compute))
+            title = f"Compute planning at {1e3 * compute.target_s:.0f} ms on {self.device.value}: every n x m submodel"
+            self.show_if_changed("candidates", key, lambda: candidates_figure(compute, title=title))
         self._redraw_aib()
         self._redraw_gantt()
         self._redraw_memory()
@@ -166,7 +170,9 @@ class ElasticPanel(Panel):
     def _redraw_aib(self) -> None:
         if self.plan is None or self.plan.io is None or getattr(self, "_replanning", False):
             return
-        self.show_figure("aib", aib_figure(self.plan.io, self.step.value))
+        self.show_figure("aib", aib_figure(self.plan.io, self.step.value,
+                                           title=f"Accumulated IO budget per layer, {self.preload.value:.2f} MB preload "
+                                                 f"buffer"))
 
     def _redraw_gantt(self) -> None:
         plan = self.plan
