@@ -428,8 +428,14 @@ def test_a_context_limit_beyond_the_decoders_is_refused_before_any_context_exist
     with pytest.raises(WorkbenchError, match=r"max_context_tokens is at most 8192 tokens \(the decoder's "
                                               r"context\), got 9000"):
         LLMService(model, tmp_path, config=ServiceConfig(max_context_tokens=9000))
-    with pytest.raises(WorkbenchError, match=r"memory_budget_bytes is a whole number of at least 1 bytes, got 0"):
+    with pytest.raises(WorkbenchError, match=r"memory_budget_bytes: must be at least 1 bytes, got 0"):
         LLMService(model, tmp_path, memory_budget_bytes=0)
+    with pytest.raises(WorkbenchError, match=r"memory_budget_bytes: must be at most \d+ bytes \(this machine's "
+                                              r"memory\), got 1e\+18"):
+        LLMService(model, tmp_path, memory_budget_bytes=10**18)
+    with pytest.raises(WorkbenchError, match=r"max_contexts_per_app: must be at most \d+ contexts"):
+        LLMService(model, tmp_path, max_contexts_per_app=10**15)
+    assert not list(tmp_path.iterdir())                     # refused before the swap folder is made
 
 
 def _conversation(model, folder, steps, *, config=None, budget=600_000, during=None):

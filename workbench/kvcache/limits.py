@@ -25,6 +25,7 @@ over 50,000 contexts)."""
 DAY_S = 86400
 decoder_tokens = Bound(CONTEXT_TOKENS, "the decoder's context")
 memory_mb = positive("MB", Bound(machine_memory_bytes() // 10**6, "this machine's memory"))
+budget_bytes = count(1, unit="bytes", at_most=Bound(machine_memory_bytes(), "this machine's memory"))
 
 contexts = count(1, unit="contexts", at_most=memory_holds(CHUNK_BYTES_8BIT, "contexts of one 8-bit chunk each"))
 trace_calls = count(1, unit="calls", at_most=memory_holds(BYTES_PER_CALL, "calls of 1 KB each"))

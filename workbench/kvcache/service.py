@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Mapping
 
 
 from workbench.errors import WorkbenchError
+from workbench.kvcache import limits
 from workbench.kvcache.budget import MemoryBudget
 from workbench.kvcache.chunks import ChunkData, ChunkedKV, working_nbytes
 from workbench.kvcache.compression import relevel_context
@@ -136,8 +137,8 @@ class LLMService:
                  memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
                  max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP, config: ServiceConfig | None = None,
                  *, tokenizer=None, loader: Loader | None = None, device: str = "host"):
-        check_whole("memory_budget_bytes", memory_budget_bytes, 1, None, "bytes")
-        check_whole("max_contexts_per_app", max_contexts_per_app, 1, None, "contexts")
+        limits.budget_bytes.check("memory_budget_bytes", memory_budget_bytes)
+        limits.contexts.check("max_contexts_per_app", max_contexts_per_app)
         if model is None:
             from workbench.models.decoder import load_decoder
             model = load_decoder()
