@@ -241,3 +241,24 @@ def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_pa
     alive = [p for p in below if Path(f"/proc/{p}").exists() and "zombie" not in
              Path(f"/proc/{p}/status").read_text(errors="replace").lower()]
     assert alive == [], f"still running after {signum}: {alive}"
+
+
+def test_dashboards_without_prepare_still_says_which_preset_serves_every_page_now(monkeypatch, capsys):
+    """`workbench dashboards --no-prepare` starts no prepare, but says so when another preset's artifacts
+    would serve every page now."""
+    import types
+
+    from workbench import cli, listen, prepare, prepare_job
+
+    class Server:
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(prepare, "serve_now_hint", lambda preset: f"serve the quick preset instead of {preset}")
+    monkeypatch.setattr(prepare_job, "start_background", lambda preset: pytest.fail("--no-prepare started a prepare"))
+    monkeypatch.setattr(listen, "check_tcp_port", lambda port: port)
+    monkeypatch.setattr(cli.subprocess, "Popen", lambda *a, **k: Server())
+    args = types.SimpleNamespace(port=8866, preheat=False, no_prepare=True, preset="full")
+    assert cli._cmd_dashboards(args) == 0
+    out = capsys.readouterr().out
+    assert "workbench dashboards: serve the quick preset instead of full\n" in out

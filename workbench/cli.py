@@ -66,6 +66,8 @@ def _cmd_dashboards(args) -> int:
             hint = serve_now_hint(args.preset)
             if hint:
                 print(f"workbench dashboards: {hint}", flush=True)
+    elif serve_now_hint(args.preset):
+        print(f"workbench dashboards: {serve_now_hint(args.preset)}", flush=True)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
     proc = subprocess.Popen(cmd, cwd=DASHBOARDS_DIR, start_new_session=True,
