@@ -253,3 +253,6 @@ def test_simulated_timeline_stalls_where_io_is_late():
     stalls = tl.of_kind("stall")
     assert [round(s.duration, 6) for s in stalls] == [0.6, 0.2]     # 0.6 s before layer 0; then 1.2 s of IO vs 1 s
     assert tl.end == pytest.approx(0.6 + 1.0 + 0.2 + 1.0)
+    io = [(s.layer, s.nbytes) for s in tl.of_kind("io")]
+    assert io == [(0, 3 * prof.shard_bytes[2]), (1, 3 * prof.shard_bytes[4])]
+    assert [s.layer for s in stalls] == [0, 1]

@@ -171,9 +171,8 @@ class ElasticEngine:
                             pad_until(start + sum(emulate.t_io(b) for j, b in todo[k] if j <= i))
                     end = time.perf_counter()
                     if todo[k]:
-                        spans.append(Span("io", "io", start - t0, end - t0, f"layer {k}",
-                                          {"shards": len(todo[k]), "bytes": sum(len(b) for b in blobs.values())},
-                                          device))
+                        spans.append(Span("io", "io", start - t0, end - t0, f"layer {k}", {"shards": len(todo[k])},
+                                          device, nbytes=sum(len(b) for b in blobs.values()), layer=k))
                     arrivals.put((k, blobs))
             except BaseException as exc:                      # surfaced in the calling thread
                 failure.append(exc)
@@ -196,7 +195,7 @@ class ElasticEngine:
             waited = time.perf_counter()
             if waited - wait_start > 50e-6 and todo[k]:
                 spans.append(Span("compute", "stall", wait_start - t0, waited - t0, f"wait for layer {k}",
-                                  device=device))
+                                  device=device, layer=k))
             start = time.perf_counter()
             shards = []
             for i in range(m):
@@ -216,8 +215,10 @@ class ElasticEngine:
             if emulate is not None:
                 pad_until(start + emulate.t_comp(m))
             end = time.perf_counter()
-            spans.append(Span("compute", "decompress", start - t0, dec_end - t0, f"layer {k}", {"shards": m}, device))
-            spans.append(Span("compute", "compute", dec_end - t0, end - t0, f"layer {k}", {"shards": m}, device))
+            spans.append(Span("compute", "decompress", start - t0, dec_end - t0, f"layer {k}", {"shards": m}, device,
+                              layer=k))
+            spans.append(Span("compute", "compute", dec_end - t0, end - t0, f"layer {k}", {"shards": m}, device,
+                              layer=k))
             del ready[k]
         logits = self.model.classify(x, mask)
         latency = time.perf_counter() - t0

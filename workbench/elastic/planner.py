@@ -430,8 +430,8 @@ def simulate(cost_model: CostModel, bits: np.ndarray, preloaded: np.ndarray, seq
         loads = [int(b) for b, p in zip(bits[k], preloaded[k]) if not p]
         dur = sum(cost_model.t_io(b) for b in loads)
         if dur > 0:
-            spans.append(Span("io", "io", t_io, t_io + dur, f"layer {k}",
-                              {"shards": len(loads), "bytes": sum(cost_model.shard_bytes[b] for b in loads)}))
+            spans.append(Span("io", "io", t_io, t_io + dur, f"layer {k}", {"shards": len(loads)},
+                              nbytes=sum(cost_model.shard_bytes[b] for b in loads), layer=k))
         t_io += dur
         io_end.append(t_io)
     if sequential:
@@ -440,9 +440,9 @@ def simulate(cost_model: CostModel, bits: np.ndarray, preloaded: np.ndarray, seq
     tc = cost_model.t_comp(m)
     for k in range(n):
         if io_end[k] > t + EPS:
-            spans.append(Span("compute", "stall", t, io_end[k], f"wait for layer {k}"))
+            spans.append(Span("compute", "stall", t, io_end[k], f"wait for layer {k}", layer=k))
             t = io_end[k]
-        spans.append(Span("compute", "compute", t, t + tc, f"layer {k}", {"shards": m}))
+        spans.append(Span("compute", "compute", t, t + tc, f"layer {k}", {"shards": m}, layer=k))
         t += tc
     return Timeline(tuple(spans), "predicted", name=name)
 

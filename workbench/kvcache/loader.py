@@ -145,8 +145,8 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
             for layer, parts, values in stream_layers(to_load, cold):
                 pad_until(start + io_layer_s)
                 end = time.perf_counter()
-                spans.append(Span("io", "swap_in", start - t0, end - t0, f"layer {layer}",
-                                  {"chunks": len(to_load), "bytes": bytes_read / layers}, device))
+                spans.append(Span("io", "swap_in", start - t0, end - t0, f"layer {layer}", {"chunks": len(to_load)},
+                                  device, nbytes=bytes_read // layers, layer=layer))
                 arrivals.put((layer, parts, values))
                 start = end
         except BaseException as exc:                      # surfaced in the calling thread
@@ -172,13 +172,13 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
         start = time.perf_counter()
         if to_load and start - wait_start > 50e-6:
             spans.append(Span("compute", "stall", wait_start - t0, start - t0, f"wait for layer {layer}",
-                              device=device))
+                              device=device, layer=layer))
         context = {i: a[layer] for i, a in held.items()}
         context.update((i, v) for i, v in zip(plan.load, values or ()) if i in needed)
         outputs.append(job.step(context))
         pad_until(start + re_layer_s)
         spans.append(Span("compute", "recompute", start - t0, time.perf_counter() - t0, f"layer {layer}",
-                          {"chunks": len(job.missing)}, device))
+                          {"chunks": len(job.missing)}, device, layer=layer))
     io_thread.join()
     if failure:
         raise failure[0]

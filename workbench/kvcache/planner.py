@@ -167,13 +167,14 @@ def pipeline_timeline(costs: SwapCostModel, num_recompute: int, load_bytes: int,
     for layer in range(layers):
         label = f"layer {layer}"
         if num_load:
-            spans.append(Span("io", "swap_in", io_end, io_end + io_s, label,
-                              {"chunks": num_load, "bytes": load_bytes / layers}, device))
+            spans.append(Span("io", "swap_in", io_end, io_end + io_s, label, {"chunks": num_load}, device,
+                              nbytes=load_bytes // layers, layer=layer))
             io_end += io_s
         if num_recompute:
             if num_load and io_end > t + EPS:
-                spans.append(Span("compute", "stall", t, io_end, f"wait for {label}", device=device))
+                spans.append(Span("compute", "stall", t, io_end, f"wait for {label}", device=device, layer=layer))
                 t = io_end
-            spans.append(Span("compute", "recompute", t, t + re_s, label, {"chunks": num_recompute}, device))
+            spans.append(Span("compute", "recompute", t, t + re_s, label, {"chunks": num_recompute}, device,
+                              layer=layer))
             t += re_s
     return Timeline(tuple(spans), "predicted", name=f"swap-in {num_load} / recompute {num_recompute} chunks")

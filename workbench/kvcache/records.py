@@ -7,12 +7,12 @@ Plain frozen dataclasses that round-trip through JSON, so a replay made by `work
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from workbench.timeline import Counter, Span, Timeline
+from workbench.timeline import Timeline
 
 CHUNK_STATES = ("32", "16", "8", "4", "2", "swapped", "recomputed", "loaded", "killed")
 """A chunk in the map: in memory at a level (raw 32 or 16, 8, 4, 2 bits), only on disk (swapped), brought back
@@ -109,8 +109,7 @@ class ReplayResult:
 
 def _encode(value):
     if isinstance(value, Timeline):
-        return {"source": value.source, "name": value.name, "spans": [asdict(s) for s in value.spans],
-                "counters": [asdict(c) for c in value.counters]}
+        return value.to_dict()
     if hasattr(value, "__dataclass_fields__"):
         return {f.name: _encode(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, (list, tuple)):
@@ -123,10 +122,7 @@ def _encode(value):
 
 
 def _timeline(data: dict | None) -> Timeline | None:
-    if data is None:
-        return None
-    return Timeline(tuple(Span(**s) for s in data["spans"]), data["source"],
-                    tuple(Counter(**c) for c in data.get("counters", ())), data.get("name", ""))
+    return None if data is None else Timeline.from_dict(data)
 
 
 def _call(data: dict) -> CallRecord:

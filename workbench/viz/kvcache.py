@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.viz.timeline import LANE_COLORS, gantt_figure
+from workbench.viz.timeline import KIND_COLORS, gantt_figure
 from workbench.viz.style import INK, MARGIN, TEMPLATE, log_axis, message_figure, outline
 
 METHOD_LABELS = {"llms": "LLMS", "vllm_sq": "vLLM-SQ", "vllm_s": "vLLM-S", "swapping": "Swapping", "lmk": "LMK"}
@@ -16,7 +16,7 @@ METHOD_COLORS = {"llms": "#E45756", "vllm_sq": "#4C78A8", "vllm_s": "#72B7B2", "
                  "lmk": "#9D755D"}
 
 STATE_COLORS = {"32": "#08306B", "16": "#08519C", "8": "#2171B5", "4": "#6BAED6", "2": "#C6DBEF", "swapped": "#A6A6A6",
-                "recomputed": LANE_COLORS["recompute"], "loaded": LANE_COLORS["swap_in"], "killed": "#3B3B3B"}
+                "recomputed": KIND_COLORS["recompute"], "loaded": KIND_COLORS["swap_in"], "killed": "#3B3B3B"}
 STATE_LABELS = {"32": "in memory, raw 32-bit", "16": "in memory, raw 16-bit", "8": "in memory, 8-bit", "4": "in memory, 4-bit",
                 "2": "in memory, 2-bit", "swapped": "swapped out (only on disk)",
                 "recomputed": "recomputed by this call", "loaded": "swapped in by this call",
