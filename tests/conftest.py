@@ -22,12 +22,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.unit)
 
 
+def prepared_artifacts(preset: str) -> dict[str, object]:
+    """What every registered mechanism declares its tests need (``Mechanism.test_artifacts``), prepared, by name."""
+    from workbench.mechanisms import mechanisms
+
+    found: dict[str, object] = {}
+    for mechanism in mechanisms():
+        made = mechanism.test_artifacts(preset) if mechanism.test_artifacts else {}
+        if set(made) & set(found):
+            raise RuntimeError(f"{mechanism.name} declares test artifacts named like another's: {set(made) & set(found)}")
+        found.update(made)
+    return found
+
+
 @pytest.fixture(scope="session")
 def prepared():
-    """The quick-prepared elastic models of both tasks (trained once, then cached)."""
-    from workbench.elastic.artifacts import prepare_model
-
-    return {t: prepare_model(t, PRESET, progress=False) for t in ("sentiment", "bbc")}
+    """Every registered mechanism's test artifacts for the suite's preset (e.g. ``prepared["bbc"]``, elastic's
+    model of that task); prepared once, then cached."""
+    return prepared_artifacts(PRESET)
 
 
 @pytest.fixture

@@ -54,15 +54,23 @@ class Dashboard:
     requires: tuple[str, ...] = ()              # names of the prepare steps whose artifacts the page reads
     probe_control: str = ""                     # label of a slider `workbench bench browser` moves ...
     probe_figure: str = ""                      # ... and the figure slot whose redraw it times
+    panel: str = ""                             # "module:Class" of the page's Panel (`bench ui`, `workbench.ui`)
 
 
 OVERVIEW = Dashboard(
     page="overview.ipynb", title="Overview",
-    summary="the shipped models and tasks, the accuracy of every n x m elastic submodel, device profiles with "
-            "per-layer IO and compute times",
-    requires=("elastic fine-tuning: sentiment", "elastic fine-tuning: bbc"),
-    probe_control="Shard bits", probe_figure="times")
-"""The shared page every gallery lists first (not a mechanism of its own)."""
+    summary="the shipped models, device profiles with per-layer IO and compute times, and each mechanism's "
+            "part built from its prepared artifacts (or what it still waits for)",
+    probe_control="Shard bits", probe_figure="times", panel="workbench.ui.overview:OverviewPanel")
+"""The shared page every gallery lists first (not a mechanism of its own); it needs nothing prepared."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverviewSection:
+    """A mechanism's part of the overview page, built from its own prepared artifacts."""
+    title: str
+    panel: str                                  # "module:Class", made as Class(preset): a widget
+    requires: tuple[str, ...] = ()              # prepare steps it reads; until they are ready the page says so
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +99,10 @@ class Mechanism:
     dashboard: Dashboard | None = None
     notebooks: tuple[Notebook, ...] = ()
     info: Callable[[str], InfoSection] | None = None   # info(preset): reads what is prepared, never builds it
+    overview: OverviewSection | None = None
+    test_artifacts: Callable[[str], dict[str, object]] | None = None
+    """test_artifacts(preset): prepares (cached) what the test suite needs and returns it by name; the tests'
+    ``prepared`` fixture merges every mechanism's."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +138,12 @@ def load_registered(paths: tuple[str, ...]) -> tuple[Mechanism, ...]:
 def mechanisms() -> tuple[Mechanism, ...]:
     """Every registered mechanism, in registration order."""
     return load_registered(REGISTERED)
+
+
+def load(ref: str) -> object:
+    """What a ``"module:name"`` reference names, imported now."""
+    module, _, name = ref.partition(":")
+    return getattr(import_module(module), name)
 
 
 def dashboards() -> tuple[Dashboard, ...]:

@@ -1,42 +1,103 @@
+import dataclasses
+
 import pytest
 
+from workbench import mechanisms as registry
 from workbench.devices import DISTILBERT, MINILM, get_profile
 from workbench.ui import OverviewPanel
+from workbench.ui.elastic import ElasticOverview
+from workbench.ui.kvcache import KVCacheOverview
+from workbench.viz.kvcache import format_ms, method_label
+
+NAMES = [m.name for m in registry.mechanisms()]
 
 
-def test_controls_redraw_their_figures(prepared):
+@pytest.fixture
+def only_prepared(monkeypatch):
+    """``only_prepared(name)``: every registered mechanism but ``name`` reads as not prepared (its steps'
+    ``ready()`` says no), as on a machine where only that mechanism's prepare ran."""
+    def unready(m: registry.Mechanism) -> registry.Mechanism:
+        steps = lambda preset, m=m: [dataclasses.replace(s, ready=lambda preset: False) for s in m.prepare_steps(preset)]
+        return dataclasses.replace(m, prepare_steps=steps)
+
+    def only(name: str) -> None:
+        found = tuple(m if m.name == name else unready(m) for m in registry.load_registered(registry.REGISTERED))
+        monkeypatch.setattr(registry, "mechanisms", lambda: found)
+    return only
+
+
+def test_the_device_half_redraws_and_each_mechanism_has_its_section(prepared):
     panel = OverviewPanel("quick")
-    grid_fig = lambda: panel.figures["grid"]
-    times_fig = lambda: panel.figures["times"]
-    first_grid = grid_fig()
     assert panel.message.value == ""
-    assert grid_fig().data[0].z[5][11] == pytest.approx(prepared["sentiment"].accuracy_grid[5, 11] * 100)
-    panel.task.value = "bbc"
-    assert grid_fig().data[0].z[5][11] == pytest.approx(prepared["bbc"].accuracy_grid[5, 11] * 100)
-    assert "BBC News" in grid_fig().layout.title.text
+    assert list(panel.sections) == [m.name for m in registry.mechanisms() if m.overview]
+    assert list(panel.children[-len(panel.sections):]) == list(panel.sections.values())
+    times_fig = lambda: panel.figures["times"]
     panel.device.value = "jetson-nano"
     assert times_fig().data[0].y[11] == pytest.approx(get_profile("jetson-nano").layer_compute_s(12, DISTILBERT) * 1e3)
     panel.shape.value = "MiniLM layer (d=384)"
     panel.bits.value = 2
     assert times_fig().data[1].y[0] == pytest.approx(get_profile("jetson-nano").shard_read_s(2, MINILM) * 1e3)
-    assert panel.children[2] is panel.figure_slot("grid") and panel.children[6] is panel.figure_slot("times")
-    synced = panel.figure_slot("grid").figure                        # what the browser receives
-    assert synced["layout"]["title"]["text"] == grid_fig().layout.title.text
-    assert first_grid is not grid_fig()
-    shown = grid_fig()
-    panel.device.value = "odroid-n2"
-    assert grid_fig() is shown                                              # a device change leaves the grid alone
+    assert isinstance(panel.section("elastic"), ElasticOverview)
+    assert isinstance(panel.section("kvcache"), KVCacheOverview)
 
 
-def test_unprepared_task_shows_an_inline_message(tmp_cache):
+def test_the_elastic_section_shows_each_tasks_grid(prepared):
+    section = OverviewPanel("quick").section("elastic")
+    grid_fig = lambda: section.figures["grid"]
+    assert section.message.value == ""
+    assert grid_fig().data[0].z[5][11] == pytest.approx(prepared["sentiment"].accuracy_grid[5, 11] * 100)
+    first = grid_fig()
+    section.task.value = "bbc"
+    assert grid_fig().data[0].z[5][11] == pytest.approx(prepared["bbc"].accuracy_grid[5, 11] * 100)
+    assert "BBC News" in grid_fig().layout.title.text and first is not grid_fig()
+    assert section.figure_slot("grid").figure["layout"]["title"]["text"] == grid_fig().layout.title.text
+
+
+def test_the_llms_section_shows_the_prepared_replays(prepared):
+    section = OverviewPanel("quick").section("kvcache")
+    assert section.message.value == ""
+    names = [t.name for t in section.figures["latency"].data]
+    for method, result in prepared["replays"].items():
+        assert f"data-method='{method}'" in section.summary.value
+        assert f"{method_label(method)}: mean {format_ms(result.mean_switch_s())}" in names
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_overview_serves_with_one_mechanism_prepared(prepared, only_prepared, name):
+    only_prepared(name)
     panel = OverviewPanel("quick")
-    assert "wb-error" in panel.message.value and "workbench prepare --preset quick" in panel.message.value
-    assert "Traceback" not in panel.message.value
-    assert "grid" not in panel.figures
+    assert panel.message.value == "" and "times" in panel.figures
+    for other, box in panel.sections.items():
+        text = " ".join(getattr(w, "value", "") for w in box.children)
+        if other == name:
+            assert panel.section(other) is not None and "wb-section-missing" not in text
+            assert "wb-error" not in getattr(panel.section(other).message, "value", "")
+        else:
+            missing = [s for m in registry.mechanisms() if m.name == other for s in m.overview.requires]
+            assert panel.section(other) is None and "wb-section-missing" in text
+            assert f"missing {', '.join(missing)}" in text and "workbench prepare --preset quick" in text
 
 
-def test_a_device_change_keeps_the_task_error_and_redraws_only_the_device_figure(tmp_cache):
+def test_an_unprepared_cache_shows_what_is_missing_and_the_devices(tmp_cache):
     panel = OverviewPanel("quick")
-    panel.device.value = "jetson-nano"
-    assert "workbench prepare --preset quick" in panel.message.value
-    assert "Jetson Nano" in panel.figures["times"].layout.title.text and "grid" not in panel.figures
+    assert panel.message.value == "" and "Odroid" in panel.figures["times"].layout.title.text
+    for name, box in panel.sections.items():
+        assert panel.section(name) is None
+        assert "workbench prepare --preset quick" in box.children[1].value
+
+
+def test_an_unprepared_task_shows_an_inline_message_in_the_elastic_section(tmp_cache):
+    section = ElasticOverview("quick")
+    assert "wb-error" in section.message.value and "workbench prepare --preset quick" in section.message.value
+    assert "Traceback" not in section.message.value and "grid" not in section.figures
+
+
+def test_a_section_that_fails_to_build_leaves_the_page_working(prepared, monkeypatch):
+    broken = registry.OverviewSection(title="Broken", panel="workbench.ui.elastic:NoSuchPanel")
+    found = tuple(dataclasses.replace(m, overview=broken) if m.name == "kvcache" else m
+                  for m in registry.load_registered(registry.REGISTERED))
+    monkeypatch.setattr(registry, "mechanisms", lambda: found)
+    panel = OverviewPanel("quick")
+    assert "NoSuchPanel" in panel.sections["kvcache"].children[1].value and "wb-internal-error" in \
+        panel.sections["kvcache"].children[1].value
+    assert isinstance(panel.section("elastic"), ElasticOverview) and "times" in panel.figures

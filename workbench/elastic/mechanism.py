@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from workbench.data import TASKS
 from workbench.elastic import commands
-from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, PrepareStep
+from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, OverviewSection, PrepareStep
 
 ESTIMATES_S = {
     # Seconds measured on 2 cores from an empty cache (`workbench prepare --preset full`, 23.7 min in all;
@@ -71,6 +71,13 @@ def _info(preset: str) -> InfoSection:
     return InfoSection(data={"full_model_dev_accuracy": accuracy}, lines=lines)
 
 
+def _test_artifacts(preset: str) -> dict[str, object]:
+    """The fine-tuned elastic model of each task, by task name."""
+    from workbench.elastic.artifacts import prepare_model
+
+    return {task: prepare_model(task, preset, progress=False) for task in TASKS}
+
+
 MECHANISM = Mechanism(
     name="elastic",
     title="Elastic pipelining (WRX)",
@@ -91,11 +98,15 @@ MECHANISM = Mechanism(
                 "every allocation step, the IO/compute pipeline predicted and measured, accuracy vs memory",
         requires=tuple(f"{what}: {task}" for task in TASKS
                        for what in ("elastic fine-tuning", "shard store", "shard importance")),
-        probe_control="Target (ms)", probe_figure="gantt"),
+        probe_control="Target (ms)", probe_figure="gantt", panel="workbench.ui.elastic:ElasticPanel"),
     notebooks=(
         Notebook(path="elastic_pipelining.ipynb", title="Elastic pipelining: a tutorial", kind="tutorial"),
         Notebook(path="labs/elastic_lab.ipynb", title="Elastic pipelining: a teaching lab", kind="lab"),
         Notebook(path="elastic_evaluation.ipynb", title="Elastic pipelining beside the paper", kind="evaluation"),
     ),
     info=_info,
+    overview=OverviewSection(title="Elastic pipelining (WRX): accuracy of every n x m submodel",
+                             panel="workbench.ui.elastic:ElasticOverview",
+                             requires=tuple(f"elastic fine-tuning: {task}" for task in TASKS)),
+    test_artifacts=_test_artifacts,
 )

@@ -3,7 +3,7 @@ its benchmark, page and notebooks."""
 from __future__ import annotations
 
 from workbench.kvcache import commands
-from workbench.mechanisms import Command, Dashboard, Mechanism, Notebook, PrepareStep
+from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, OverviewSection, PrepareStep
 
 COSTS_STEP = "llms swap costs: host"
 REPLAYS_STEP = "llms replays: default trace"
@@ -56,6 +56,27 @@ def _steps(preset: str) -> list[PrepareStep]:
     ]
 
 
+def _info(preset: str) -> InfoSection:
+    """The prepared replays' mean switching latency per method (None where they are not prepared)."""
+    from workbench.kvcache.artifacts import DEFAULTS, default_replays, replays_ready
+
+    if not replays_ready(preset):
+        return InfoSection(data={"replays": None}, lines=("replays   not prepared",))
+    means = {m: r.mean_switch_s() for m, r in default_replays(preset).items()}
+    device = DEFAULTS[preset]["device"]
+    return InfoSection(data={"replays": {"device": device, "mean_switch_s": means}},
+                       lines=(f"replays   mean switching latency on {device}: "
+                              + ", ".join(f"{m} {1e3 * s:.1f} ms" for m, s in means.items()),))
+
+
+def _test_artifacts(preset: str) -> dict[str, object]:
+    """The replays of the preset's default trace under every method."""
+    from workbench.kvcache.artifacts import default_replays, prepare_replays
+
+    prepare_replays(preset)
+    return {"replays": default_replays(preset)}
+
+
 MECHANISM = Mechanism(
     name="kvcache",
     title="LLM context service (LLMS)",
@@ -77,11 +98,16 @@ MECHANISM = Mechanism(
         summary="memory budget, contexts, compression ratio, switching pattern and device -> the KV-chunk map "
                 "through a trace, the LCTRU queue, evictions with their reasons, switching latency of LLMS and "
                 "its baselines, the swap/recompute pipeline of a call",
-        requires=(COSTS_STEP, REPLAYS_STEP), probe_control="Call", probe_figure="chunks"),
+        requires=(COSTS_STEP, REPLAYS_STEP), probe_control="Call", probe_figure="chunks",
+        panel="workbench.ui.kvcache:KVCachePanel"),
     notebooks=(
         Notebook(path="kvcache_service.ipynb", title="The LLM context service: a tutorial", kind="tutorial"),
         Notebook(path="labs/kvcache_lab.ipynb", title="The LLM context service: a teaching lab", kind="lab"),
         Notebook(path="kvcache_evaluation.ipynb", title="The LLM context service beside the paper",
                  kind="evaluation"),
     ),
+    info=_info,
+    overview=OverviewSection(title="LLM context service (LLMS): switching latency of the prepared replays",
+                             panel="workbench.ui.kvcache:KVCacheOverview", requires=(REPLAYS_STEP,)),
+    test_artifacts=_test_artifacts,
 )

@@ -115,6 +115,11 @@ class Panel(widgets.VBox):
         self._flush_handle = None
         self.updates_run = 0          # engine updates actually run (the coalescing test counts them)
 
+    def bench_sweeps(self) -> dict[str, tuple[widgets.Widget, list]]:
+        """Controls `workbench bench ui` moves, each with the values it sets in turn ({}: the page's probe
+        control over its range)."""
+        return {}
+
     # -- figures
 
     @property

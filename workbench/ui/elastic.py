@@ -13,7 +13,8 @@ from workbench.data import TASKS, load_task
 from workbench.presets import default_preset
 from workbench.errors import WorkbenchError
 from workbench.ui.base import BackgroundRun, Panel
-from workbench.viz.elastic import accuracy_memory_figure, aib_figure, candidates_figure, importance_plan_figure
+from workbench.viz.elastic import (accuracy_grid_figure, accuracy_memory_figure, aib_figure, candidates_figure,
+                                   importance_plan_figure)
 from workbench.viz.timeline import gantt_figure
 
 DEVICES = ("odroid-n2", "jetson-nano", "host")
@@ -25,6 +26,37 @@ picks the largest submodel whose compute fits (<b>compute planning</b>), then sp
 <b>accumulated IO budget</b> (AIB) on bitwidths, most important shards first (<b>IO planning</b>); a small
 <b>preload buffer</b> keeps the first shards in memory. Presets are emulated: a real run is slowed to the device.</p>
 """
+
+OVERVIEW_INTRO = """
+<p style="margin:2px 0 8px 0">The encoder is elastic-fine-tuned per task so that every <i>n x m</i> submodel (first n
+layers, m most important shards per layer) classifies. Pick a task to see its accuracy grid.</p>
+"""
+
+
+class ElasticOverview(Panel):
+    """Elastic's part of the overview page: task -> the dev accuracy of every n x m submodel."""
+
+    def __init__(self, preset: str | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value="sentiment",
+                                     description="Task", layout=widgets.Layout(width="420px"))
+        self.task_info = widgets.HTML()
+        self.observe_controls(self.task)
+        self.children = [widgets.HTML(OVERVIEW_INTRO), widgets.HBox([self.task, self.task_info]), self.message,
+                         self.figure_slot("grid")]
+        self.refresh()
+
+    def _refresh(self) -> None:
+        from workbench.elastic.artifacts import model_summary
+
+        summary = model_summary(self.task.value, self.preset)
+        grid = summary["accuracy_grid"]
+        spec = TASKS[self.task.value]
+        self.show_figure("grid", accuracy_grid_figure(grid, f"{spec.title}: dev accuracy of n x m submodels"))
+        self.task_info.value = (f"<span class='wb-task-info'>full model {grid[-1, -1] * 100:.1f}% &middot; "
+                                f"{summary['dev_examples']} dev examples &middot; trained in "
+                                f"{summary['train_seconds']:.0f} s</span>")
 
 
 class ElasticPanel(Panel):
@@ -84,6 +116,10 @@ class ElasticPanel(Panel):
         for name in ("importance", "candidates"):
             self.figure_slot(name).layout.flex = "1 1 0%"
         self.refresh()
+
+    def bench_sweeps(self) -> dict[str, tuple[widgets.Widget, list]]:
+        return {"target": (self.target, [float(v) for v in range(60, 1001, 20)]),
+                "preload": (self.preload, [float(v) for v in np.arange(0, 32.01, 0.75)])}
 
     # -- engine calls
 

@@ -124,6 +124,22 @@ def made_with(results: dict) -> str:
     return text
 
 
+class KVCacheOverview(Panel):
+    """LLMS's part of the overview page: the prepared replays' mean switching latency per method and per call."""
+
+    def __init__(self, preset: str | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.summary = widgets.HTML()
+        self.children = [self.summary, self.message, self.figure_slot("latency", height=400)]
+        self.refresh()
+
+    def _refresh(self) -> None:
+        results = in_method_order(_prepared_replays(self.preset))
+        self.summary.value = KVCachePanel._summary_html(results)
+        self.show_figure("latency", latency_figure(results, "LLMS and its baselines: switching latency per call"))
+
+
 class KVCachePanel(Panel):
     """Replays (from a provider, or run here) -> the chunk map, queue, evictions, latency and load Gantt."""
 

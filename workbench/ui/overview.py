@@ -1,71 +1,91 @@
-"""The overview page: models, tasks, the n x m accuracy grid, and device profiles."""
+"""The overview page: the shipped models, a device profile's per-layer costs, and each registered mechanism's
+part (its ``OverviewSection``), built from that mechanism's prepared artifacts or saying what it waits for."""
 from __future__ import annotations
 
 import html
 
 import ipywidgets as widgets
 
-from workbench.data import TASKS
 from workbench.devices import DISTILBERT, MINILM, get_profile, profile_names
-from workbench.elastic.artifacts import model_summary
 from workbench.presets import default_preset
 from workbench.ui.base import Panel
-from workbench.viz.overview import accuracy_grid_figure, layer_times_figure
+from workbench.ui.messages import error_html
+from workbench.ui.preparing import PrepareStatus
+from workbench.viz.overview import layer_times_figure
 
 SHAPES = {"MiniLM layer (d=384)": MINILM, "DistilBERT layer (d=768)": DISTILBERT}
 BITWIDTHS = (2, 3, 4, 5, 6, 32)
+MISSING_STYLE = "color:#6b4e16;background:#fff7e6;border-radius:4px;padding:4px 8px;margin:2px 0"
 
 INTRO = """
 <h2 style="margin:4px 0">Edge transformer workbench: overview</h2>
-<p style="margin:2px 0 8px 0">Encoder <b>all-MiniLM-L6-v2</b> (6 layers x 12 shards, hidden 384), elastic-fine-tuned per task
-so that every <i>n x m</i> submodel (first n layers, m most important shards per layer) classifies;
-decoder <b>SmolLM2-135M-Instruct</b> (30 layers, 9/3 heads). Pick a task to see its accuracy grid, and a device
-profile to see what one layer costs there.</p>
+<p style="margin:2px 0 8px 0">Encoder <b>all-MiniLM-L6-v2</b> (6 layers x 12 heads, hidden 384) and decoder
+<b>SmolLM2-135M-Instruct</b> (30 layers, 9/3 heads). Pick a device profile to see what one layer costs there;
+below it, each mechanism shows what its prepared artifacts say.</p>
 """
 
 
+def section_view(section, preset: str) -> widgets.VBox:
+    """``section`` (an ``OverviewSection``) built once its prepare steps are ready; until then, which are missing."""
+    from workbench.mechanisms import load
+    from workbench.presets import prepare_hint
+
+    head = widgets.HTML(f"<h3 style='margin:10px 0 2px 0'>{html.escape(section.title)}</h3>")
+    box = widgets.VBox([head])
+    box.add_class("wb-overview-section")
+
+    def build() -> None:
+        try:
+            box.children = [head, load(section.panel)(preset)]
+        except Exception as exc:              # one mechanism's failure leaves the rest of the page working
+            box.children = [head, widgets.HTML(error_html(exc))]
+
+    status = PrepareStatus(preset, list(section.requires), on_ready=build)
+    if status.all_ready:
+        build()
+    else:
+        missing = [name for name in section.requires if not status.ready.get(name)]
+        box.children = [head, widgets.HTML(
+            f"<div class='wb-section-missing' style='{MISSING_STYLE}'>Not prepared for the {html.escape(preset)} "
+            f"preset: missing {html.escape(', '.join(missing))}. Run <code>{html.escape(prepare_hint(preset))}"
+            f"</code>; this part appears here by itself when they are ready.</div>"), status]
+    return box
+
+
 class OverviewPanel(Panel):
-    """Task -> accuracy grid; device profile + layer shape + bitwidth -> per-layer IO and compute times."""
+    """Device profile + layer shape + bitwidth -> per-layer IO and compute times; then every mechanism's section."""
 
     dashboard_page = "overview.ipynb"
 
     def __init__(self, preset: str | None = None):
+        from workbench.mechanisms import mechanisms
+
         super().__init__()
         self.preset = preset or default_preset()
-        self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value="sentiment",
-                                     description="Task", layout=widgets.Layout(width="420px"))
         self.device = widgets.Dropdown(options=profile_names(), value="odroid-n2", description="Device")
         self.shape = widgets.Dropdown(options=list(SHAPES), value="DistilBERT layer (d=768)", description="Layer")
         self.bits = widgets.SelectionSlider(options=BITWIDTHS, value=6, description="Shard bits",
                                             continuous_update=False)
-        self.task_info = widgets.HTML()
         self.device_info = widgets.HTML()
-        self.observe_controls(self.task, update=self._refresh_task)
         self.observe_controls(self.device, self.shape, self.bits, update=self._refresh_device)
+        self.sections = {m.name: section_view(m.overview, self.preset) for m in mechanisms() if m.overview}
         self.children = [
             widgets.HTML(INTRO),
-            widgets.HBox([self.task, self.task_info]),
-            self.figure_slot("grid"),
             widgets.HBox([self.device, self.shape, self.bits]),
             self.device_info,
             self.message,
             self.figure_slot("times"),
+            *self.sections.values(),
         ]
         self.refresh()
 
-    def _refresh(self) -> None:
-        """Both halves; each keeps its own error message (a control change redraws only its half)."""
-        self.refresh(self._refresh_device)
-        self.refresh(self._refresh_task)
+    def section(self, name: str) -> widgets.Widget | None:
+        """Mechanism ``name``'s part as built (None while it waits for its prepare steps)."""
+        children = self.sections[name].children
+        return children[1] if len(children) == 2 else None
 
-    def _refresh_task(self) -> None:
-        summary = model_summary(self.task.value, self.preset)
-        grid = summary["accuracy_grid"]
-        spec = TASKS[self.task.value]
-        self.show_figure("grid", accuracy_grid_figure(grid, f"{spec.title}: dev accuracy of n x m submodels"))
-        self.task_info.value = (f"<span class='wb-task-info'>full model {grid[-1, -1] * 100:.1f}% &middot; "
-                                f"{summary['dev_examples']} dev examples &middot; trained in "
-                                f"{summary['train_seconds']:.0f} s</span>")
+    def _refresh(self) -> None:
+        self.refresh(self._refresh_device)
 
     def _refresh_device(self) -> None:
         profile = get_profile(self.device.value)

@@ -11,6 +11,24 @@ MARK_COLOR, LAYER_BAR_COLOR = "#E45756", "#54A24B"
 LAYER_LINE_COLORS = ("#4C78A8", "#F58518", "#72B7B2", "#B279A2", "#9D755D", "#FF9DA6", "#EECA3B", "#79706E")
 
 
+def accuracy_grid_figure(grid: np.ndarray, title: str = "Dev accuracy of every n x m submodel") -> go.Figure:
+    """Heatmap of ``grid[n-1, m-1]``: rows = depth n (layers), columns = width m (shards per layer)."""
+    grid = np.asarray(grid, dtype=float)
+    n_layers, n_shards = grid.shape
+    fig = go.Figure(go.Heatmap(
+        z=grid * 100, x=list(range(1, n_shards + 1)), y=list(range(1, n_layers + 1)),
+        text=[[f"{v * 100:.1f}" for v in row] for row in grid], texttemplate="%{text}",
+        colorscale="Viridis", zmin=float(np.nanmin(grid) * 100), zmax=float(np.nanmax(grid) * 100),
+        colorbar={"title": {"text": "accuracy (%)"}},
+        hovertemplate="depth n=%{y}, width m=%{x}<br>accuracy %{z:.1f}%<extra></extra>"))
+    fig.update_layout(
+        template=TEMPLATE, title=title, xaxis_title="width m (shards per layer)", yaxis_title="depth n (layers)",
+        margin=MARGIN, height=380)
+    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(dtick=1)
+    return fig
+
+
 def importance_plan_figure(importance: np.ndarray, plan=None,
                            title: str = "Shard importance and the plan") -> go.Figure:
     """Heatmap of importance (layer x shard); the plan's bitwidth is written in each planned shard, the

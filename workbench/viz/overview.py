@@ -1,30 +1,11 @@
-"""Figures of the overview page: the n x m accuracy grid and a device's per-layer IO/compute times."""
+"""Figures of the overview page's shared part: a device's per-layer IO/compute times."""
 from __future__ import annotations
 
-import numpy as np
 import plotly.graph_objects as go
 
 from workbench.viz.style import MARGIN, TEMPLATE
 
 from workbench.devices import DeviceProfile, LayerShape
-
-
-def accuracy_grid_figure(grid: np.ndarray, title: str = "Dev accuracy of every n x m submodel") -> go.Figure:
-    """Heatmap of ``grid[n-1, m-1]``: rows = depth n (layers), columns = width m (shards per layer)."""
-    grid = np.asarray(grid, dtype=float)
-    n_layers, n_shards = grid.shape
-    fig = go.Figure(go.Heatmap(
-        z=grid * 100, x=list(range(1, n_shards + 1)), y=list(range(1, n_layers + 1)),
-        text=[[f"{v * 100:.1f}" for v in row] for row in grid], texttemplate="%{text}",
-        colorscale="Viridis", zmin=float(np.nanmin(grid) * 100), zmax=float(np.nanmax(grid) * 100),
-        colorbar={"title": {"text": "accuracy (%)"}},
-        hovertemplate="depth n=%{y}, width m=%{x}<br>accuracy %{z:.1f}%<extra></extra>"))
-    fig.update_layout(
-        template=TEMPLATE, title=title, xaxis_title="width m (shards per layer)", yaxis_title="depth n (layers)",
-        margin=MARGIN, height=380)
-    fig.update_xaxes(dtick=1)
-    fig.update_yaxes(dtick=1)
-    return fig
 
 
 def layer_times_figure(profile: DeviceProfile, shape: LayerShape, bits: int) -> go.Figure:
