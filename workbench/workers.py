@@ -291,7 +291,7 @@ class WorkerGroup:
     # -- starting
 
     def __enter__(self) -> "WorkerGroup":
-        return self.start()
+        return self if self.workers else self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()

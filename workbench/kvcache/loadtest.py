@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -32,6 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from workbench.errors import WorkbenchError
+from workbench.workers import WorkerFailed, WorkerGroup
 
 SYSTEM_PROMPT = "Answer in a few words."
 
@@ -102,16 +99,16 @@ def app_name(client: int) -> str:
 # ----------------------------------------------------------------------------- the client processes
 
 def _client_main(spec_path: str, out_path: str) -> int:
-    """One client process: bind, make its contexts, say ready, wait for "go" on stdin, make its calls."""
+    """One client process: bind, make its contexts, say ready, wait until every client is, make its calls."""
     from workbench.kvcache.client import connect
+    from workbench.workers import ready
 
     spec = json.loads(Path(spec_path).read_text())
     calls = [LoadCall(**c) for c in spec["calls"]]
     replies, errors = [], []
     with connect(app_name(spec["client"]), spec["address"]) as llm:
         stubs = [llm.new_ctx(SYSTEM_PROMPT) for _ in range(spec["contexts"])]
-        print("ready", flush=True)
-        sys.stdin.readline()
+        ready()
         for call in calls:
             t0 = time.perf_counter()
             try:
@@ -130,56 +127,33 @@ def run_load(address: str, plans: list[list[LoadCall]], max_new_tokens: int = 2,
              workdir: Path | str | None = None, progress=None) -> LoadRun:
     """Start one process per client plan, release them together once all are bound, wait for all.
     ``progress(done, total)`` is called every few seconds with the calls answered so far."""
-    procs = []
-    done = [0] * len(plans)
-
-    def count(c, stream):
-        for line in stream:
-            if line.strip() == "done":
-                done[c] += 1
-
     with tempfile.TemporaryDirectory(prefix="llms-load-", dir=workdir) as tmp:
+        for c, calls in enumerate(plans):
+            (Path(tmp) / f"client-{c}.json").write_text(json.dumps({
+                "client": c, "address": address, "max_new_tokens": max_new_tokens,
+                "contexts": 1 + max(call.context for call in calls), "calls": [asdict(call) for call in calls]}))
+        group = WorkerGroup(lambda c: [sys.executable, "-m", "workbench.kvcache.loadtest",
+                                       str(Path(tmp) / f"client-{c}.json"), str(Path(tmp) / f"client-{c}.out")],
+                            len(plans), name="load-client", logs=tmp, ready="signal", ready_timeout_s=BIND_TIMEOUT_S,
+                            fail_fast=False)
         try:
-            for c, calls in enumerate(plans):
-                spec = Path(tmp) / f"client-{c}.json"
-                spec.write_text(json.dumps({"client": c, "address": address, "max_new_tokens": max_new_tokens,
-                                            "contexts": 1 + max(call.context for call in calls),
-                                            "calls": [asdict(call) for call in calls]}))
-                procs.append(subprocess.Popen([sys.executable, "-m", "workbench.kvcache.loadtest", str(spec),
-                                               str(Path(tmp) / f"client-{c}.out")],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-            for c, proc in enumerate(procs):
-                if proc.stdout.readline().strip() != "ready":
-                    raise WorkbenchError(f"load client {c} could not bind to the service on {address} "
-                                         f"(exit status {proc.wait()})")
-            readers = [threading.Thread(target=count, args=(c, proc.stdout), daemon=True)
-                       for c, proc in enumerate(procs)]
-            for reader in readers:
-                reader.start()
-            t0 = time.perf_counter()
-            for proc in procs:
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-            total, next_report = sum(len(p) for p in plans), t0 + 5.0
-            while any(proc.poll() is None for proc in procs):
-                time.sleep(0.05)
+            group.start()
+        except WorkerFailed as exc:
+            failed = next(e for e in exc.exits if e is not None and e.failed)
+            raise WorkbenchError(f"load client {failed.rank} could not bind to the service on {address}: "
+                                 f"{exc}") from None
+        with group:
+            total, next_report = sum(len(p) for p in plans), group.released_at + 5.0
+            while not group.wait(timeout=0.25):
                 if progress is not None and time.perf_counter() >= next_report:
-                    progress(sum(done), total)
+                    progress(sum(_answered(w.log) for w in group.workers), total)
                     next_report += 5.0
-            for reader in readers:
-                reader.join(5)
-            codes = [proc.wait() for proc in procs]
-            wall = time.perf_counter() - t0
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            wall = time.perf_counter() - group.released_at
         replies, errors = [], []
-        for c, code in enumerate(codes):
+        for c, ended in enumerate(group.exits):
             out = Path(tmp) / f"client-{c}.out"
-            if code != 0 or not out.exists():
-                errors.append(f"client {c} ended with exit status {code}")
+            if ended.returncode != 0 or not out.exists():
+                errors.append(f"client {c} {ended.why}: {(ended.log_tail.splitlines() or [''])[-1]}")
                 continue
             got = json.loads(out.read_text())
             replies += [LoadReply(**r) for r in got["replies"]]
@@ -188,6 +162,18 @@ def run_load(address: str, plans: list[list[LoadCall]], max_new_tokens: int = 2,
     return LoadRun(clients=len(plans), calls_per_client=max(len(p) for p in plans), contexts=contexts,
                       max_new_tokens=max_new_tokens, wall_s=wall,
                       replies=tuple(sorted(replies, key=lambda r: r.tick)), errors=tuple(errors))
+
+
+BIND_TIMEOUT_S = 600.0
+"""How long a load client may take to bind and make its contexts before the load gives up on it."""
+
+
+def _answered(log: Path) -> int:
+    """The calls a client answered so far: the "done" lines of its log."""
+    try:
+        return log.read_text(errors="replace").splitlines().count("done")
+    except OSError:
+        return 0
 
 
 # ----------------------------------------------------------------------------- the check
@@ -279,37 +265,9 @@ def served(swap_dir: Path | str, memory_mb: float, method: str = "llms", address
     cmd = [sys.executable, "-m", "workbench.cli", "serve", "llms", "--address", address, "--swap-dir",
            str(swap_dir), "--memory-mb", repr(budget_bytes(memory_mb) / 1e6), "--method", method,
            "--max-context-tokens", str(LOAD_CONTEXT_TOKENS)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read():
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put("")
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        seen, end = [], time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            try:
-                line = lines.get(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
-                break
-            seen.append(line)
-            if line.startswith("llms: serving on") or not line:
-                break
-        if not seen or not seen[-1].startswith("llms: serving on"):
-            raise WorkbenchError(f"`workbench serve llms` did not start within {timeout_s:.0f} s; it printed:\n"
-                                 f"{''.join(seen)}")
+    with WorkerGroup(cmd, name="serve-llms", ready=r"^llms: serving on", ready_timeout_s=timeout_s, grace_s=60,
+                     fail_fast=False):
         yield address
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 if __name__ == "__main__":
