@@ -1,5 +1,6 @@
 """Imports go one way: engine -> viz -> ui; no mechanism imports another, not even through a shared module;
-shared modules import no mechanism; no two modules import each other; the first figures need no torch."""
+shared modules import no mechanism, directly or through other modules; no two modules import each other; the
+first figures need no torch. The lists (mechanism packages, their own views, the pages) come from the registry."""
 import ast
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "workbench"
 UI_LIBRARIES = ("plotly", "ipywidgets", "anywidget", "voila")
+IMPORTERS = ("import_module", "__import__")
 
 
 def engine_modules() -> list[str]:
@@ -22,6 +24,26 @@ def mechanism_packages() -> list[str]:
     from workbench.mechanisms import REGISTERED
 
     return [path.rsplit(".", 2)[1] for path in REGISTERED]
+
+
+VIEW_PACKAGES = ("workbench.ui", "workbench.viz", "workbench.bench")
+
+
+def own_views() -> set[str]:
+    """The mechanisms' own modules in ui/, viz/ and bench/: named after a mechanism, or named by its declaration
+    (its page's panel, its overview section, its benchmarks)."""
+    from workbench.mechanisms import mechanisms
+
+    found = {f"{package}.{name}" for package in VIEW_PACKAGES for name in mechanism_packages()}
+    for m in mechanisms():
+        refs = [m.dashboard.panel if m.dashboard else "", m.overview.panel if m.overview else "", *m.benchmarks.values()]
+        found |= {ref.partition(":")[0] for ref in refs if ref}
+    return {v for v in found if any(_in(package, v) for package in VIEW_PACKAGES)}
+
+
+def shared_modules(modules, mechanisms: list[str], views: set[str]) -> list[str]:
+    """Every module outside the mechanism packages and their own views."""
+    return [m for m in modules if m not in views and not any(_in(f"workbench.{p}", m) for p in mechanisms)]
 
 
 def _in(package: str, module: str) -> bool:
@@ -42,7 +64,10 @@ def imported_modules(path: Path, modules: dict[str, Path] | None = None) -> set[
     imports are resolved and ``from a import b`` names ``a.b`` where that is a module."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in IMPORTERS
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)
+        elif isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and modules is None:
             if node.module and node.level == 0:
@@ -62,6 +87,47 @@ def import_graph() -> dict[str, set[str]]:
     modules = module_paths()
     return {name: {m for m in imported_modules(path, modules) if m in modules and m != name}
             for name, path in modules.items()}
+
+
+def loading_graph() -> dict[str, set[str]]:
+    """:func:`import_graph` with what Python runs besides: importing ``a.b.c`` runs ``a`` and ``a.b`` first."""
+    graph = import_graph()
+    return {name: edges | {p for m in edges | {name} for p in parents(m) if p in graph and p != name}
+            for name, edges in graph.items()}
+
+
+def parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def chain_to(graph: dict[str, set[str]], start: str, bad) -> list[str] | None:
+    """The shortest chain of imports from ``start`` to a module for which ``bad`` holds (None: there is none)."""
+    came, todo = {start: None}, [start]
+    while todo:
+        module = todo.pop(0)
+        if bad(module):
+            chain = [module]
+            while came[chain[-1]] is not None:
+                chain.append(came[chain[-1]])
+            return chain[::-1]
+        for m in sorted(graph.get(module, ())):
+            if m not in came:
+                came[m] = module
+                todo.append(m)
+    return None
+
+
+def mechanism_reached(graph, shared: list[str], mechanisms: list[str]) -> dict[str, list[str]]:
+    """Each shared module that may load a mechanism package, with the chain of imports that does it."""
+    found = {}
+    for module in shared:
+        for start in (*parents(module), module):
+            chain = chain_to(graph, start, lambda m: any(_in(f"workbench.{p}", m) for p in mechanisms))
+            if chain:
+                found[module] = chain
+                break
+    return found
 
 
 def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
@@ -140,16 +206,67 @@ def test_importing_a_mechanism_loads_no_other(name):
     assert out.stdout.strip() == "[]"
 
 
-def test_shared_engine_modules_import_no_mechanism():
-    """Views (ui/, viz/) may be a mechanism's own; every other module outside the mechanism packages, the
-    shared benchmark plumbing in bench/ included (each mechanism's benchmarks live in its package), is
-    shared and learns about mechanisms only from the registry."""
-    graph, mechanisms = import_graph(), mechanism_packages()
-    shared = [m for m in graph if not any(_in(f"workbench.{p}", m) for p in (*mechanisms, "ui", "viz"))]
-    assert {"workbench.labs", "workbench.info", "workbench.prepare", "workbench.cli", "workbench.bench"} <= set(shared)
-    for module in shared:
-        bad = {m for m in graph[module] if any(_in(f"workbench.{o}", m) for o in mechanisms)}
-        assert not bad, f"{module} imports {bad}"
+def test_the_lists_come_from_the_registry():
+    from workbench.mechanisms import dashboards, mechanisms
+
+    assert mechanism_packages() == [m.name for m in mechanisms()] and "elastic" in mechanism_packages()
+    assert {"workbench.ui.elastic", "workbench.viz.elastic", "workbench.ui.kvcache"} <= own_views()
+    assert PANELS == [d.panel.partition(":")[2] for d in dashboards() if d.panel] + ["Gallery"]
+    assert {"ElasticPanel", "OverviewPanel", "KVCachePanel"} <= set(PANELS)
+
+
+def test_no_shared_module_reaches_a_mechanism():
+    """Shared modules (all but the mechanism packages and their own ui/, viz/ and bench/ files: ui/overview.py,
+    the benchmark plumbing, the CLI, ...) learn about mechanisms only from the registry: none may load a
+    mechanism package, at its top or inside a function, directly or through any other module."""
+    mechanisms, graph = mechanism_packages(), loading_graph()
+    shared = shared_modules(graph, mechanisms, own_views())
+    assert {"workbench.labs", "workbench.info", "workbench.prepare", "workbench.cli", "workbench.bench",
+            "workbench.bench.ui", "workbench.ui", "workbench.ui.overview", "workbench.ui.gallery"} <= set(shared)
+    bad = mechanism_reached(graph, shared, mechanisms)
+    assert not bad, "\n".join(f"{m}: {' -> '.join(chain)}" for m, chain in bad.items())
+
+
+def test_importing_every_shared_module_loads_no_mechanism():
+    mechanisms = mechanism_packages()
+    shared = shared_modules(module_paths(), mechanisms, own_views())
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in shared if not m.endswith(".__main__")) +
+            f"print(sorted(m for m in sys.modules if any(m == 'workbench.' + p or m.startswith('workbench.' + p + '.')"
+            f" for p in {mechanisms!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_check_follows_imports_through_shared_modules_packages_and_import_module(tmp_path, monkeypatch):
+    files = {
+        "__init__.py": "", "mech/__init__.py": "", "mech/core.py": "", "ui/__init__.py": "",
+        "ui/mech.py": "def f():\n    from workbench.mech import core\n",           # the mechanism's own page
+        "ui/page.py": "from workbench.ui import mech\n",                            # shared, via its own page
+        "direct.py": "def f():\n    import workbench.mech.core\n",
+        "through.py": "from workbench import helper\n", "helper.py": "from workbench.mech.core import x\n",
+        "dynamic.py": "from importlib import import_module\nimport_module('workbench.mech.core')\n",
+        "sub/__init__.py": "from workbench import direct\n", "sub/leaf.py": "x = 1\n",
+        "via_page.py": "from workbench.ui import page as p\n", "alone.py": "def f(name):\n    import_module(name)\n",
+        "errors.py": "", "uses_errors.py": "from workbench import errors\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "workbench" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "workbench" / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "workbench")
+    graph = loading_graph()
+    shared = shared_modules(graph, ["mech"], {"workbench.ui.mech"})
+    assert "workbench.ui.mech" not in shared and "workbench.mech.core" not in shared
+    bad = mechanism_reached(graph, shared, ["mech"])
+    assert all(chain[-1] in ("workbench.mech", "workbench.mech.core") for chain in bad.values())
+    assert bad["workbench.direct"][:-1] == ["workbench.direct"]
+    assert bad["workbench.through"][:-1] == ["workbench.through", "workbench.helper"]
+    assert bad["workbench.dynamic"][:-1] == ["workbench.dynamic"]
+    assert bad["workbench.sub.leaf"][:-1] == ["workbench.sub", "workbench.direct"]
+    assert bad["workbench.ui.page"][:-1] == ["workbench.ui.page", "workbench.ui.mech"]
+    assert bad["workbench.via_page"][:-1] == ["workbench.via_page", "workbench.ui.page", "workbench.ui.mech"]
+    assert set(bad) == {"workbench.direct", "workbench.through", "workbench.helper", "workbench.dynamic",
+                        "workbench.sub", "workbench.sub.leaf", "workbench.ui.page", "workbench.via_page"}
 
 
 def test_no_two_modules_import_each_other():
@@ -177,7 +294,16 @@ def test_the_check_catches_a_mechanism_importing_another(tmp_path):
     assert "workbench.kvcache.chunks" in imported_modules(fake)
 
 
-@pytest.mark.parametrize("panel", ["ElasticPanel", "OverviewPanel", "Gallery"])
+def _panels() -> list[str]:
+    from workbench.mechanisms import dashboards
+
+    return [d.panel.partition(":")[2] for d in dashboards() if d.panel] + ["Gallery"]
+
+
+PANELS = _panels()
+
+
+@pytest.mark.parametrize("panel", PANELS)
 def test_dashboards_draw_their_first_figures_without_torch(prepared, panel):
     code = (f"import sys\nfrom workbench.ui import {panel}\np = {panel}('quick')\n"
             "message = getattr(p, 'message', None)\n"
