@@ -248,16 +248,27 @@ def test_dashboards_without_prepare_still_says_which_preset_serves_every_page_no
     would serve every page now."""
     import types
 
-    from workbench import cli, listen, prepare, prepare_job
+    from workbench import cli, listen, prepare, prepare_job, workers
 
     class Server:
+        exits = [types.SimpleNamespace(returncode=0)]
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
         def wait(self):
-            return 0
+            return True
 
     monkeypatch.setattr(prepare, "serve_now_hint", lambda preset: f"serve the quick preset instead of {preset}")
     monkeypatch.setattr(prepare_job, "start_background", lambda preset: pytest.fail("--no-prepare started a prepare"))
     monkeypatch.setattr(listen, "check_tcp_port", lambda port: port)
-    monkeypatch.setattr(cli.subprocess, "Popen", lambda *a, **k: Server())
+    monkeypatch.setattr(workers, "WorkerGroup", Server)
     args = types.SimpleNamespace(port=8866, preheat=False, no_prepare=True, preset="full")
     assert cli._cmd_dashboards(args) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 
 from workbench.argtypes import Parser, existing_folder, tcp_port
@@ -52,13 +51,14 @@ def _cmd_dashboards(args) -> int:
     from workbench.prepare import serve_now_hint
     from workbench.prepare_job import log_path, start_background
     from workbench.listen import check_tcp_port
-    from workbench.serving import DASHBOARDS_DIR, stop_group, voila_command, voila_env
+    from workbench.serving import DASHBOARDS_DIR, voila_command, voila_env
+    from workbench.workers import WorkerGroup
 
     port = check_tcp_port(args.port)
     cmd = voila_command(port, preheat=args.preheat)
     job = None
     if not args.no_prepare:
-        state, job = start_background(args.preset)
+        state, job = start_background(args.preset, bound=True)
         if state != "ready":
             print(f"workbench dashboards: the {args.preset} prepare is running in the background "
                   f"({'started now' if state == 'started' else 'started elsewhere'}; log {log_path(args.preset)}); "
@@ -70,22 +70,24 @@ def _cmd_dashboards(args) -> int:
         print(f"workbench dashboards: {serve_now_hint(args.preset)}", flush=True)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
-    proc = subprocess.Popen(cmd, cwd=DASHBOARDS_DIR, start_new_session=True,
-                            env=voila_env({"WORKBENCH_PRESET": args.preset}))
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupted)
     try:
-        returncode = proc.wait()
-    except KeyboardInterrupt:
-        stop_group(proc)                       # the server and its kernels stop together
-        returncode = 0
+        with WorkerGroup(cmd, name="voila", cwd=DASHBOARDS_DIR, env=voila_env({"WORKBENCH_PRESET": args.preset}),
+                         logs="inherit", grace_s=20, fail_fast=False) as server:
+            try:
+                server.wait()
+                returncode = server.exits[0].returncode
+            except KeyboardInterrupt:          # the block's end stops the server and its kernels together
+                returncode = 0
     finally:                                   # however the server ended, the job it started ends with it
-        if job is not None and job.poll() is None:
+        if job is not None and job.poll() == [None]:
             print("workbench dashboards: stopping the background prepare; it resumes where it stopped next time",
                   flush=True)
-            stop_group(job)
+        if job is not None:
+            job.close()
     return returncode
 
 

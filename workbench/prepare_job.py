@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from workbench.cache import cache_dir, write_json
 from workbench import prepare as preparation
+from workbench.workers import WorkerGroup
 
 WRITE_EVERY_S = 0.5
 
@@ -114,12 +114,13 @@ def run_job(preset: str) -> int:
     return 0
 
 
-def start_background(preset: str) -> tuple[str, subprocess.Popen | None]:
-    """Start ``workbench prepare --job`` detached unless a prepare runs or every step is ready.
+def start_background(preset: str, *, bound: bool = False) -> tuple[str, WorkerGroup | None]:
+    """Start ``workbench prepare --job`` in a session of its own unless a prepare runs or every step is ready.
 
-    Returns what happened, "ready", "running" (someone else's job) or "started", and
-    the started job's process (its own process group: :func:`workbench.serving.stop_group`
-    stops it; it resumes where it stopped when started again).
+    Returns what happened, "ready", "running" (someone else's job) or "started", and the
+    started job as a one-worker :class:`~workbench.workers.WorkerGroup` (``close()`` stops it;
+    it resumes where it stopped when started again). The job outlives this process unless
+    ``bound``.
     """
     if preparation.lock_held():
         return "running", None
@@ -129,8 +130,7 @@ def start_background(preset: str) -> tuple[str, subprocess.Popen | None]:
     log = open(log_path(preset), "a")
     log.write(f"\n=== workbench prepare --preset {preset} --job, started {time.ctime()} ===\n")
     log.flush()
-    job = subprocess.Popen([sys.executable, "-m", "workbench.cli", "prepare", "--preset", preset, "--job"],
-                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.close()
-    return "started", job
+    job = WorkerGroup([sys.executable, "-m", "workbench.cli", "prepare", "--preset", preset, "--job"],
+                      name="prepare", logs=[log_path(preset)], log_mode="a", bound=bound, grace_s=20)
+    return "started", job.start()
