@@ -106,17 +106,23 @@ def lab_command(port: int, root: Path, token: str | None = None) -> list[str]:
     return cmd
 
 
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def wait_for_http(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with code {proc.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
+        if answers(url):
+            return
+        time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer in {timeout_s:.0f} s")
 
 
@@ -136,19 +142,16 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
 @contextmanager
 def voila_server(port: int | None = None, log_path: Path | None = None, preheat: bool = True,
                  env: dict | None = None) -> Iterator[str]:
-    """Serve the dashboards on 127.0.0.1 for the block's duration; yields the base URL."""
+    """Serve the dashboards on 127.0.0.1 for the block's duration (a :class:`~workbench.workers.WorkerGroup`
+    of one, its log at ``log_path``); yields the base URL."""
+    from workbench.workers import WorkerGroup
+
     port = port or free_port()
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(voila_command(port, preheat=preheat), cwd=DASHBOARDS_DIR, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=voila_env(env))
     base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(f"{base}/voila/render/index.ipynb", proc)
+    with WorkerGroup(voila_command(port, preheat=preheat), name="voila", cwd=DASHBOARDS_DIR, env=voila_env(env),
+                     logs=[log_path] if log_path else None, grace_s=20, ready_timeout_s=90,
+                     ready=lambda worker: answers(f"{base}/voila/render/index.ipynb")):
         yield base
-    finally:
-        stop_group(proc)
-        if log_path:
-            log.close()
 
 
 @contextmanager
