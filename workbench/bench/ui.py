@@ -68,7 +68,7 @@ def sweeps(panel, dashboard) -> dict[str, tuple[object, list]]:
     if probe is None:
         return {}
     values = probe_values(probe)
-    return {dashboard.probe_control: (probe, values[1:] + values[::-1])}
+    return {dashboard.probe_control: (probe, values[1:] + values[-2::-1])}
 
 
 def time_changes(widget, values: list) -> list[float]:
