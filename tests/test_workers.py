@@ -34,8 +34,9 @@ def wait_gone(pids, timeout_s: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
-def test_every_worker_sees_its_rank_and_the_rendezvous(tmp_path):
-    code = ("import os\nfrom workbench.workers import ready\nready()\n"
+def test_every_worker_sees_its_rank_and_the_rendezvous_and_its_clock_offset_is_measured(tmp_path):
+    code = ("import os, time\nfrom workbench.workers import ready\n"
+            "ready(clock=lambda: time.perf_counter() + 100.0 * int(os.environ['RANK']))\n"
             "print(*(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')))\n")
     with WorkerGroup(python(code), 3, name="env", logs=tmp_path, ready="signal") as group:
         assert group.wait(timeout=30)
@@ -43,7 +44,8 @@ def test_every_worker_sees_its_rank_and_the_rendezvous(tmp_path):
     seen = [(tmp_path / f"env-{rank}.log").read_text().split() for rank in range(3)]
     assert [s[:4] for s in seen] == [[str(r), "3", str(r), "127.0.0.1"] for r in range(3)]
     assert len({s[4] for s in seen}) == 1 and int(seen[0][4]) > 0
-    assert len(group.clock_offsets_s) == 3 and all(abs(o) < 0.05 for o in group.clock_offsets_s)
+    assert len(group.clock_offsets_s) == 3                 # rank r's clock runs 100 r s ahead of the parent's
+    assert all(abs(offset + 100.0 * r) < 0.05 for r, offset in enumerate(group.clock_offsets_s))
 
 
 @pytest.mark.parametrize("death, why", [("sys.exit(3)", "exited with status 3"),

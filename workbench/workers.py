@@ -420,6 +420,8 @@ class WorkerGroup:
 
     def _barrier(self, deadline: float) -> None:
         """Time round trips to each worker, then release them all together."""
+        from workbench.timeline import round_trip_offset
+
         offsets = []
         for w in self.workers:
             w.channel.setblocking(True)
@@ -437,8 +439,7 @@ class WorkerGroup:
                         self.stop()
                         raise WorkbenchError(f"{self.name} rank {w.rank} answered {answer!r} to a clock ping")
                     samples.append((sent, float(answer.split()[1]), received))
-            sent, theirs, received = min(samples, key=lambda s: s[2] - s[0])
-            offsets.append((sent + received) / 2 - theirs)
+            offsets.append(-round_trip_offset(samples))
         self.clock_offsets_s = offsets
         for w in self.workers:
             w.channel.sendall(b"go\n")
