@@ -353,6 +353,10 @@ class WorkerGroup:
                 args=self._command(rank), env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None, start_new_session=True,
                 pass_fds=(theirs.fileno(),) if theirs is not None else ())
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            raise
         finally:
             if out is not None:
                 out.close()
