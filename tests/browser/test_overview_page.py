@@ -1,8 +1,17 @@
 """The overview page, served by Voila and driven in Debian's chromium."""
+import os
 import time
+from pathlib import Path
 
-from tests.browser.conftest import assert_figures_visible
+import pytest
+
+from tests.browser.conftest import ARTIFACTS, assert_figures_visible
 from workbench.devices import DISTILBERT, get_profile
+from workbench.mechanisms import mechanisms
+from workbench.serving import free_port
+from workbench.serving import voila_server as serve
+
+REPO = Path(__file__).resolve().parents[2]
 
 PAGE_TIMEOUT_MS = 180_000
 
@@ -30,4 +39,33 @@ def test_overview_renders_and_reacts_to_the_device_control(voila_server, page):
     page.locator(".wb-device-info", has_text=expected).wait_for(timeout=30_000)
     page.locator(".gtitle", has_text="Jetson Nano GPU").wait_for(timeout=30_000)
     print(f"device change -> redrawn figure: {(time.perf_counter() - moved) * 1e3:.0f} ms")
+    assert page.locator(".wb-error").count() == 0
+    assert page.locator(".wb-overview-section").count() == sum(m.overview is not None for m in mechanisms())
+    assert page.locator(".wb-section-missing").count() == 0
+
+
+@pytest.fixture(scope="module")
+def toy_server(prepared, tmp_path_factory):
+    """A Voila server whose processes register tests/toy_mechanism.py as they start (a sitecustomize on their
+    PYTHONPATH adds its line to REGISTERED), no shared file changed."""
+    site = tmp_path_factory.mktemp("toy-site")
+    (site / "sitecustomize.py").write_text(
+        "import workbench.mechanisms as registry\n"
+        "registry.REGISTERED = (*registry.REGISTERED, 'tests.toy_mechanism')\n")
+    path = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(free_port(), log_path=ARTIFACTS / "voila-toy.log",
+               env={"WORKBENCH_PRESET": os.environ.get("WORKBENCH_PRESET", "quick"), "PYTHONPATH": path}) as base:
+        yield base
+
+
+def test_a_mechanism_declared_in_the_tests_shows_in_the_gallery_and_the_overview(toy_server, page):
+    page.goto(f"{toy_server}/voila/render/index.ipynb", timeout=PAGE_TIMEOUT_MS)
+    link = page.locator("a", has_text="Toy page")
+    link.wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert link.get_attribute("href") == "toy.ipynb"
+    page.goto(f"{toy_server}/voila/render/overview.ipynb", timeout=PAGE_TIMEOUT_MS)
+    page.locator(".wb-toy-overview").wait_for(timeout=PAGE_TIMEOUT_MS)
+    preset = os.environ.get("WORKBENCH_PRESET", "quick")
+    assert f"toy artifacts of the {preset} preset" in page.locator(".wb-toy-overview").inner_text()
     assert page.locator(".wb-error").count() == 0
