@@ -22,7 +22,7 @@ def parser() -> Parser:
     p = Parser(prog="workbench bench elastic")
     p.add_argument("--task", default="sentiment", choices=list(TASKS), help="the task of the cells")
     add_preset_argument(p)
-    p.add_argument("--devices", nargs="+", default=["host", "odroid-n2", "jetson-nano"], choices=profile_names(),
+    p.add_argument("--devices", nargs="+", default=profile_names("wrx"), choices=profile_names(),
                    help="devices of the cells (host: real speed; others emulated)")
     p.add_argument("--targets", nargs="+", type=limits.target_ms, default=[150, 200, 400],
                    help="target latencies (ms)")

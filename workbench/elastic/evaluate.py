@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from workbench.devices import profile_names
 from workbench.elastic.baselines import METHODS, plan_method
 from workbench.elastic.importance import importance_order
 
@@ -71,7 +72,7 @@ class AccuracyCache:
         return self._memo[key]
 
 
-def evaluate_cells(store, importance, dev, max_length: int, devices=("host", "odroid-n2", "jetson-nano"),
+def evaluate_cells(store, importance, dev, max_length: int, devices=tuple(profile_names("wrx")),
                    targets_ms=(150, 200, 400), methods=METHODS, preload_mb: dict | None = None, runs: int = 5,
                    progress: bool = True) -> list[CellResult]:
     """Plan, evaluate and run every (device, target, method) cell."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workbench.devices import pad_until
+from workbench.devices import emulated_name, pad_until
 from workbench.elastic.planner import ElasticPlan, PreloadEntry
 from workbench.elastic.costmodel import CostModel, drop_page_cache
 from workbench.elastic.store import ShardStore
@@ -144,7 +144,7 @@ class ElasticEngine:
         n, m = plan.n, plan.m
         first = ElasticEngine.runs_in_process == 0
         ElasticEngine.runs_in_process += 1
-        device = "host" if emulate is None else f"{emulate.device} emulated on this host"
+        device = "host" if emulate is None else emulated_name(emulate.device)
         self.prepare_buffer(plan)
         if cold:
             for layer in range(self.cfg.num_layers):

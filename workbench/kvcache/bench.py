@@ -50,6 +50,7 @@ from workbench.argtypes import Bound, Parser, count, memory_holds, seed
 from workbench.kvcache import limits
 from workbench.kvcache.artifacts import METHODS
 from workbench.data import split_size
+from workbench.devices import profile_names
 from workbench.kvcache.costmodel import SWAP_PRESETS
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import add_preset_argument
@@ -94,7 +95,7 @@ def parser() -> Parser:
                    help="active-context counts of the switching table")
     p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=["markov"],
                    help="switching patterns; the first also makes the ablation and the reference trace")
-    p.add_argument("--device", choices=["host", *SWAP_PRESETS], default="orin-nx",
+    p.add_argument("--device", choices=profile_names("llms"), default="orin-nx",
                    help="emulated device (or the host at its own speed)")
     p.add_argument("--budget", type=limits.working_set_fraction, default=0.375,
                    help="memory of the switching and ablation tables, the same for every context count: this "

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass
 
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, HALF_BITS, LEVELS
-from workbench.kvcache.costmodel import SWAP_PRESETS
+from workbench.devices import profile_names
 from workbench.kvcache.density import assign_levels
 from workbench.kvcache.lifecycle import check_policy
 
 DEFAULT_MEMORY_BUDGET = 512 << 20
 DEFAULT_MAX_CONTEXTS_PER_APP = 16
-SWAP_DEVICES = ("host", *SWAP_PRESETS)
+SWAP_DEVICES = tuple(profile_names("llms"))
 """Where the service's swapping-recompute pipeline plans: this host, measured, or an emulated preset."""
 
 COMPRESSIONS = ("tolerance", "static8", "none")

@@ -18,7 +18,6 @@ for one of the LLMS paper's devices ("mi14", "orin-nx", "jetson-tx2"); its docst
 """
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -27,8 +26,8 @@ from typing import Literal
 
 import numpy as np
 
-from workbench.cache import cache_dir, fingerprint, write_json
-from workbench.devices import get_profile
+from workbench.cache import cache_dir, fingerprint
+from workbench.devices import cached_measurement, emulated_name, get_profile, profile_names
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, LEVELS, RAW_BITS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.swapfile import COLD_READS, read_chunk_layers, write_chunk
@@ -103,7 +102,7 @@ class SwapCostModel:
 
 def device_label(costs: SwapCostModel | None) -> str:
     """The device a timeline's spans belong to: "host", or "<preset> emulated on this host"."""
-    return "host" if costs is None or costs.source == "measured" else f"{costs.device} emulated on this host"
+    return "host" if costs is None or costs.source == "measured" else emulated_name(costs.device)
 
 
 def fit_linear(points) -> tuple[float, ...]:
@@ -226,18 +225,11 @@ def host_costs_cached(model, chunk_size: int = CHUNK_SIZE) -> bool:
 def profile_host(model, chunk_size: int = CHUNK_SIZE, remeasure: bool = False, repeats: int = 3) -> SwapCostModel:
     """The host's measured swap cost model, from the cache or measured once (``repeats`` per point) and cached."""
     _check_measured_chunk_size(model, chunk_size)
-    path = host_cost_path(model, chunk_size)
-    if path.exists() and not remeasure:
-        try:
-            return SwapCostModel.from_dict(json.loads(path.read_text()))
-        except (ValueError, TypeError, WorkbenchError):
-            print(f"workbench: {path} is damaged; measuring the host again")
-    costs = measure_host(model, chunk_size, repeats)
-    write_json(path, costs.to_dict())
-    return costs
+    return cached_measurement(host_cost_path(model, chunk_size), lambda: measure_host(model, chunk_size, repeats),
+                              SwapCostModel.from_dict, SwapCostModel.to_dict, remeasure)
 
 
-SWAP_PRESETS = ("mi14", "orin-nx", "jetson-tx2")
+SWAP_PRESETS = tuple(profile_names("llms", host=False))
 
 
 def paper_recompute_line(device: str) -> tuple[float, float, str]:
@@ -249,7 +241,7 @@ def paper_recompute_line(device: str) -> tuple[float, float, str]:
     = 89.3 ms per chunk. The paper gives no recompute figures for the Jetsons: b is a chunk's FLOPs at
     the preset's FLOP/s and a keeps MI14's proportion a / b (estimates, not measured)."""
     if device not in SWAP_PRESETS:
-        raise UnknownNameError("swap device preset", device, ["host", *SWAP_PRESETS])
+        raise UnknownNameError("swap device preset", device, profile_names("llms"))
     chunks = PAPER_CONTEXT_TOKENS / PAPER_CHUNK_TOKENS
     b_mi14 = (MI14_CONTEXT_RECOMPUTE_S - MI14_DECODE_TOKEN_S) / chunks
     if device == "mi14":

@@ -27,10 +27,10 @@ from typing import Callable
 
 import torch
 
-from workbench.devices import pad_until
+from workbench.devices import pad_until, profile_names
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, ChunkedKV, encode_at_level
-from workbench.kvcache.costmodel import SWAP_PRESETS, SwapCostModel, device_cost_model, device_label, profile_host
+from workbench.kvcache.costmodel import SwapCostModel, device_cost_model, device_label, profile_host
 from workbench.kvcache.planner import MissingChunk, SwapPlan, fixed_plan, plan_swap_recompute
 from workbench.kvcache.recompute import LayerRecompute, held_layers
 from workbench.kvcache.swapfile import DamagedChunkFileError, LayerBytes, file_size, stack_layers, stream_layers
@@ -256,8 +256,8 @@ class PipelineLoader:
     ``last`` keeps the last load's plan and measured run."""
 
     def __init__(self, device: str | SwapCostModel = "host"):
-        if isinstance(device, str) and device not in ("host", *SWAP_PRESETS):
-            raise UnknownNameError("swap device preset", device, ["host", *SWAP_PRESETS])
+        if isinstance(device, str) and device not in profile_names("llms"):
+            raise UnknownNameError("swap device preset", device, profile_names("llms"))
         self.device = device
         self.costs: SwapCostModel | None = device if isinstance(device, SwapCostModel) else None
         self.last: LoadResult | None = None

@@ -10,6 +10,7 @@ import ipywidgets as widgets
 import numpy as np
 
 from workbench.data import TASKS, load_task
+from workbench.devices import profile_names
 from workbench.presets import default_preset
 from workbench.errors import WorkbenchError
 from workbench.ui.base import BackgroundRun, Panel
@@ -17,7 +18,7 @@ from workbench.viz.elastic import (accuracy_grid_figure, accuracy_memory_figure,
                                    importance_plan_figure)
 from workbench.viz.timeline import gantt_figure
 
-DEVICES = ("odroid-n2", "jetson-nano", "host")
+DEVICES = tuple(profile_names("wrx"))
 
 INTRO = """
 <h2 style="margin:4px 0">Elastic pipelining (WRX)</h2>

@@ -12,7 +12,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 from workbench.errors import WorkbenchError
-from workbench.kvcache.costmodel import SWAP_PRESETS
+from workbench.kvcache.config import SWAP_DEVICES
 from workbench.kvcache.lifecycle import POLICIES
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import default_preset, prepare_hint
@@ -21,7 +21,7 @@ from workbench.viz.kvcache import (METHOD_LABELS, chunk_map_figure, events_figur
                                    load_gantt_figure, method_label, queue_figure, recorded_setting)
 
 METHODS = tuple(METHOD_LABELS)
-DEVICES = ("host", *SWAP_PRESETS)
+DEVICES = SWAP_DEVICES
 CHUNK_SIZES = (4, 8, 16, 32, 64)
 FRACTION, MEGABYTES = "of the working set", "MB"
 PLAY_INTERVAL_MS = 900
