@@ -152,8 +152,8 @@ def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
         out = run_cli("dashboards", "--preset", "quick", "--port", str(port),
                       env={**os.environ, "WORKBENCH_CACHE": str(tmp_path / "cache")})
     assert out.returncode == 2
-    assert out.stderr.strip() == f"workbench: error: port {port} on 127.0.0.1 is in use; stop what serves there " \
-                                 f"or pass another --port"
+    assert out.stderr.strip() == f"workbench: error: cannot listen on 127.0.0.1:{port} (--port): the port is in use; " \
+                                 f"stop what serves there or pass another port (--port 0 picks a free one)"
     assert not (tmp_path / "cache" / "prepare-job").exists()          # no background prepare was started
 
 

@@ -182,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
