@@ -69,3 +69,36 @@ def test_a_mechanism_declared_in_the_tests_shows_in_the_gallery_and_the_overview
     preset = os.environ.get("WORKBENCH_PRESET", "quick")
     assert f"toy artifacts of the {preset} preset" in page.locator(".wb-toy-overview").inner_text()
     assert page.locator(".wb-error").count() == 0
+
+
+def test_every_overview_control_moves_the_title_and_data_of_its_figure(voila_server, page):
+    """Layer and shard bits move the shared figure; the elastic section's task moves its grid."""
+    from tests.browser.test_elastic_page import figure_state, wait_for_title
+    from workbench.data import TASKS
+
+    page.goto(f"{voila_server}/voila/render/overview.ipynb", timeout=PAGE_TIMEOUT_MS)
+    page.locator(".wb-task-info").wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, ["grid", "times"])
+    before = figure_state(page, "times")
+    assert "d=768" in before["title"] and "at 6 bits" in before["title"]
+
+    page.locator(".widget-dropdown", has=page.locator("label", has_text="Layer")).locator("select").select_option(
+        "MiniLM layer (d=384)")
+    wait_for_title(page, "times", "d=384")
+    moved = figure_state(page, "times")
+    assert moved["data"] != before["data"]
+
+    slider = page.locator(".widget-hslider, .widget-slider", has=page.locator("label", has_text="Shard bits")).first
+    slider.locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowLeft")                        # 6 -> 5 bits
+    wait_for_title(page, "times", "at 5 bits")
+    bits = figure_state(page, "times")
+    assert bits["data"] != moved["data"]
+
+    grid = figure_state(page, "grid")
+    page.locator(".widget-dropdown", has=page.locator("label", has_text="Task")).locator("select").select_option(
+        label=TASKS["bbc"].title)
+    wait_for_title(page, "grid", TASKS["bbc"].title)
+    now = figure_state(page, "grid")
+    assert now["title"] != grid["title"] and now["data"] != grid["data"]
+    assert page.locator(".wb-error").count() == 0

@@ -20,7 +20,8 @@ def layer_times_figure(profile: DeviceProfile, shape: LayerShape, bits: int) -> 
                hovertemplate="m=%{x}: load %{y:.2f} ms<extra></extra>"),
     ])
     fig.update_layout(
-        template=TEMPLATE, barmode="group", title=f"{profile.title}: one layer (d={shape.hidden}, T={shape.seq_len})",
+        template=TEMPLATE, barmode="group", title=f"{profile.title}: one layer (d={shape.hidden}, T={shape.seq_len}), "
+                                                  f"shards read at {bits} bits",
         xaxis_title="shards per layer m", yaxis_title="time per layer (ms)", height=360,
         margin=MARGIN)
     fig.update_xaxes(dtick=1)
