@@ -12,7 +12,8 @@ TINY = dict(batch_size=4, full_steps=2, importance_batches=1, elastic_steps=2, m
 
 
 def test_prepared_models_have_a_full_accuracy_grid(prepared):
-    for task, em in prepared.items():
+    for task in ("sentiment", "bbc"):                    # the elastic tasks among every mechanism's artifacts
+        em = prepared[task]
         assert em.accuracy_grid.shape == (6, 12)
         assert ((em.accuracy_grid >= 0) & (em.accuracy_grid <= 1)).all()
         assert sorted(em.head_order[0].tolist()) == list(range(12))
