@@ -126,8 +126,11 @@ CHILD = textwrap.dedent("""
     import contextlib, io, json, resource, signal, sys, time
     from workbench.cli import main
 
+    def status(field):
+        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field + ":"))
+
     def vm_size():
-        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
+        return status("VmSize")
 
     resource.setrlimit(resource.RLIMIT_AS, (vm_size() + LIMIT_BYTES, resource.RLIM_INFINITY))
     def too_long(*_):
@@ -147,7 +150,7 @@ CHILD = textwrap.dedent("""
         finally:
             signal.alarm(0)
         results.append({"code": code, "err": err.getvalue(), "seconds": time.perf_counter() - started,
-                        "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+                        "peak_bytes": status("VmHWM")})   # ru_maxrss keeps the forking parent's peak
     print(json.dumps(results))
 """).replace("LIMIT_BYTES", str(LIMIT_BYTES)).replace("LIMIT_S", str(LIMIT_S))
 
