@@ -60,9 +60,10 @@ def test_host_profile_is_measured_with_its_batch_curve_and_cached(tmp_cache):
     assert path.exists()
     assert devices.host_profile() == host
     path.write_text("{not json")
-    assert devices.host_profile().name == "host"
+    again = devices.host_profile()                       # measured again, and saved
+    assert again.name == "host"
     saved = json.loads(path.read_text())
-    assert DeviceProfile.from_dict(saved) == devices.host_profile()
+    assert DeviceProfile.from_dict(saved) == again
     del saved["half_peak_tokens"]                        # a profile saved before the batch curve: measured again
     with pytest.raises(WorkbenchError, match=r"fields \['half_peak_tokens'\] differ"):
         DeviceProfile.from_dict(saved)

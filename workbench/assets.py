@@ -77,11 +77,12 @@ def movie_reviews_path() -> Path:
     return cache_dir() / "data" / "movieReviewSnippets_GroundTruth.txt"
 
 
-def converted_decoder_path() -> Path:
-    """Where the shipped decoder, converted once to float32 safetensors, lives in the cache (present or not).
+def converted_decoder_path(create: bool = True) -> Path:
+    """Where the shipped decoder, converted once to float32 safetensors, lives in the cache (present or not;
+    ``create=False`` leaves a missing cache folder unmade).
 
     Here rather than in ``workbench.models.decoder`` so that readiness checks need no torch."""
-    return cache_dir() / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32"
+    return cache_dir(create) / "models" / f"smollm2-135m-instruct-{SMOLLM2.version}-f32"
 
 
 def movie_reviews_file(download: bool = True) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from workbench.argtypes import Parser, existing_folder, tcp_port
@@ -56,7 +55,7 @@ def _cmd_dashboards(args) -> int:
 
     port = check_tcp_port(args.port)
     cmd = voila_command(port, preheat=args.preheat)
-    job = None
+    job, hint = None, ""
     if not args.no_prepare:
         state, job = start_background(args.preset, bound=True)
         if state != "ready":
@@ -64,16 +63,12 @@ def _cmd_dashboards(args) -> int:
                   f"({'started now' if state == 'started' else 'started elsewhere'}; log {log_path(args.preset)}); "
                   f"the gallery shows its progress and each page works once its artifacts are ready", flush=True)
             hint = serve_now_hint(args.preset)
-            if hint:
-                print(f"workbench dashboards: {hint}", flush=True)
-    elif serve_now_hint(args.preset):
-        print(f"workbench dashboards: {serve_now_hint(args.preset)}", flush=True)
+    else:
+        hint = serve_now_hint(args.preset)
+    if hint:
+        print(f"workbench dashboards: {hint}", flush=True)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
-
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, interrupted)
     try:
         with WorkerGroup(cmd, name="voila", cwd=DASHBOARDS_DIR, env=voila_env({"WORKBENCH_PRESET": args.preset}),
                          logs="inherit", grace_s=20, fail_fast=False) as server:

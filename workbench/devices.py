@@ -386,10 +386,6 @@ def _e3_clusters() -> dict[str, Cluster]:
 CLUSTERS: dict[str, Cluster] = {"voltage": _voltage_cluster(), "hepti": _hepti_cluster(), **_e3_clusters()}
 
 
-def cluster_names() -> list[str]:
-    return list(CLUSTERS)
-
-
 def get_cluster(name: str) -> Cluster:
     """A cluster preset by name."""
     if name not in CLUSTERS:

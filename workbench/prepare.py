@@ -156,21 +156,23 @@ def pages_waiting(preset: str) -> dict[str, list[str]]:
     return {d.title: [name for name in d.requires if not ready.get(name, False)] for d in registry.dashboards()}
 
 
-def serving_now(preset: str) -> str | None:
-    """Another preset whose artifacts serve every page now, when ``preset``'s do not (else None)."""
+def serving_now(preset: str, waiting: dict[str, list[str]] | None = None) -> str | None:
+    """Another preset whose artifacts serve every page now, when ``preset``'s do not (``waiting``: its
+    :func:`pages_waiting`, when known) (else None)."""
     from workbench.presets import PRESETS
 
-    if not any(pages_waiting(preset).values()):
+    if not any((pages_waiting(preset) if waiting is None else waiting).values()):
         return None
     return next((other for other in PRESETS if other != preset and not any(pages_waiting(other).values())), None)
 
 
 def serve_now_hint(preset: str) -> str:
     """One line saying which preset would serve every page now and how ('' when ``preset`` does, or none does)."""
-    other = serving_now(preset)
+    pages = pages_waiting(preset)
+    other = serving_now(preset, pages)
     if other is None:
         return ""
-    waiting = sum(bool(missing) for missing in pages_waiting(preset).values())
+    waiting = sum(bool(missing) for missing in pages.values())
     return (f"{waiting} of {len(registry.dashboards())} pages wait for the {preset} prepare; the {other} preset's "
             f"artifacts serve every page now: `workbench dashboards --preset {other}`"
             f"{' (its figures are not meaningful)' if preset_notice(other) else ''}")

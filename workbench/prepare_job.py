@@ -127,10 +127,8 @@ def start_background(preset: str, *, bound: bool = False) -> tuple[str, WorkerGr
     if all(s.ready(preset) for s in preparation.steps(preset)):
         return "ready", None
     job_dir(preset).mkdir(parents=True, exist_ok=True)
-    log = open(log_path(preset), "a")
-    log.write(f"\n=== workbench prepare --preset {preset} --job, started {time.ctime()} ===\n")
-    log.flush()
-    log.close()
+    with open(log_path(preset), "a") as log:
+        log.write(f"\n=== workbench prepare --preset {preset} --job, started {time.ctime()} ===\n")
     job = WorkerGroup([sys.executable, "-m", "workbench.cli", "prepare", "--preset", preset, "--job"],
                       name="prepare", logs=[log_path(preset)], log_mode="a", bound=bound, grace_s=20)
     return "started", job.start()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,9 +27,10 @@ CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port on ``host`` that is free now."""
+    from workbench.listen import check_tcp_port
+
+    return check_tcp_port(0, host)
 
 
 try:
@@ -74,6 +73,10 @@ def voila_env(extra: dict | None = None) -> dict:
     return env
 
 
+KERNEL_CULL_S = 300
+"""Seconds a served kernel may sit idle before the server stops it."""
+
+
 def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
     """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes.
 
@@ -83,7 +86,7 @@ def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = T
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
            "--Voila.port_retries=0", "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
            f"--template={TEMPLATE}",
-           "--MappingKernelManager.cull_interval=60", "--MappingKernelManager.cull_idle_timeout=300"]
+           "--MappingKernelManager.cull_interval=60", f"--MappingKernelManager.cull_idle_timeout={KERNEL_CULL_S}"]
     if preheat:
         cmd += ["--preheat_kernel=True", "--pool_size=1"]
     return cmd
@@ -169,19 +172,3 @@ def chromium() -> Iterator[object]:
             yield browser
         finally:
             browser.close()
-
-
-VOILA_SHARE_SCOPE = re.compile(r"^(Unsatisfied version [\d.]+ from _JUPYTERLAB\.CORE_OUTPUT of shared singleton module "
-                               r"@jupyterlab/[a-z-]+ \(required \^4\.5\.10\)|Unsatisfied version [\d.]+ from "
-                               r"_JUPYTERLAB\.CORE_OUTPUT of shared singleton module @jupyterlab/(services|coreutils) "
-                               r"\(required \^[67]\.5\.10\)|No satisfying version \(\^4\.5\.10\) of shared module "
-                               r"@jupyterlab/[a-z-]+ found in shared scope default\.)")
-"""The one family of console warnings a page may print: Voila 0.5.13 ships its JupyterLab core at 4.2.5 beside
-its own widget manager built against 4.5.10, and webpack says so on every load (Voila's bundles, not ours;
-the manager runs on the 4.2.5 core). Everything else a page prints as a warning or error fails its test."""
-
-
-def console_problems(messages: list[tuple[str, str]]) -> list[str]:
-    """The console warnings and errors (and uncaught page errors) that are not Voila's known share-scope lines."""
-    return [f"{kind}: {text}" for kind, text in messages
-            if kind in ("warning", "error", "pageerror") and not VOILA_SHARE_SCOPE.match(text)]

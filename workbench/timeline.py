@@ -168,10 +168,9 @@ class Timeline:
                            "tid": tid[key], "ts": _us(s.start), "dur": _us(s.duration),
                            "args": {"kind": s.kind, **typed, **{k: _jsonable(v) for k, v in s.meta.items()}}})
         for flow, spans in self.flows().items():
-            ident = flow if isinstance(flow, (int, str)) else str(flow)
             for n, s in enumerate(spans):
                 ph = "s" if n == 0 else "f" if n == len(spans) - 1 else "t"
-                events.append({"ph": ph, "name": f"flow {ident}", "cat": "flow", "id": ident,
+                events.append({"ph": ph, "name": f"flow {flow}", "cat": "flow", "id": flow,
                                "pid": pid[(s.device, s.rank)], "tid": tid[(s.device, s.rank, s.lane)],
                                "ts": _us((s.start + s.end) / 2), **({"bp": "e"} if ph != "s" else {})})
         for c in self.counters:

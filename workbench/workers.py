@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence, Union
 
 from workbench.errors import WorkbenchError
+from workbench.listen import LOOPBACK, check_tcp_port
 
-LOOPBACK = "127.0.0.1"
 CHANNEL_ENV = "WORKBENCH_WORKER_FD"
 CANCEL_GRACE_S = 1.0
 """How long a cancelled worker has between SIGTERM and SIGKILL, so that a page's Cancel ends within 2 s."""
@@ -89,24 +89,6 @@ class NotReady(WorkbenchError):
     def __init__(self, message: str, ranks: Sequence[int]):
         super().__init__(message)
         self.ranks = list(ranks)
-
-
-@dataclass(frozen=True)
-class WorkerEnv:
-    """What a worker process reads of its place in the group (as ``torchrun`` sets it)."""
-    rank: int
-    world_size: int
-    local_rank: int
-    master_addr: str
-    master_port: int
-
-
-def worker_env() -> WorkerEnv:
-    """This process's rank, world size and rendezvous address (rank 0 of 1 when started alone)."""
-    env = os.environ
-    return WorkerEnv(rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
-                     local_rank=int(env.get("LOCAL_RANK", 0)), master_addr=env.get("MASTER_ADDR", LOOPBACK),
-                     master_port=int(env.get("MASTER_PORT", 0)))
 
 
 def ready(clock: Callable[[], float] = time.perf_counter) -> None:
@@ -321,8 +303,6 @@ class WorkerGroup:
 
     def start(self) -> "WorkerGroup":
         """Start every worker and wait until all are ready (or the group is cancelled)."""
-        from workbench.listen import check_tcp_port
-
         port = self.master_port or check_tcp_port(0)
         try:
             if self.bound:
@@ -418,7 +398,7 @@ class WorkerGroup:
                             sel.unregister(w.channel)
                     sel.select(POLL_S)
                 else:
-                    time.sleep(POLL_S if self.ready is None or isinstance(self.ready, (str, re.Pattern)) else 0.3)
+                    time.sleep(POLL_S if isinstance(self.ready, (str, re.Pattern)) else 0.3)
         if self.ready == "signal":
             self._barrier(deadline)
 
@@ -505,16 +485,6 @@ class WorkerGroup:
     @property
     def exits(self) -> list[WorkerExit | None]:
         return [w.exit for w in self.workers]
-
-    def failures(self) -> list[WorkerExit]:
-        """Workers that ended on their own with a non-zero status or a signal."""
-        return [e for e in self.exits if e is not None and e.failed]
-
-    def check(self) -> None:
-        """Raise :class:`WorkerFailed` for the first failed worker."""
-        failed = self.failures()
-        if failed:
-            raise WorkerFailed(failed[0].describe(), self.exits)
 
     def _fail(self, worker: Worker, when: str = "") -> None:
         self._reap(worker)

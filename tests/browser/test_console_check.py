@@ -1,5 +1,5 @@
 """The console check every browser test ends with lets through only Voila's own share-scope warnings."""
-from workbench.serving import console_problems
+from tests.browser.conftest import console_problems
 
 VOILA = ("warning", "Unsatisfied version 4.2.5 from _JUPYTERLAB.CORE_OUTPUT of shared singleton module "
                     "@jupyterlab/rendermime (required ^4.5.10)")

@@ -20,9 +20,6 @@ import numpy as np
 
 PAGE_TIMEOUT_MS = 180_000
 REDRAW_TIMEOUT_S = 30
-KERNEL_CULL_S = 300
-"""The served kernels' idle timeout (``cull_idle_timeout`` in ``workbench.serving``): a longer wait for the
-waiting kernels would outlast them."""
 
 
 def _revision(page, figure: str) -> int:
@@ -63,6 +60,7 @@ def parser():
     from workbench.argtypes import LONGEST_RUN_S, Bound, Parser, count, non_negative
     from workbench.mechanisms import dashboards
     from workbench.presets import add_preset_argument
+    from workbench.serving import KERNEL_CULL_S
 
     p = Parser(prog="workbench bench browser")
     add_preset_argument(p)

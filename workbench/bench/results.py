@@ -50,13 +50,13 @@ def _commit() -> str | None:
 
 def host_facts() -> dict:
     """This machine as a result should name it; the measured device profile only when it is cached."""
+    from workbench.argtypes import machine_cores, machine_memory_bytes
     from workbench.devices import host_profile_path
 
     cpu = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor() or platform.machine())
-    memory = next((int(line.split()[1]) * 1024 for line in _read_lines("/proc/meminfo")
-                   if line.startswith("MemTotal:")), None)
-    facts = {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": memory, "python": platform.python_version(),
+    facts = {"cpu": cpu, "cores": machine_cores(), "memory_bytes": machine_memory_bytes(),
+             "python": platform.python_version(),
              "system": platform.platform()}
     path = host_profile_path()
     if path.exists():

@@ -50,7 +50,7 @@ from workbench.argtypes import Bound, Parser, count, memory_holds, seed
 from workbench.kvcache import limits
 from workbench.kvcache.artifacts import METHODS
 from workbench.data import split_size
-from workbench.devices import profile_names
+from workbench.kvcache.config import SWAP_DEVICES
 from workbench.kvcache.costmodel import SWAP_PRESETS
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import add_preset_argument
@@ -95,7 +95,7 @@ def parser() -> Parser:
                    help="active-context counts of the switching table")
     p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=["markov"],
                    help="switching patterns; the first also makes the ablation and the reference trace")
-    p.add_argument("--device", choices=profile_names("llms"), default="orin-nx",
+    p.add_argument("--device", choices=SWAP_DEVICES, default="orin-nx",
                    help="emulated device (or the host at its own speed)")
     p.add_argument("--budget", type=limits.working_set_fraction, default=0.375,
                    help="memory of the switching and ablation tables, the same for every context count: this "
@@ -495,10 +495,8 @@ def memory_probe(swap_dir: str, tokens: int, build: bool) -> dict:
         _, stats = app.call_with_stats(CtxStub(stub_file.read_text()), "Go on.", MEMORY_NEW_TOKENS)
         peak = _status_mb("VmHWM")
         ctx = svc._contexts[stats.ctx]
-        cfg = model.cfg
         return {"context_tokens": stats.context_tokens, "at_rest_mb": sum(r.nbytes for r in ctx.chunks) / 1e6,
-                "working_cache_mb": working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                                   stats.context_tokens, svc.config.base_bits) / 1e6,
+                "working_cache_mb": working_nbytes(model.cfg, stats.context_tokens, svc.config.base_bits) / 1e6,
                 "rss_before_call_mb": before, "peak_rss_mb": peak, "call_peak_over_before_mb": peak - before,
                 "switch_ms": 1e3 * stats.switch_s, "dequantize_ms": 1e3 * stats.dequantize_s}
 

@@ -141,10 +141,11 @@ def encode_at_level(kv: np.ndarray, bits: int) -> ChunkData:
     return recompress(encode_chunk(kv, LEVELS[0]), bits)
 
 
-def working_nbytes(layers: int, kv_heads: int, head_dim: int, tokens: int, new_bits: int = LEVELS[0]) -> int:
-    """Bytes of the decoder cache a call works in for ``tokens`` tokens (K and V of every layer), in the
-    dtype :meth:`ChunkedKV.working_dtype` picks: float32 for raw 32-bit chunks, float16 otherwise."""
-    return 2 * layers * kv_heads * head_dim * int(tokens) * (4 if new_bits == FLOAT_BITS else 2)
+def working_nbytes(cfg, tokens: int, new_bits: int = LEVELS[0]) -> int:
+    """Bytes of the decoder cache (decoder config ``cfg``) a call works in for ``tokens`` tokens (K and V of
+    every layer), in the dtype :meth:`ChunkedKV.working_dtype` picks: float32 for raw 32-bit chunks, float16
+    otherwise."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * int(tokens) * (4 if new_bits == FLOAT_BITS else 2)
 
 
 def chunk_nbytes(shape: tuple[int, ...], bits: int) -> int:

@@ -240,10 +240,10 @@ def budget_bytes(memory_mb: float, model=None) -> int:
     """The budget the load's service gets: ``memory_mb`` for chunks beside the working cache reserved for
     a call of :data:`LOAD_CONTEXT_TOKENS` (the reference must use the same)."""
     from workbench.kvcache.chunks import working_nbytes
-    from workbench.kvcache.replay import _decoder_cfg
+    from workbench.models.config import shipped_decoder_config
 
-    cfg = _decoder_cfg(model)
-    return int(memory_mb * 1e6) + working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, LOAD_CONTEXT_TOKENS)
+    return int(memory_mb * 1e6) + working_nbytes(model.cfg if model is not None else shipped_decoder_config(),
+                                                 LOAD_CONTEXT_TOKENS)
 
 
 def load_config(method: str = "llms"):

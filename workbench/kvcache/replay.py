@@ -97,14 +97,10 @@ def context_bytes(tokens: int, cfg, bits: int = 8, chunk_size: int = CHUNK_SIZE)
 
 
 def _decoder_cfg(model):
-    if model is not None:
-        return model.cfg
-    import json
+    """``model``'s shape, else the shipped decoder's, read without loading (or verifying) its weights."""
+    from workbench.models.config import shipped_decoder_config
 
-    from workbench.models.config import DecoderConfig
-    from workbench.models.decoder import converted_decoder_dir
-
-    return DecoderConfig(**json.loads((converted_decoder_dir() / "config.json").read_text()))
+    return model.cfg if model is not None else shipped_decoder_config()
 
 
 def working_set_bytes(trace: Trace, bits: int = 8, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
@@ -125,9 +121,7 @@ def working_reserve_bytes(trace: Trace, bits: int = 8, max_new_tokens: int = DEF
                           tokenizer=None) -> int:
     """Bytes of the working cache the service reserves, within its budget, for ``trace``'s largest call
     (``chunks.working_nbytes`` at :func:`call_tokens`; a method's chunks at ``bits`` set its dtype)."""
-    cfg = _decoder_cfg(model)
-    return working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                          call_tokens(trace, max_new_tokens, tokenizer), bits)
+    return working_nbytes(_decoder_cfg(model), call_tokens(trace, max_new_tokens, tokenizer), bits)
 
 
 def budget_for(trace: Trace, fraction: float, *, max_new_tokens: int = DEFAULT_NEW_TOKENS, model=None,
@@ -147,10 +141,14 @@ def min_budget_bytes(trace: Trace, bits: int, max_new_tokens: int = DEFAULT_NEW_
     """The least budget that lets a method writing ``chunk_size``-token chunks at ``bits`` serve every call
     of ``trace``: the working cache of its largest call, and the largest context at ``bits`` with room
     for the pending token of its last call (what the service's check asks for a context served alone)."""
-    cfg = _decoder_cfg(model)
     tokens = context_tokens(trace, max_new_tokens, tokenizer)
-    return working_reserve_bytes(trace, bits, max_new_tokens, model, tokenizer) + max(
-        context_bytes(n + 1, cfg, bits, chunk_size) for n in tokens)
+    return _least_budget(_decoder_cfg(model), tokens, max(tokens) + 1, bits, chunk_size)
+
+
+def _least_budget(cfg, tokens: list[int], limit: int, bits: int, chunk_size: int) -> int:
+    """The working cache reserved for ``limit`` tokens and the largest of contexts of ``tokens`` at ``bits``
+    with room for its pending token."""
+    return working_nbytes(cfg, limit, bits) + max(context_bytes(n + 1, cfg, bits, chunk_size) for n in tokens)
 
 
 # ----------------------------------------------------------------------------- configuration and idle time
@@ -260,15 +258,13 @@ def replay(trace: Trace, method: str, *, memory_budget_bytes: int, config: Servi
     gaps = idle_gaps(trace, idle_scale)
     model = model if model is not None else load_decoder()
     tokenizer = decoder_tokenizer()
-    largest = call_tokens(trace, max_new_tokens, tokenizer)
-    if config.max_context_tokens is None and largest <= model.cfg.max_positions:
-        config = replace(config, max_context_tokens=largest)
+    tokens = context_tokens(trace, max_new_tokens, tokenizer)
+    if config.max_context_tokens is None and max(tokens) + 1 <= model.cfg.max_positions:
+        config = replace(config, max_context_tokens=max(tokens) + 1)            # call_tokens: the largest call
     costs = cost_model(device, model, config.chunk_size)
-    cfg = model.cfg
-    reserve = working_nbytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                             config.max_context_tokens or cfg.max_positions, config.base_bits)
-    needed = reserve + min_budget_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer, config.chunk_size) \
-        - working_reserve_bytes(trace, config.base_bits, max_new_tokens, model, tokenizer)
+    limit = config.max_context_tokens or model.cfg.max_positions
+    reserve = working_nbytes(model.cfg, limit, config.base_bits)
+    needed = _least_budget(model.cfg, tokens, limit, config.base_bits, config.chunk_size)
     budget = max(int(memory_budget_bytes), needed) if fit_budget else int(memory_budget_bytes)
     loader = PipelineLoader(costs)
     settings = {"config": config.to_dict(), "device": costs.device, "device_notes": costs.notes,

@@ -154,8 +154,7 @@ class LLMService:
             if value is not None and value > context:
                 raise WorkbenchError(f"{name} is at most {context} tokens (the decoder's context), got {value}")
         limit = self.config.max_context_tokens or context
-        reserve = working_nbytes(model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim, limit,
-                                 self.config.base_bits)
+        reserve = working_nbytes(model.cfg, limit, self.config.base_bits)
         if reserve >= memory_budget_bytes:
             raise MemoryBudgetError(
                 f"memory_budget_bytes must exceed the working cache of a call at the context limit "

@@ -68,9 +68,8 @@ def shipped_decoder_config() -> DecoderConfig:
     """The shipped decoder's shape without torch or its weights: its converted config.json where the cache
     has it, else the defaults above (SmolLM2-135M's own); commands read their bounds from it."""
     from workbench.assets import converted_decoder_path
-    from workbench.errors import WorkbenchError
 
     try:
-        return DecoderConfig(**json.loads((converted_decoder_path() / "config.json").read_text()))
-    except (OSError, ValueError, TypeError, WorkbenchError):    # no usable cache: the command using it says so
+        return DecoderConfig(**json.loads((converted_decoder_path(create=False) / "config.json").read_text()))
+    except (OSError, ValueError, TypeError):
         return DecoderConfig()

@@ -67,7 +67,7 @@ class OverviewPanel(Panel):
         self.bits = widgets.SelectionSlider(options=BITWIDTHS, value=6, description="Shard bits",
                                             continuous_update=False)
         self.device_info = widgets.HTML()
-        self.observe_controls(self.device, self.shape, self.bits, update=self._refresh_device)
+        self.observe_controls(self.device, self.shape, self.bits)
         self.sections = {m.name: section_view(m.overview, self.preset) for m in mechanisms() if m.overview}
         self.children = [
             widgets.HTML(INTRO),
@@ -85,9 +85,6 @@ class OverviewPanel(Panel):
         return children[1] if len(children) == 2 else None
 
     def _refresh(self) -> None:
-        self.refresh(self._refresh_device)
-
-    def _refresh_device(self) -> None:
         profile = get_profile(self.device.value)
         shape = SHAPES[self.shape.value]
         self.show_figure("times", layer_times_figure(profile, shape, int(self.bits.value)))
