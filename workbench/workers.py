@@ -244,6 +244,8 @@ class WorkerGroup:
 
     With ``ready="signal"``, ``clock_offsets_s[i]`` added to a reading of worker ``i``'s clock (the one it
     gave :func:`ready`) puts it on ``clock``'s, and ``released_at`` is ``clock()`` when all were released.
+    ``master_addr``: where rank 0's rendezvous listens (127.0.0.1 unless the workers run in network
+    namespaces of their own, see :mod:`workbench.partition.shaping`).
     """
 
     def __init__(self, command: Sequence[str] | Callable[[int], Sequence[str]], size: int = 1, *,
@@ -251,7 +253,8 @@ class WorkerGroup:
                  env: Mapping[str, str] | None = None, cwd: Path | str | None = None, ready: Ready = None,
                  ready_timeout_s: float = 60.0, grace_s: float = 5.0,
                  should_stop: Callable[[], bool] | None = None, fail_fast: bool = True, bound: bool = True,
-                 master_port: int | None = None, clock: Callable[[], float] = time.perf_counter):
+                 master_port: int | None = None, master_addr: str = LOOPBACK,
+                 clock: Callable[[], float] = time.perf_counter):
         if size < 1:
             raise WorkbenchError(f"a worker group needs at least one worker, got {size}")
         if logs == "inherit" and isinstance(ready, (str, re.Pattern)) and ready != "signal":
@@ -260,7 +263,7 @@ class WorkerGroup:
         self.logs, self.log_mode, self.env, self.cwd = logs, log_mode, env, cwd
         self.ready, self.ready_timeout_s, self.grace_s = ready, ready_timeout_s, grace_s
         self.should_stop, self.fail_fast, self.bound = should_stop, fail_fast, bound
-        self.master_port, self.clock = master_port, clock
+        self.master_port, self.master_addr, self.clock = master_port, master_addr, clock
         self.workers: list[Worker] = []
         self.clock_offsets_s: list[float] | None = None
         self.released_at: float | None = None
@@ -320,7 +323,7 @@ class WorkerGroup:
 
     def _start_one(self, rank: int, log: Path | None, port: int) -> Worker:
         env = {**(os.environ if self.env is None else self.env), "RANK": str(rank), "WORLD_SIZE": str(self.size),
-               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(self.size), "MASTER_ADDR": LOOPBACK,
+               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(self.size), "MASTER_ADDR": self.master_addr,
                "MASTER_PORT": str(port)}
         env.setdefault("PYTHONUNBUFFERED", "1")
         ours = theirs = None
