@@ -98,6 +98,16 @@ class DeviceProfile:
         rows = batch + self.half_peak_tokens / shape.seq_len
         return self.layer_overhead_s + m * shape.shard_flops() / self.flops_per_s * rows
 
+    def work_s(self, flops: float, rows: float) -> float:
+        """Seconds of ``flops`` FLOPs of matrix work over ``rows`` rows (batch x positions), without the
+        per-layer overhead: few rows reach less of the peak (``half_peak_tokens``), as in
+        :meth:`layer_compute_s`, which equals ``layer_overhead_s + work_s(m * shard_flops, batch * T)``."""
+        if not flops:
+            return 0.0
+        if not rows > 0:
+            raise ValueError(f"work over {rows!r} rows: give at least one row")
+        return flops / self.flops_per_s * (1 + self.half_peak_tokens / rows)
+
     def read_s(self, nbytes: float) -> float:
         return nbytes / self.read_bytes_per_s
 
@@ -182,11 +192,12 @@ PRESETS: dict[str, DeviceProfile] = {
                                 source="estimate, not measured: 0.5 TFLOP/s usable of the GPU's 1.33 TFLOP/s fp16 "
                                        "spec-sheet figure, 100 MB/s SATA HDD reads (the disk of the LLMS paper's "
                                        "Table 2), 3 ms per-layer overhead assumed"),
-    "edge-vm": DeviceProfile("edge-vm", "1-vCPU edge VM on a 500 Mbps link (Voltage set-up)", "cpu", 20e9, 0.2e-3,
+    "edge-vm": DeviceProfile("edge-vm", "1-vCPU edge VM on a 500 Mbps link (Voltage set-up)", "cpu", 10e9, 0.2e-3,
                              0.5 * GB, 7.6 * GB, net_bytes_per_s=500e6 / 8, net_latency_s=0.5e-3, paper="voltage",
-                             source="Voltage paper §VI-A: 1 vCPU, 7.6 GB, links limited to 500 Mbps; 20 GFLOP/s, "
-                                    "0.2 ms per-layer overhead, 0.5 GB/s reads and 0.5 ms latency are estimates, "
-                                    "not measured"),
+                             source="Voltage paper §VI-A: 1 vCPU, 7.6 GB, links limited to 500 Mbps; 10 GFLOP/s "
+                                    "(chosen so that this 2-core host can emulate six of them at once), 0.2 ms "
+                                    "per-layer overhead, 0.5 GB/s reads and 0.5 ms latency are estimates, not "
+                                    "measured"),
     "rpi4": _arm_cpu("rpi4", "Raspberry Pi 4B CPU (4x Cortex-A72 @ 1.5 GHz, 4 GB)", 1.5e9, 2, 4 * GB, 45 * MB,
                      1e9 / 8, "spec-sheet clock, memory and Gigabit Ethernet of the Raspberry Pi 4B; 45 MB/s "
                               "microSD reads"),

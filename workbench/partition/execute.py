@@ -1,0 +1,229 @@
+"""One rank's part of a partitioned run: walk the plan's steps on real weights and real collectives.
+
+Every rank of a ``torch.distributed`` (gloo) group calls :func:`execute` with the same plan. It
+computes its part of each step with the layers of :mod:`workbench.partition.layers`, exchanges
+activations through :class:`Comm`, which counts the bytes of the tensors it hands to each collective
+and times it, and records a measured :class:`~workbench.timeline.Timeline` on its own clock.
+
+Emulation: with ``emulate=True`` each compute step is padded to the device's predicted end and each
+collective to its predicted end, on the plan's schedule counted from the run's start. A step that
+runs late here (a loopback exchange delayed by the scheduler of a 2-core host) is caught up by the
+padding of the next ones, as on the device, where it would not have been late; work that takes
+longer here than the device's whole schedule is not hidden: the run ends late and the prediction
+check says so.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from workbench.devices import pad_until
+from workbench.partition.cost import Traffic, all_gather_traffic, all_reduce_traffic
+from workbench.partition.plan import PartitionPlan, Step
+from workbench.timeline import Span, Timeline
+
+
+@dataclass
+class Count:
+    """Bytes one rank moved in one collective."""
+    layer: int | None
+    kind: str                  # "all_gather", "all_reduce", "send", "recv"
+    sent: int
+    received: int
+
+
+class Comm:
+    """Collectives over the default process group, counted (bytes of the tensors handed over) and timed."""
+
+    def __init__(self, rank: int, world: int, clock: Callable[[], float] = time.perf_counter):
+        self.rank, self.world, self.clock = rank, world, clock
+        self.counts: list[Count] = []
+
+    def all_gather_rows(self, part: torch.Tensor, rows: list[int], layer: int | None) -> torch.Tensor:
+        """Concatenate every rank's rows along dim -2, parts of any length: each rank sends its part to
+        every other rank and receives theirs (point to point; on loopback here this took a third of
+        gloo's ring ``all_gather`` for four ranks, and it sends exactly what is counted)."""
+        shape = list(part.shape)
+        width = part[..., :1, :].numel()                          # elements per row
+        part = part.contiguous()
+        pieces, requests = [], []
+        for r, n in enumerate(rows):
+            if r == self.rank:
+                pieces.append(part)
+                continue
+            pieces.append(torch.empty(*shape[:-2], n, shape[-1], dtype=part.dtype))
+            if n:
+                requests.append(dist.irecv(pieces[-1], src=r))
+            if part.numel():
+                requests.append(dist.isend(part, dst=r))
+        for request in requests:
+            request.wait()
+        traffic = all_gather_traffic([n * width for n in rows], part.element_size())[self.rank]
+        self.counts.append(Count(layer, "all_gather", traffic.sent, traffic.received))
+        return torch.cat(pieces, dim=-2)
+
+    def all_reduce(self, tensor: torch.Tensor, layer: int | None) -> torch.Tensor:
+        dist.all_reduce(tensor)
+        traffic = all_reduce_traffic(tensor.numel(), self.world, tensor.element_size())[self.rank]
+        self.counts.append(Count(layer, "all_reduce", traffic.sent, traffic.received))
+        return tensor
+
+    def send(self, tensor: torch.Tensor, dst: int, layer: int | None) -> None:
+        dist.send(tensor.contiguous(), dst=dst)
+        self.counts.append(Count(layer, "send", tensor.numel() * tensor.element_size(), 0))
+
+    def recv(self, like: torch.Tensor, src: int, layer: int | None) -> torch.Tensor:
+        out = torch.empty_like(like)
+        dist.recv(out, src=src)
+        self.counts.append(Count(layer, "recv", 0, out.numel() * out.element_size()))
+        return out
+
+
+@dataclass
+class RankResult:
+    rank: int
+    device: str
+    spans: list[Span] = field(default_factory=list)
+    counts: list[Count] = field(default_factory=list)
+    hidden: torch.Tensor | None = None          # final hidden states (the terminal, rank 0)
+    logits: torch.Tensor | None = None
+    wall_s: float = 0.0                         # from the start to the logits on this rank
+
+    def timeline(self) -> Timeline:
+        return Timeline(tuple(self.spans), "measured", name=f"rank {self.rank}")
+
+
+class Clock:
+    """The run's clock on this rank, and the emulated schedule it pads to."""
+
+    def __init__(self, emulate: bool):
+        self.t0 = time.perf_counter()
+        self.schedule = self.t0
+        self.emulate = emulate
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def pad(self, seconds_after_schedule: float) -> None:
+        if self.emulate:
+            pad_until(self.schedule + seconds_after_schedule)
+
+    def advance(self, seconds: float) -> None:
+        self.schedule += seconds
+
+
+def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, emulate: bool,
+            progress: Callable[[int, str], None] = lambda i, label: None, torch_tp=None) -> RankResult:
+    """Run ``plan`` as rank ``rank`` on ``model`` (see :mod:`workbench.partition.models`).
+
+    ``inputs``: ``x`` the embedded input (B, N, F) or (N, F), plus what the model's layers need
+    (``attn_bias``, ``positions``). ``progress(i, label)`` is called after step i. ``torch_tp``: the
+    rank's PyTorch tensor-parallel layers for the ``torch_tp`` scheme."""
+    K, device = plan.K, plan.devices[rank]
+    result = RankResult(rank, device.name)
+    clock = Clock(emulate)
+    lane = f"device {rank}"
+    x = inputs["x"]
+    h = None
+    heads_from = [sum(plan.heads[:i]) for i in range(K)] if plan.heads else []
+    ffn_from = [sum(plan.ffn_columns[:i]) for i in range(K)] if plan.ffn_columns else []
+    holder = 0                                  # pipeline: the rank that holds the activation
+
+    def span(kind, start, label, layer, **extra):
+        result.spans.append(Span(lane, kind, start, clock.now(), label, device=device.name, layer=layer, rank=rank,
+                                 **extra))
+
+    def collective(step: Step, run: Callable[[], object]):
+        start, before = clock.now(), len(comm.counts)
+        out = run()
+        clock.pad(step.seconds[rank])
+        moved = comm.counts[before:]
+        sent, received = sum(c.sent for c in moved), sum(c.received for c in moved)
+        span("comm", start, step.label, step.layer, nbytes=sent + received,
+             meta={"sent": sent, "received": received}, flow=step.label if step.kind == "send" else None)
+        clock.advance(step.seconds[rank])
+        return out
+
+    with torch.no_grad():
+        for i, step in enumerate(plan.steps):
+            layer = step.layer
+            if plan.scheme == "torch_tp":
+                if step.label.startswith("attention"):
+                    x = _torch_tp_layer(plan, rank, layer, x, inputs, torch_tp, comm, clock, span)
+                progress(i, step.label)
+                continue
+            if step.kind == "compute":
+                mine = step.seconds[rank]
+                work = _compute(plan, step, rank, model, x, h, inputs, heads_from, ffn_from, torch_tp, comm)
+                if work is not None:
+                    start = clock.now()
+                    x, h = work()
+                    clock.pad(mine)
+                    span("compute", start, step.label, layer)
+                clock.advance(max(step.seconds))
+            elif step.kind == "all_gather":
+                b = plan.bounds[layer]
+                rows = [b[j + 1] - b[j] for j in range(K)]
+                x = collective(step, lambda: comm.all_gather_rows(x, rows, layer))
+            elif step.kind == "all_reduce":
+                if "attention" in step.label:
+                    h = collective(step, lambda: comm.all_reduce(h, layer))
+                    h = model.finish_attention(layer, x, h)
+                else:
+                    x = collective(step, lambda: comm.all_reduce(x, layer))
+                    x = model.finish_ffn(layer, h, x)
+            elif step.kind == "send":
+                if rank == step.src:
+                    collective(step, lambda: comm.send(x, step.dst, layer))
+                elif rank == step.dst:
+                    x = collective(step, lambda: comm.recv(x, step.src, layer))
+                else:
+                    clock.advance(step.seconds[rank])
+                holder = step.dst
+            progress(i, step.label)
+        if rank == 0:
+            start = clock.now()
+            result.hidden = x
+            result.logits = model.logits(x, inputs)
+            span("compute", start, "head", None)
+    result.counts = list(comm.counts)
+    result.wall_s = clock.now()
+    return result
+
+
+def _torch_tp_layer(plan, rank, layer, x, inputs, torch_tp, comm, clock, span):
+    """A whole layer by PyTorch's tensor parallelism: its collectives happen inside the forward, so the
+    layer is one span (its bytes counted from the collectives PyTorch issued), padded to the layer's
+    predicted seconds."""
+    seconds = sum(max(s.seconds) for s in plan.steps if s.layer == layer)
+    start, before = clock.now(), len(comm.counts)
+    x = torch_tp.forward(layer, x, inputs, comm)
+    clock.pad(seconds)
+    moved = comm.counts[before:]
+    sent, received = sum(c.sent for c in moved), sum(c.received for c in moved)
+    span("compute", start, f"layer {layer} (PyTorch TP, {len(moved)} collectives inside)", layer,
+         nbytes=sent + received, meta={"sent": sent, "received": received})
+    clock.advance(seconds)
+    return x
+
+
+def _compute(plan, step, rank, model, x, h, inputs, heads_from, ffn_from, torch_tp, comm):
+    """What this rank computes at a compute step, as a function returning the new (x, h); None if nothing."""
+    layer, scheme = step.layer, plan.scheme
+    if step.seconds[rank] == 0 and scheme in ("single", "pipeline"):
+        return None
+    if scheme == "voltage":
+        start, end = plan.positions(layer, rank)
+        orders = plan.orders[layer][rank]
+        return lambda: (model.rows(layer, x, start, end, orders, inputs), h)
+    if scheme in ("single", "pipeline"):
+        return lambda: (model.rows(layer, x, 0, x.shape[-2], "auto", inputs), h)
+    heads = range(heads_from[rank], heads_from[rank] + plan.heads[rank])
+    if step.label.startswith("attention"):
+        return lambda: (x, model.tp_attention(layer, x, heads, inputs))
+    columns = slice(ffn_from[rank], ffn_from[rank] + plan.ffn_columns[rank])
+    return lambda: (model.tp_ffn(layer, h, columns), h)

@@ -1,0 +1,337 @@
+"""The partition runtime, parent side: a group of real worker processes, kept while its settings hold.
+
+:class:`PartitionRuntime` starts K ranks of :mod:`workbench.partition.worker` through
+:class:`workbench.workers.WorkerGroup` (gloo, rendezvous on 127.0.0.1, or inside network
+namespaces with shaped links, :mod:`workbench.partition.shaping`), sends each run's plan to every
+rank over a Unix socket, follows their progress step by step, and returns a :class:`RunResult`:
+the terminal's outputs, the bytes every rank counted per layer and per kind, and one measured
+timeline on the parent's clock (per-rank clocks aligned by the group's ping offsets).
+
+A worker that dies is reported at once with its rank and device; one that stops answering is
+named when the run's deadline passes (its last step said). Either way the whole group is stopped,
+no process is left, and the next run starts a fresh group. :func:`shared_runtime` keeps one group
+per process and reuses it while the device count and the link set-up stay the same.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from workbench.argtypes import machine_cores
+from workbench.errors import WorkbenchError
+from workbench.partition.cost import Traffic
+from workbench.partition.plan import PartitionPlan
+from workbench.partition.worker import THREADS_ENV, TIMEOUT_ENV, decode_array
+from workbench.timeline import Span, Timeline
+
+MAX_RANKS_PER_CORE = 4
+"""Ranks this machine starts per core: each holds a model, and more only measure the scheduler."""
+START_TIMEOUT_S = 120.0
+DEADLINE_FACTOR, DEADLINE_MARGIN_S = 5.0, 60.0
+"""A run must finish within 5x its prediction plus a minute, or the ranks that did not are named."""
+
+
+class RunFailed(WorkbenchError):
+    """A rank died, failed or hung during a run; the message names it and its device."""
+
+
+def max_ranks() -> int:
+    return MAX_RANKS_PER_CORE * machine_cores()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    plan: PartitionPlan
+    hidden: np.ndarray                     # final hidden states on the terminal (rank 0)
+    logits: np.ndarray
+    timeline: Timeline                     # measured, every rank on one clock
+    counts: tuple[tuple[dict, ...], ...]   # per rank: every collective's {layer, kind, sent, received}
+    latency_s: float                       # the terminal's (rank 0's) time from its start to its logits
+    emulated: bool
+    shaped: bool
+    rank_wall_s: tuple[float, ...] = ()
+
+    def traffic(self) -> list[list[Traffic]]:
+        """Per layer, per rank: bytes counted by the runtime, in the shape of :meth:`PartitionPlan.traffic`."""
+        K, L = self.plan.K, self.plan.shape.num_layers
+        table = [[Traffic(0, 0)] * K for _ in range(L)]
+        for rank, counts in enumerate(self.counts):
+            for c in counts:
+                if c["layer"] is not None:
+                    table[c["layer"]][rank] = table[c["layer"]][rank] + Traffic(c["sent"], c["received"])
+        return table
+
+    def sent_by_kind(self) -> dict[str, list[int]]:
+        """Per collective kind, per rank: bytes sent over the whole run."""
+        out: dict[str, list[int]] = {}
+        for rank, counts in enumerate(self.counts):
+            for c in counts:
+                out.setdefault(c["kind"], [0] * self.plan.K)[rank] += c["sent"]
+        return out
+
+    def check(self):
+        """The shared prediction check of this run against its plan."""
+        from workbench.prediction import check_prediction
+
+        device = self.plan.devices[0].name if self.emulated else ""
+        return check_prediction(self.timeline, self.plan.timeline, self.latency_s, self.plan.predicted_s,
+                                emulated=device)
+
+
+class PartitionRuntime:
+    """K worker ranks, started once and reused for runs with the same device count and links.
+
+    ``shaped``: per-rank link bandwidths (bytes/s) to shape for real with ``tc`` in network namespaces
+    (None: loopback). ``threads``: torch threads per rank (default: this machine's cores over K)."""
+
+    def __init__(self, size: int, *, shaped: Sequence[float] | None = None, threads: int | None = None,
+                 logs: Path | None = None, should_stop: Callable[[], bool] | None = None,
+                 rank_timeout_s: float = 120.0):
+        if not 1 <= size <= max_ranks():
+            raise WorkbenchError(f"this machine starts 1 to {max_ranks()} worker processes "
+                                 f"({MAX_RANKS_PER_CORE} per core of its {machine_cores()}), got {size}")
+        self.size, self.shaped = size, tuple(shaped) if shaped is not None else None
+        self.threads = threads or max(1, machine_cores() // size)
+        self.logs, self.should_stop, self.rank_timeout_s = logs, should_stop, rank_timeout_s
+        self.group = None
+        self.network = None
+        self._conns: list[socket.socket] = []
+        self._files: list = []
+        self._tmp: str | None = None
+        self._job = 0
+        self.runs = 0
+
+    @property
+    def settings(self) -> tuple:
+        return (self.size, self.shaped, self.threads)
+
+    def __enter__(self) -> "PartitionRuntime":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.group is not None and all(code is None for code in self.group.poll())
+
+    def start(self) -> "PartitionRuntime":
+        from workbench.workers import WorkerGroup
+
+        self._tmp = tempfile.mkdtemp(prefix="workbench-partition-")
+        path = os.path.join(self._tmp, "control.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(self.size)
+        env = {**os.environ, THREADS_ENV: str(self.threads), TIMEOUT_ENV: str(self.rank_timeout_s),
+               "OMP_NUM_THREADS": str(self.threads), "OMP_WAIT_POLICY": "PASSIVE"}
+        command = [sys.executable, "-m", "workbench.partition.worker", "--control", path]
+        master_addr, prefix = "127.0.0.1", lambda rank: []
+        try:
+            if self.shaped is not None:
+                from workbench.partition.shaping import ShapedNetwork
+
+                self.network = ShapedNetwork(self.size, list(self.shaped))
+                master_addr, prefix = self.network.master_addr, self.network.prefix
+                env.update(self.network.env())
+            self.group = WorkerGroup(lambda rank: [*prefix(rank), *command], self.size, name="partition",
+                                     logs=self.logs, env=env, ready="signal", ready_timeout_s=START_TIMEOUT_S,
+                                     should_stop=self.should_stop, master_addr=master_addr, grace_s=2.0)
+            self.group.start()
+            listener.settimeout(START_TIMEOUT_S)
+            hello = {}
+            while len(hello) < self.size:
+                conn, _ = listener.accept()
+                file = conn.makefile("r", encoding="utf-8")
+                rank = json.loads(file.readline())["hello"]
+                hello[rank] = (conn, file)
+            self._conns = [hello[r][0] for r in range(self.size)]
+            self._files = [hello[r][1] for r in range(self.size)]
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            listener.close()
+        return self
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.sendall(b'{"exit": true}\n')
+            except OSError:
+                pass
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._files = [], []
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        if self.network is not None:
+            self.network.close()
+            self.network = None
+        if self._tmp:
+            for name in os.listdir(self._tmp):
+                os.unlink(os.path.join(self._tmp, name))
+            os.rmdir(self._tmp)
+            self._tmp = None
+
+    def _device(self, plan: PartitionPlan, rank: int) -> str:
+        return f"rank {rank} ({plan.devices[rank].name})"
+
+    def run(self, plan: PartitionPlan, *, emulate: bool = True, seed: int = 0, model_seed: int = 0,
+            progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None) -> RunResult:
+        """Run ``plan`` on the ranks; ``progress(done, total)`` after each step every rank finished."""
+        if plan.K != self.size:
+            raise WorkbenchError(f"the plan has {plan.K} devices but this runtime {self.size} worker processes")
+        if self.group is None:
+            self.start()
+        self._job += 1
+        job = self._job
+        spec = {"scheme": plan.scheme, "model": plan.shape.name, "seq_len": plan.seq_len,
+                "devices": [d.to_dict() for d in plan.devices], "shares": [list(v) for v in plan.shares] or "even",
+                "order": plan.order, "emulate": emulate, "seed": seed, "model_seed": model_seed}
+        message = (json.dumps({"job": job, "spec": spec}) + "\n").encode()
+        for conn in self._conns:
+            conn.sendall(message)
+        deadline = time.monotonic() + (deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S)
+        results, steps = self._collect(plan, job, deadline, progress)
+        self.runs += 1
+        return self._result(plan, results, emulate)
+
+    def _collect(self, plan, job, deadline, progress):
+        total = len(plan.steps)
+        steps = [-1] * self.size
+        labels = [""] * self.size
+        results: dict[int, dict] = {}
+        selector = selectors.DefaultSelector()
+        for rank, conn in enumerate(self._conns):
+            selector.register(conn, selectors.EVENT_READ, rank)
+        buffers = [b""] * self.size
+        try:
+            while len(results) < self.size:
+                self._check_alive(plan, steps, labels)
+                if self.should_stop is not None and self.should_stop():
+                    self.close()
+                    raise RunFailed("the run was cancelled; its worker processes were stopped")
+                if time.monotonic() > deadline:
+                    self._hung(plan, steps, labels, results)
+                for key, _ in selector.select(timeout=0.1):
+                    rank = key.data
+                    chunk = key.fileobj.recv(1 << 20)
+                    if not chunk:
+                        self._check_alive(plan, steps, labels, wait_s=2.0)
+                        self._fail(plan, f"{self._device(plan, rank)} closed its connection mid-run")
+                    buffers[rank] += chunk
+                    while b"\n" in buffers[rank]:
+                        line, buffers[rank] = buffers[rank].split(b"\n", 1)
+                        msg = json.loads(line)
+                        if msg.get("progress") == job:
+                            steps[rank], labels[rank] = msg["step"], msg["label"]
+                            if progress is not None:
+                                progress(min(steps) + 1, total)
+                        elif msg.get("done") == job:
+                            results[rank] = msg["result"]
+                        elif msg.get("error") == job:
+                            self._check_alive(plan, steps, labels, wait_s=2.0)
+                            self._fail(plan, f"{self._device(plan, rank)} failed: {msg['message']}")
+        finally:
+            selector.close()
+        return results, steps
+
+    def _check_alive(self, plan, steps, labels, wait_s: float = 0.0) -> None:
+        """Fail naming the first rank whose process ended (waiting ``wait_s`` for one to show)."""
+        end = time.monotonic() + wait_s
+        while True:
+            codes = self.group.poll() if self.group is not None else []
+            dead = [r for r, c in enumerate(codes) if c is not None]
+            if dead or time.monotonic() >= end:
+                break
+            time.sleep(0.05)
+        if dead:
+            exits = self.group.exits if self.group is not None else []
+            why = exits[dead[0]].why() if exits and exits[dead[0]] is not None else f"exit {codes[dead[0]]}"
+            at = f" after step {steps[dead[0]] + 1} of {len(plan.steps)}" if steps[dead[0]] >= 0 else ""
+            self._fail(plan, f"{self._device(plan, dead[0])} died ({why}){at}")
+
+    def _hung(self, plan, steps, labels, results) -> None:
+        waiting = [r for r in range(self.size) if r not in results]
+        behind = min(steps[r] for r in waiting)
+        names = [r for r in waiting if steps[r] == behind]
+        last = f"its last step was {labels[names[0]]!r}" if behind >= 0 else "it finished no step"
+        self._fail(plan, f"{', '.join(self._device(plan, r) for r in names)} did not answer within the run's "
+                         f"deadline; {last}")
+
+    def _fail(self, plan, message: str):
+        self.close()
+        raise RunFailed(f"{message}; every worker process of the run was stopped")
+
+    def _result(self, plan: PartitionPlan, results: dict[int, dict], emulate: bool) -> RunResult:
+        offsets = self.group.clock_offsets_s or [0.0] * self.size
+        starts = [results[r]["t0"] + offsets[r] for r in range(self.size)]
+        origin = min(starts)
+        timelines = [Timeline.from_dict(results[r]["timeline"]) for r in range(self.size)]
+        merged = Timeline.merge(timelines, [s - origin for s in starts], name=f"{plan.scheme} measured")
+        merged = split_waits(merged)
+        counts = tuple(tuple(results[r]["counts"]) for r in range(self.size))
+        latency = results[0]["wall_s"]
+        return RunResult(plan=plan, hidden=decode_array(results[0]["hidden"]), logits=decode_array(results[0]["logits"]),
+                         timeline=merged, counts=counts, latency_s=latency, emulated=emulate,
+                         shaped=self.shaped is not None, rank_wall_s=tuple(results[r]["wall_s"] for r in range(self.size)))
+
+
+def split_waits(timeline: Timeline) -> Timeline:
+    """Each measured All-Gather or All-Reduce span cut where the last rank entered it: before, this rank
+    stalled waiting for the others; after, the collective moved its bytes."""
+    groups: dict[tuple, list[Span]] = {}
+    for s in timeline.spans:
+        if s.kind == "comm" and s.flow is None:
+            groups.setdefault((s.label, s.layer), []).append(s)
+    out = []
+    for s in timeline.spans:
+        members = groups.get((s.label, s.layer)) if s.kind == "comm" and s.flow is None else None
+        if members and len(members) > 1:
+            last_in = max(m.start for m in members)
+            if s.start < last_in < s.end:
+                out.append(replace(s, kind="stall", end=last_in, label=f"waits for {s.label}", nbytes=0, meta={}))
+                out.append(replace(s, start=last_in))
+                continue
+        out.append(s)
+    return Timeline(tuple(sorted(out, key=lambda s: s.start)), timeline.source, timeline.counters, timeline.name)
+
+
+_SHARED: dict[str, PartitionRuntime] = {}
+_LOCK = threading.Lock()
+
+
+def shared_runtime(size: int, *, shaped: Sequence[float] | None = None, threads: int | None = None,
+                   key: str = "default") -> PartitionRuntime:
+    """The process's runtime under ``key``, reused while its settings hold (a new one replaces it, and the
+    old group is stopped, when the device count, the links or the threads change, or a rank died)."""
+    with _LOCK:
+        want = PartitionRuntime(size, shaped=shaped, threads=threads)
+        have = _SHARED.get(key)
+        if have is not None and have.settings == want.settings and have.alive:
+            return have
+        if have is not None:
+            have.close()
+        _SHARED[key] = want
+        return want
+
+
+def close_shared() -> None:
+    with _LOCK:
+        for runtime in _SHARED.values():
+            runtime.close()
+        _SHARED.clear()

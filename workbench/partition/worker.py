@@ -1,0 +1,193 @@
+"""The worker entry point of partitioned inference: ``python -m workbench.partition.worker``.
+
+It reads the rendezvous from the environment ``torch.distributed`` uses (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), so the same command runs under the workbench's own worker group
+on 127.0.0.1 and under ``torchrun`` across machines::
+
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --rdzv-backend c10d \\
+        --rdzv-endpoint HEAD:29500 -m workbench.partition.worker --scheme voltage --seq-len 128 --out run.json
+
+Two modes:
+
+- ``--control PATH``: the workbench started this group. Each rank connects to the parent's Unix
+  socket, runs the jobs it is sent (one JSON line each, the plan's inputs), reports its progress
+  after every step and its result, and keeps its model between jobs.
+- otherwise (``torchrun``): one job from the command line; rank 0 gathers every rank's timeline and
+  counts, checks the outputs against the whole model in one process, prints a summary and writes
+  ``--out`` (JSON) and ``--trace`` (Chrome/Perfetto trace).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from datetime import timedelta
+
+import numpy as np
+
+THREADS_ENV = "WORKBENCH_PARTITION_THREADS"
+TIMEOUT_ENV = "WORKBENCH_PARTITION_TIMEOUT_S"
+
+
+def encode_array(t) -> dict:
+    a = np.ascontiguousarray(t.detach().numpy(), dtype=np.float32)
+    return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+
+
+def decode_array(d: dict | None) -> np.ndarray | None:
+    if d is None:
+        return None
+    return np.frombuffer(base64.b64decode(d["data"]), dtype=np.float32).reshape(d["shape"])
+
+
+def plan_from_spec(spec: dict):
+    """The plan a job names, built the same way on every rank (planning is pure and deterministic)."""
+    from workbench.devices import DeviceProfile
+    from workbench.partition.cost import get_shape
+    from workbench.partition.plan import plan_partition
+
+    devices = [DeviceProfile.from_dict(d) for d in spec["devices"]]
+    return plan_partition(spec["scheme"], get_shape(spec["model"]), spec["seq_len"], devices,
+                          shares=spec.get("shares", "even"), order=spec.get("order", "auto"))
+
+
+class _Runner:
+    """One rank: its process group, its models and its PyTorch tensor-parallel layers, kept between jobs."""
+
+    def __init__(self):
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
+        dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "120"))))
+        self.torch_tp: dict = {}
+
+    def run(self, spec: dict, progress=lambda i, label: None) -> dict:
+        import torch.distributed as dist
+
+        from workbench.partition.execute import Comm, execute
+        from workbench.partition.models import cached_model
+
+        plan = plan_from_spec(spec)
+        if plan.K != self.world:
+            raise RuntimeError(f"the plan has {plan.K} devices but this group {self.world} ranks")
+        model = cached_model(spec["model"], spec.get("model_seed", 0))
+        inputs = model.inputs(model.token_ids(plan.seq_len, spec.get("seed", 0)))
+        tp = self._torch_tp(spec["model"], spec.get("model_seed", 0), model) if plan.scheme == "torch_tp" else None
+        dist.barrier()
+        started = time.perf_counter()
+        result = execute(plan, self.rank, model, inputs, Comm(self.rank, self.world), emulate=spec.get("emulate", True),
+                         progress=progress, torch_tp=tp)
+        return {"rank": self.rank, "device": result.device, "t0": started,
+                "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
+                "wall_s": result.wall_s,
+                "hidden": encode_array(result.hidden) if result.hidden is not None else None,
+                "logits": encode_array(result.logits) if result.logits is not None else None}
+
+    def _torch_tp(self, name: str, seed: int, model):
+        key = (name, seed)
+        if key not in self.torch_tp:
+            from workbench.partition.torch_tp_adapter import TorchTP
+
+            self.torch_tp[key] = TorchTP(model, self.world)
+        return self.torch_tp[key]
+
+
+def serve(control: str) -> int:
+    """Connect to the parent's control socket and run its jobs until told to exit."""
+    from workbench import workers
+
+    runner = _Runner()
+    workers.ready()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(control)
+        out = conn.makefile("w", encoding="utf-8")
+        send = lambda msg: (out.write(json.dumps(msg) + "\n"), out.flush())
+        send({"hello": runner.rank, "pid": os.getpid()})
+        for line in conn.makefile("r", encoding="utf-8"):
+            msg = json.loads(line)
+            if msg.get("exit"):
+                break
+            job = msg["job"]
+            try:
+                result = runner.run(msg["spec"], lambda i, label: send({"progress": job, "step": i, "label": label}))
+            except Exception as exc:                           # reported to the parent, which ends the group
+                send({"error": job, "message": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+                return 1
+            send({"done": job, "result": result})
+    return 0
+
+
+def one_shot(args) -> int:
+    """One job under torchrun: every rank runs it, rank 0 gathers and reports."""
+    import torch.distributed as dist
+
+    from workbench.devices import get_profile
+    from workbench.partition.cost import get_shape
+    from workbench.partition.models import cached_model
+    from workbench.timeline import Timeline
+
+    runner = _Runner()
+    world = runner.world
+    device = get_profile(args.device)
+    if args.bandwidth_mbit is not None:
+        from dataclasses import replace
+
+        device = replace(device, net_bytes_per_s=args.bandwidth_mbit * 1e6 / 8)
+    spec = {"scheme": args.scheme, "model": args.model, "seq_len": args.seq_len,
+            "devices": [dict(device.to_dict(), name=f"{device.name}-{r}") for r in range(world)],
+            "shares": args.shares, "emulate": args.emulate, "seed": args.seed}
+    result = runner.run(spec)
+    gathered = [None] * world if runner.rank == 0 else None
+    dist.gather_object(result, gathered, dst=0)
+    if runner.rank == 0:
+        timeline = Timeline.merge([Timeline.from_dict(r["timeline"]) for r in gathered], name=f"{args.scheme} measured")
+        model = cached_model(args.model)
+        hidden, logits = model.reference(model.inputs(model.token_ids(args.seq_len, args.seed)))
+        diff = float(np.abs(decode_array(gathered[0]["hidden"]) - hidden.numpy()).max())
+        sent = [sum(c["sent"] for c in r["counts"]) for r in gathered]
+        summary = {"scheme": args.scheme, "model": get_shape(args.model).title, "ranks": world,
+                   "seq_len": args.seq_len, "wall_s": gathered[0]["wall_s"], "max_abs_diff_hidden": diff,
+                   "sent_bytes_per_rank": sent}
+        print(json.dumps(summary))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({**summary, "timeline": timeline.to_dict()}, f)
+        if args.trace:
+            timeline.save_chrome_trace(args.trace)
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    from workbench.partition.plan import SCHEMES
+
+    parser = argparse.ArgumentParser(prog="python -m workbench.partition.worker",
+                                     description="a rank of partitioned inference (under the workbench or torchrun)")
+    parser.add_argument("--control", help="the parent's control socket (set by the workbench)")
+    parser.add_argument("--scheme", default="voltage", choices=list(SCHEMES))
+    parser.add_argument("--model", default="encoder", help="encoder, decoder, bert-large or gpt2")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--device", default="edge-vm", help="device profile every rank emulates")
+    parser.add_argument("--bandwidth-mbit", type=float, default=None, help="link bandwidth (Mbit/s) to emulate")
+    parser.add_argument("--shares", default="even", help="even or proportional")
+    parser.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=False,
+                        help="pad compute and communication to the device profile (default: run at full speed)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write the summary and the merged timeline as JSON")
+    parser.add_argument("--trace", help="write the merged timeline as a Chrome/Perfetto trace")
+    args = parser.parse_args(argv)
+    if args.control:
+        return serve(args.control)
+    return one_shot(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
