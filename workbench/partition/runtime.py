@@ -244,7 +244,6 @@ class PartitionRuntime:
                         elif msg.get("done") == job:
                             results[rank] = msg["result"]
                         elif msg.get("error") == job:
-                            self._check_alive(plan, steps, labels, wait_s=2.0)
                             self._fail(plan, f"{self._device(plan, rank)} failed: {msg['message']}")
         finally:
             selector.close()
@@ -261,7 +260,10 @@ class PartitionRuntime:
             time.sleep(0.05)
         if dead:
             exits = self.group.exits if self.group is not None else []
-            why = exits[dead[0]].why() if exits and exits[dead[0]] is not None else f"exit {codes[dead[0]]}"
+            exit = exits[dead[0]] if exits else None
+            why = exit.why if exit is not None else f"exit status {codes[dead[0]]}"
+            last = [line for line in (exit.log_tail if exit is not None else "").splitlines() if line.strip()]
+            why += f"; its log ends: {last[-1].strip()}" if last else ""
             at = f" after step {steps[dead[0]] + 1} of {len(plan.steps)}" if steps[dead[0]] >= 0 else ""
             self._fail(plan, f"{self._device(plan, dead[0])} died ({why}){at}")
 

@@ -179,3 +179,31 @@ def time_forward(layer: nn.Module, x: torch.Tensor, attn_bias: torch.Tensor | No
             if i >= warmup:
                 times.append(time.perf_counter() - start)
     return times
+
+
+class TorchTP:
+    """The runtime's ``torch_tp`` scheme on one rank: the model's layers split by PyTorch, built once per model.
+
+    Its collectives are counted as the runtime counts its own (a ring All-Reduce's exact per-rank bytes,
+    :func:`workbench.partition.cost.all_reduce_traffic`), so the two tensor-parallel schemes compare byte
+    for byte."""
+
+    def __init__(self, model, world_size: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.world_size, self.rank = world_size, dist.get_rank()
+        self.mesh = init_device_mesh("cpu", (world_size,))
+        self.layers = tp_stack(list(model.layers), self.mesh)
+
+    def forward(self, layer: int, x: torch.Tensor, inputs: dict, comm) -> torch.Tensor:
+        from workbench.partition.cost import all_reduce_traffic
+        from workbench.partition.execute import Count
+
+        out, collectives = counted_forward(self.layers[layer], x, inputs.get("bias"))
+        for c in collectives:
+            if c.op == "all_reduce":
+                traffic = all_reduce_traffic(c.tensor_bytes // 4, self.world_size)[self.rank]
+                comm.counts.append(Count(layer, "all_reduce", traffic.sent, traffic.received))
+            else:
+                comm.counts.append(Count(layer, c.op, c.sent_bytes, c.received_bytes))
+        return out

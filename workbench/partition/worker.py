@@ -94,7 +94,7 @@ class _Runner:
     def _torch_tp(self, name: str, seed: int, model):
         key = (name, seed)
         if key not in self.torch_tp:
-            from workbench.partition.torch_tp_adapter import TorchTP
+            from workbench.partition.torch_tp import TorchTP
 
             self.torch_tp[key] = TorchTP(model, self.world)
         return self.torch_tp[key]
