@@ -97,13 +97,18 @@ class RankResult:
         return Timeline(tuple(self.spans), "measured", name=f"rank {self.rank}")
 
 
+LINKS = ("emulated", "shaped")
+"""How links behave in an emulated run: padded to the cost model's seconds, or real traffic over links
+shaped by ``tc`` (:mod:`workbench.partition.shaping`) plus the latency, which ``tbf`` cannot add."""
+
+
 class Clock:
     """The run's clock on this rank, and the emulated schedule it pads to."""
 
-    def __init__(self, emulate: bool):
+    def __init__(self, emulate: bool, link: str = "emulated"):
         self.t0 = time.perf_counter()
         self.schedule = self.t0
-        self.emulate = emulate
+        self.emulate, self.link = emulate, link
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -112,20 +117,32 @@ class Clock:
         if self.emulate:
             pad_until(self.schedule + seconds_after_schedule)
 
+    def pad_collective(self, step: Step, rank: int) -> None:
+        """An emulated link: until the step's end on the schedule. A shaped one: its latency after the real
+        transfer, and the schedule restarts there (the shaped link, not the model, says how long it took)."""
+        if not self.emulate:
+            return
+        if self.link == "shaped":
+            pad_until(time.perf_counter() + step.latency_s)
+            self.schedule = time.perf_counter() - step.seconds[rank]
+        else:
+            self.pad(step.seconds[rank])
+
     def advance(self, seconds: float) -> None:
         self.schedule += seconds
 
 
 def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, emulate: bool,
-            progress: Callable[[int, str], None] = lambda i, label: None, torch_tp=None) -> RankResult:
+            link: str = "emulated", progress: Callable[[int, str], None] = lambda i, label: None,
+            torch_tp=None) -> RankResult:
     """Run ``plan`` as rank ``rank`` on ``model`` (see :mod:`workbench.partition.models`).
 
     ``inputs``: ``x`` the embedded input (B, N, F) or (N, F), plus what the model's layers need
     (``attn_bias``, ``positions``). ``progress(i, label)`` is called after step i. ``torch_tp``: the
-    rank's PyTorch tensor-parallel layers for the ``torch_tp`` scheme."""
+    rank's PyTorch tensor-parallel layers for the ``torch_tp`` scheme. ``link``: see :data:`LINKS`."""
     K, device = plan.K, plan.devices[rank]
     result = RankResult(rank, device.name)
-    clock = Clock(emulate)
+    clock = Clock(emulate, link)
     lane = f"device {rank}"
     x = inputs["x"]
     h = None
@@ -140,7 +157,7 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
     def collective(step: Step, run: Callable[[], object]):
         start, before = clock.now(), len(comm.counts)
         out = run()
-        clock.pad(step.seconds[rank])
+        clock.pad_collective(step, rank)
         moved = comm.counts[before:]
         sent, received = sum(c.sent for c in moved), sum(c.received for c in moved)
         span("comm", start, step.label, step.layer, nbytes=sent + received,

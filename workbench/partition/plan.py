@@ -58,6 +58,7 @@ class Step:
     traffic: tuple[Traffic, ...] = ()        # per device, collectives only
     src: int | None = None                   # a send's source and destination device
     dst: int | None = None
+    latency_s: float = 0.0                   # the part of ``seconds`` that is link latency (collectives)
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
         if K > 1:
             traffic = tuple(all_gather_traffic([P * shape.hidden for P in rows]))
             s = collective_s(traffic, bws, _latency(devices))
-            steps.append(Step("all_gather", layer, f"All-Gather {layer}", (s,) * K, traffic))
+            steps.append(Step("all_gather", layer, f"All-Gather {layer}", (s,) * K, traffic,
+                              latency_s=_latency(devices)))
     even = all(v == vectors[0] for v in vectors)
     rule = shares if isinstance(shares, str) else ("given" if even else "given per layer")
     F, F_H = shape.hidden, shape.head_dim
@@ -268,7 +270,8 @@ def _tensor_parallel(scheme, shape, N, devices, *, shares, order):
                                   tuple(d.work_s(2 * f, N) for d, (_, f) in zip(devices, parts))))
             traffic = tuple(all_reduce_traffic(N * shape.hidden, K))    # K = 1 too: the step ends the block
             s = collective_s(traffic, bws, lat, steps=2 * (K - 1))
-            steps.append(Step("all_reduce", layer, f"All-Reduce {layer} ({half})", (s,) * K, traffic))
+            steps.append(Step("all_reduce", layer, f"All-Reduce {layer} ({half})", (s,) * K, traffic,
+                              latency_s=2 * (K - 1) * lat if K > 1 else 0.0))
     reasons = (f"heads split {'/'.join(map(str, heads))}, FFN columns {'/'.join(map(str, ffn))}",
                "two ring All-Reduces per layer (after the attention's output projection and after the FFN)",
                "done by PyTorch's ColwiseParallel / RowwiseParallel" if scheme == "torch_tp" else
@@ -288,7 +291,7 @@ def _pipeline(scheme, shape, N, devices, *, shares, order):
         traffic = [Traffic(0, 0)] * K
         traffic[src], traffic[dst] = Traffic(nbytes, 0), Traffic(0, nbytes)
         s = lat + nbytes / min(devices[src].net_bytes_per_s, devices[dst].net_bytes_per_s)
-        steps.append(Step("send", layer, f"send {src}->{dst}", (s,) * K, tuple(traffic), src, dst))
+        steps.append(Step("send", layer, f"send {src}->{dst}", (s,) * K, tuple(traffic), src, dst, lat))
 
     for layer in range(L):
         if layer and owner[layer] != owner[layer - 1]:

@@ -191,8 +191,11 @@ class PartitionRuntime:
         return f"rank {rank} ({plan.devices[rank].name})"
 
     def run(self, plan: PartitionPlan, *, emulate: bool = True, seed: int = 0, model_seed: int = 0,
-            progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None) -> RunResult:
-        """Run ``plan`` on the ranks; ``progress(done, total)`` after each step every rank finished."""
+            progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
+            should_stop: Callable[[], bool] | None = None) -> RunResult:
+        """Run ``plan`` on the ranks; ``progress(done, total)`` after each step every rank finished;
+        ``should_stop()`` true cancels the run (and stops the group). On shaped links the collectives are
+        timed for real and only their latency is emulated."""
         if plan.K != self.size:
             raise WorkbenchError(f"the plan has {plan.K} devices but this runtime {self.size} worker processes")
         if self.group is None:
@@ -201,16 +204,17 @@ class PartitionRuntime:
         job = self._job
         spec = {"scheme": plan.scheme, "model": plan.shape.name, "seq_len": plan.seq_len,
                 "devices": [d.to_dict() for d in plan.devices], "shares": [list(v) for v in plan.shares] or "even",
-                "order": plan.order, "emulate": emulate, "seed": seed, "model_seed": model_seed}
+                "order": plan.order, "emulate": emulate, "seed": seed, "model_seed": model_seed,
+                "link": "shaped" if self.shaped is not None else "emulated"}
         message = (json.dumps({"job": job, "spec": spec}) + "\n").encode()
         for conn in self._conns:
             conn.sendall(message)
         deadline = time.monotonic() + (deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S)
-        results, steps = self._collect(plan, job, deadline, progress)
+        results, steps = self._collect(plan, job, deadline, progress, should_stop or self.should_stop)
         self.runs += 1
         return self._result(plan, results, emulate)
 
-    def _collect(self, plan, job, deadline, progress):
+    def _collect(self, plan, job, deadline, progress, should_stop):
         total = len(plan.steps)
         steps = [-1] * self.size
         labels = [""] * self.size
@@ -222,7 +226,7 @@ class PartitionRuntime:
         try:
             while len(results) < self.size:
                 self._check_alive(plan, steps, labels)
-                if self.should_stop is not None and self.should_stop():
+                if should_stop is not None and should_stop():
                     self.close()
                     raise RunFailed("the run was cancelled; its worker processes were stopped")
                 if time.monotonic() > deadline:
@@ -337,3 +341,19 @@ def close_shared() -> None:
         for runtime in _SHARED.values():
             runtime.close()
         _SHARED.clear()
+
+
+def run_partition(plan: PartitionPlan, *, emulate: bool = True, shaped: bool = False, seed: int = 0,
+                  progress: Callable[[int, int], None] | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> RunResult:
+    """Run ``plan`` on real processes: the shared group of its device count, started or reused.
+
+    ``shaped``: each rank in its own network namespace, its link limited by ``tc`` to its device's
+    bandwidth (root and iproute2 needed); otherwise the links are emulated in the application."""
+    bandwidths = [d.net_bytes_per_s for d in plan.devices] if shaped else None
+    if shaped:
+        from workbench.partition.shaping import check_shaping_available
+
+        check_shaping_available()
+    runtime = shared_runtime(plan.K, shaped=bandwidths)
+    return runtime.run(plan, emulate=emulate, seed=seed, progress=progress, should_stop=should_stop)
