@@ -120,6 +120,7 @@ class ModelShape:
     rotary: bool = False            # keys rotated by position: Eq. (8)'s score order does not apply
     causal: bool = False
     shipped: bool = False           # the real pretrained weights (else random weights of this shape)
+    max_positions: int = 512        # the longest input its position embeddings (or context) allow
 
     @property
     def head_dim(self) -> int:      # F_H
@@ -138,9 +139,10 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "encoder": ModelShape("encoder", "shipped encoder (all-MiniLM-L6-v2)", 384, 12, 1536, 6, shipped=True),
     "decoder": ModelShape("decoder", "shipped decoder prefill (SmolLM2-135M)", 576, 9, 1536, 30, kind="decoder",
-                          kv_heads=3, ffn_matrices=3, rotary=True, causal=True, shipped=True),
+                          kv_heads=3, ffn_matrices=3, rotary=True, causal=True, shipped=True, max_positions=8192),
     "bert-large": ModelShape("bert-large", "BERT-Large shape (random weights)", 1024, 16, 4096, 24),
-    "gpt2": ModelShape("gpt2", "GPT-2 shape (random weights, causal)", 768, 12, 3072, 12, causal=True),
+    "gpt2": ModelShape("gpt2", "GPT-2 shape (random weights, causal)", 768, 12, 3072, 12, causal=True,
+                       max_positions=1024),
 }
 """Models the runtime runs: the two shipped ones and the Voltage paper's shapes."""
 

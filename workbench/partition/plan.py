@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from workbench.devices import DeviceProfile
+from workbench.devices import DeviceProfile, member
 from workbench.errors import WorkbenchError
 from workbench.partition.cost import (DTYPE_BYTES, ModelShape, Traffic, all_gather_traffic, all_reduce_traffic,
                                       collective_s, layer_orders, split_counts, tensor_parallel_gammas,
@@ -168,6 +168,54 @@ def resolve_shares(rule, devices: Sequence[DeviceProfile], num_layers: int) -> t
     return (check_shares(rule, K),) * num_layers
 
 
+DEFAULT_DEVICE = "edge-vm"
+"""The Voltage paper's device: a 1-vCPU VM on a 500 Mbit/s link."""
+
+
+def devices_like(count: int, preset: str | DeviceProfile = DEFAULT_DEVICE, *, bandwidth_mbit: float | None = None,
+                 latency_ms: float | None = None) -> tuple[DeviceProfile, ...]:
+    """``count`` copies of a preset named ``<preset>-<i>``, their links set to ``bandwidth_mbit`` and
+    ``latency_ms`` where given (checked: above 0 Mbit/s, 0 ms or more)."""
+    from workbench.partition import limits
+
+    limits.devices.check("devices", count)
+    changes = {}
+    if bandwidth_mbit is not None:
+        changes["net_bytes_per_s"] = limits.bandwidth_mbit.check("link bandwidth", bandwidth_mbit) * 1e6 / 8
+    if latency_ms is not None:
+        changes["net_latency_s"] = limits.latency_ms.check("link latency", latency_ms) / 1e3
+    base = preset if isinstance(preset, DeviceProfile) else None
+    name = base.name if base is not None else preset
+    return tuple(member(base or preset, f"{name}-{i}", **changes) for i in range(count))
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    """One row of an editable device table, in the units people type."""
+    speed_gflops: float
+    memory_gb: float
+    bandwidth_mbit: float
+    name: str = ""
+
+
+def devices_from_table(rows: Sequence[DeviceRow], base: str = DEFAULT_DEVICE,
+                       latency_ms: float | None = None) -> tuple[DeviceProfile, ...]:
+    """Devices of a table: the ``base`` preset with each row's speed, memory and link, each value checked
+    (the message names the row and the allowed range)."""
+    from workbench.partition import limits
+
+    limits.devices.check("devices", len(rows))
+    out = []
+    for i, row in enumerate(rows):
+        changes = {"flops_per_s": limits.speed_gflops.check(f"device {i}'s speed", row.speed_gflops) * 1e9,
+                   "memory_bytes": limits.memory_gb.check(f"device {i}'s memory", row.memory_gb) * 1e9,
+                   "net_bytes_per_s": limits.bandwidth_mbit.check(f"device {i}'s bandwidth", row.bandwidth_mbit) * 1e6 / 8}
+        if latency_ms is not None:
+            changes["net_latency_s"] = limits.latency_ms.check("link latency", latency_ms) / 1e3
+        out.append(member(base, row.name or f"device-{i}", **changes))
+    return tuple(out)
+
+
 def check_devices(devices: Sequence[DeviceProfile], scheme: str) -> None:
     K = len(devices)
     if not 1 <= K <= MAX_DEVICES:
@@ -199,8 +247,9 @@ def plan_partition(scheme: str, shape: ModelShape, seq_len: int, devices: Sequen
     devices = tuple(devices)
     check_devices(devices, scheme)
     K, N, L = len(devices), int(seq_len), shape.num_layers
-    if N < 1:
-        raise WorkbenchError(f"sequence length must be at least 1 position, got {seq_len}")
+    if not 1 <= N <= shape.max_positions:
+        raise WorkbenchError(f"sequence length must be 1 to {shape.max_positions} positions for the "
+                             f"{shape.title} (its position limit), got {seq_len}")
     build = {"voltage": _voltage, "tensor_parallel": _tensor_parallel, "torch_tp": _tensor_parallel,
              "pipeline": _pipeline, "single": _single}[scheme]
     parts = build(scheme, shape, N, devices, shares=shares, order=order)

@@ -36,8 +36,6 @@ from workbench.partition.plan import PartitionPlan
 from workbench.partition.worker import THREADS_ENV, TIMEOUT_ENV, decode_array
 from workbench.timeline import Span, Timeline
 
-MAX_RANKS_PER_CORE = 4
-"""Ranks this machine starts per core: each holds a model, and more only measure the scheduler."""
 START_TIMEOUT_S = 120.0
 DEADLINE_FACTOR, DEADLINE_MARGIN_S = 5.0, 60.0
 """A run must finish within 5x its prediction plus a minute, or the ranks that did not are named."""
@@ -45,10 +43,6 @@ DEADLINE_FACTOR, DEADLINE_MARGIN_S = 5.0, 60.0
 
 class RunFailed(WorkbenchError):
     """A rank died, failed or hung during a run; the message names it and its device."""
-
-
-def max_ranks() -> int:
-    return MAX_RANKS_PER_CORE * machine_cores()
 
 
 @dataclass(frozen=True)
@@ -99,9 +93,9 @@ class PartitionRuntime:
     def __init__(self, size: int, *, shaped: Sequence[float] | None = None, threads: int | None = None,
                  logs: Path | None = None, should_stop: Callable[[], bool] | None = None,
                  rank_timeout_s: float = 120.0):
-        if not 1 <= size <= max_ranks():
-            raise WorkbenchError(f"this machine starts 1 to {max_ranks()} worker processes "
-                                 f"({MAX_RANKS_PER_CORE} per core of its {machine_cores()}), got {size}")
+        from workbench.partition import limits
+
+        limits.ranks.check("worker processes", size)
         self.size, self.shaped = size, tuple(shaped) if shaped is not None else None
         self.threads = threads or max(1, machine_cores() // size)
         self.logs, self.should_stop, self.rank_timeout_s = logs, should_stop, rank_timeout_s
