@@ -22,6 +22,7 @@ from typing import Callable, Literal
 REGISTERED: tuple[str, ...] = (
     "workbench.elastic.mechanism",
     "workbench.kvcache.mechanism",
+    "workbench.partition.mechanism",
 )
 """Modules that define a ``MECHANISM``; the one line a new mechanism adds."""
 
@@ -116,9 +117,7 @@ class Planned:
 PLANNED: tuple[Planned, ...] = (
     Planned(name="kvcache", title="LLM context service (LLMS)",
             summary="chunked KV-cache contexts, compressed by tolerance, swapped and recomputed, evicted by LCTRU"),
-    Planned(name="partition", title="Position-wise partitioning (Voltage)",
-            summary="each layer split over devices by position, attention order chosen, one All-Gather per layer"),
-    Planned(name="partition", title="Heterogeneous partitioning (Hepti)",
+    Planned(name="hepti", title="Heterogeneous partitioning (Hepti)",
             summary="three weight-stationary modes and LP-based workload shares over unequal edge devices"),
     Planned(name="earlyexit", title="Early-exit serving (E3)",
             summary="layer blocks split and replicated over GPUs to keep batches full as samples exit"),
