@@ -48,7 +48,7 @@ class Comm:
         every other rank and receives theirs (point to point; on loopback here this took a third of
         gloo's ring ``all_gather`` for four ranks, and it sends exactly what is counted)."""
         shape = list(part.shape)
-        width = part[..., :1, :].numel()                          # elements per row
+        width = part.shape[-1] * int(torch.tensor(shape[:-2]).prod()) if len(shape) > 2 else part.shape[-1]
         part = part.contiguous()
         pieces, requests = [], []
         for r, n in enumerate(rows):

@@ -1,0 +1,96 @@
+"""Partitioned layers equal rows of the full layer, in both attention orders, on the shipped weights too."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.models.encoder import EncoderConfig, EncoderLayer
+from workbench.partition.layers import (causal_bias, finish_attention, finish_ffn, head_orders, partitioned_decoder_layer,
+                                        partitioned_layer, tensor_parallel_attention, tensor_parallel_ffn)
+
+ATOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def small():
+    torch.manual_seed(0)
+    layer = EncoderLayer(EncoderConfig(hidden=64, num_heads=4, ffn=128)).eval()
+    with torch.no_grad():                                  # biases away from zero, so dropping one would show
+        for lin in (layer.query, layer.key, layer.value, layer.attn_out, layer.ffn1, layer.ffn2):
+            lin.bias.normal_(0, 0.5)
+    return layer, torch.randn(2, 20, 64)
+
+
+@pytest.mark.parametrize("order", ["qk_first", "x_first", "auto", ("qk_first", "x_first", "x_first", "qk_first")])
+@pytest.mark.parametrize("start,end", [(0, 20), (3, 9), (19, 20), (0, 1)])
+def test_rows_equal_the_full_layer(small, order, start, end):
+    layer, x = small
+    with torch.no_grad():
+        full = layer(x)
+        part = partitioned_layer(layer, x, start, end, order)
+    assert part.shape == (2, end - start, 64)
+    torch.testing.assert_close(part, full[:, start:end], atol=ATOL, rtol=0)
+
+
+def test_padding_mask_and_causal_mask(small):
+    layer, x = small
+    mask = torch.ones(2, 20)
+    mask[1, 15:] = 0
+    bias = ((1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        torch.testing.assert_close(partitioned_layer(layer, x, 4, 11, "x_first", attn_bias=bias),
+                                   layer(x, bias)[:, 4:11], atol=ATOL, rtol=0)
+        torch.testing.assert_close(partitioned_layer(layer, x, 4, 11, "x_first", causal=True),
+                                   layer(x, causal_bias(0, 20, 20))[:, 4:11], atol=ATOL, rtol=0)
+
+
+def test_the_shipped_encoder_layer_at_both_orders():
+    from workbench.models.encoder import load_pretrained_encoder
+
+    layer = load_pretrained_encoder().layers[2].eval()
+    x = torch.randn(1, 128, 384)
+    with torch.no_grad():
+        full = layer(x)
+        for order in ("qk_first", "x_first"):
+            torch.testing.assert_close(partitioned_layer(layer, x, 96, 128, order), full[:, 96:], atol=1e-4, rtol=0)
+
+
+def test_theorem_2_chooses_per_head_order(small):
+    layer, _ = small
+    # F=64, F_H=16: threshold 48/1024 = 0.047; N=20: P=20 gives 0 (Eq. 3), P=2 gives 0.45 (Eq. 8)
+    assert head_orders(layer, 20, 20) == ("qk_first",) * 4
+    assert head_orders(layer, 20, 2) == ("x_first",) * 4
+    with pytest.raises(WorkbenchError, match="one order per head"):
+        head_orders(layer, 20, 2, ("x_first",))
+
+
+def test_rows_outside_the_sequence_are_refused(small):
+    layer, x = small
+    with pytest.raises(WorkbenchError, match="outside the sequence"):
+        partitioned_layer(layer, x, 5, 21)
+
+
+def test_megatron_split_sums_to_the_full_layer(small):
+    layer, x = small
+    with torch.no_grad():
+        partial = sum(tensor_parallel_attention(layer, x, heads) for heads in ([0], [1, 2], [3]))
+        h = finish_attention(layer, x, partial)
+        out = finish_ffn(layer, h, sum(tensor_parallel_ffn(layer, h, cols)
+                                       for cols in (slice(0, 50), slice(50, 51), slice(51, 128))))
+        torch.testing.assert_close(out, layer(x), atol=ATOL, rtol=0)
+
+
+def test_decoder_prefill_rows_equal_the_full_prefill():
+    from workbench.models.decoder import load_decoder
+
+    decoder = load_decoder()
+    layer = decoder.layers[5]
+    x = torch.randn(40, decoder.cfg.hidden)
+    positions = torch.arange(40)
+    with torch.no_grad():
+        k, v = layer.project_kv(x, positions)
+        full = layer(x, positions, k, v, positions)
+        for start, end in ((0, 13), (13, 27), (27, 40)):
+            torch.testing.assert_close(partitioned_decoder_layer(layer, x, start, end), full[start:end],
+                                       atol=1e-4, rtol=0)

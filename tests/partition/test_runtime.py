@@ -1,0 +1,173 @@
+"""The runtime on real gloo processes: every scheme equals the model in one process, bytes are counted as the
+cost model says, failures are named and leave nothing behind, and the worker runs unchanged under torchrun."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from workbench.errors import WorkbenchError
+from workbench.partition.cost import SHAPES
+from workbench.partition.models import PartitionModel
+from workbench.partition.plan import devices_like, plan_partition
+from workbench.partition.runtime import PartitionRuntime, RunFailed
+
+ENC = SHAPES["encoder"]
+N = 48
+SCHEMES = ("voltage", "tensor_parallel", "torch_tp", "pipeline", "single")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model = PartitionModel("encoder")
+    hidden, logits = model.reference(model.inputs(model.token_ids(N, 0)))
+    return hidden.numpy(), logits.numpy()
+
+
+def assert_equal_outputs(result, reference, atol=2e-4):
+    hidden, logits = reference
+    np.testing.assert_allclose(result.hidden, hidden, atol=atol, rtol=0)
+    np.testing.assert_allclose(result.logits, logits, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("K", [2, 4])
+def test_every_scheme_equals_the_model_in_one_process_and_counts_the_cost_models_bytes(K, reference):
+    devices = devices_like(K)
+    results = {}
+    with PartitionRuntime(K) as runtime:
+        for scheme in SCHEMES:
+            plan = plan_partition(scheme, ENC, N, devices)
+            result = runtime.run(plan, emulate=False)
+            assert_equal_outputs(result, reference)
+            assert result.traffic() == plan.traffic(), scheme
+            results[scheme] = result
+        assert runtime.runs == len(SCHEMES)                    # one group served every run
+    voltage = results["voltage"].sent_by_kind()
+    tp = results["tensor_parallel"].sent_by_kind()
+    assert set(voltage) == {"all_gather"} and set(tp) == {"all_reduce"}
+    assert [4 * v for v in voltage["all_gather"]] == tp["all_reduce"]          # 1:4, counted
+    assert voltage["all_gather"] == [ENC.num_layers * (K - 1) * N // K * ENC.hidden * 4] * K
+    assert results["torch_tp"].sent_by_kind() == tp                            # PyTorch's split moves the same
+
+
+def test_uneven_and_per_layer_shares_on_three_processes(reference):
+    shares = [[0.5, 0.3, 0.2], [0.2, 0.3, 0.5], [1 / 3] * 3, [0.0, 0.5, 0.5], [0.9, 0.05, 0.05], [0.25, 0.25, 0.5]]
+    plan = plan_partition("voltage", ENC, N, devices_like(3), shares=shares)
+    with PartitionRuntime(3) as runtime:
+        result = runtime.run(plan, emulate=False)
+    assert_equal_outputs(result, reference)
+    assert result.traffic() == plan.traffic()
+    assert result.traffic()[3][0].sent == 0                                    # layer 3: device 0 computes nothing
+
+
+def test_one_process(reference):
+    with PartitionRuntime(1) as runtime:
+        result = runtime.run(plan_partition("voltage", ENC, N, devices_like(1)), emulate=False)
+    assert_equal_outputs(result, reference)
+    assert result.sent_by_kind() == {}
+
+
+def test_decoder_prefill_on_three_processes():
+    model = PartitionModel("decoder")
+    hidden, logits = model.reference(model.inputs(model.token_ids(30, 0)))
+    plan = plan_partition("voltage", SHAPES["decoder"], 30, devices_like(3), shares=[0.5, 0.25, 0.25])
+    with PartitionRuntime(3) as runtime:
+        result = runtime.run(plan, emulate=False)
+    np.testing.assert_allclose(result.hidden, hidden.numpy(), atol=1e-3, rtol=1e-4)   # hidden states reach +-300
+    np.testing.assert_allclose(result.logits, logits.numpy(), atol=5e-3, rtol=1e-4)
+    assert int(np.argmax(result.logits)) == int(logits.argmax())
+
+
+def test_an_emulated_run_follows_its_prediction_and_draws_every_device():
+    plan = plan_partition("voltage", ENC, 64, devices_like(2, bandwidth_mbit=200))
+    with PartitionRuntime(2) as runtime:
+        runtime.run(plan)                                                      # warm up
+        result = runtime.run(plan)
+    assert result.latency_s >= 0.98 * plan.predicted_s                         # padded to the device, never faster
+    lanes = {(s.rank, s.kind) for s in result.timeline.spans}
+    assert {(0, "compute"), (1, "compute"), (0, "comm"), (1, "comm")} <= lanes
+    comm = [s for s in result.timeline.spans if s.kind == "comm" and s.rank == 1]
+    assert [s.nbytes for s in comm] == [t[1].sent + t[1].received for t in plan.traffic()]
+    trace = result.timeline.to_chrome_trace()
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert len(names) == 2                                                     # a process per device in Perfetto
+
+
+def _pids(runtime):
+    return [w.process.pid for w in runtime.group.workers]
+
+
+def _gone(pids, within_s=10.0):
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    alive += [pid] if f.read().split(") ")[1][0] != "Z" else []
+            except FileNotFoundError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_rank_killed_mid_run_is_named_and_nothing_is_left():
+    plan = plan_partition("voltage", ENC, N, devices_like(3, bandwidth_mbit=2))     # about 0.5 s per layer
+    runtime = PartitionRuntime(3).start()
+    pids = _pids(runtime)
+    killer = threading.Timer(1.0, lambda: os.kill(pids[1], signal.SIGKILL))
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match=r"rank 1 \(edge-vm-1\) (died|failed|closed)"):
+        runtime.run(plan)
+    assert time.monotonic() - started < 30
+    assert runtime.group is None and _gone(pids)
+
+
+def test_a_hung_rank_is_named_when_the_deadline_passes():
+    plan = plan_partition("voltage", ENC, N, devices_like(2))
+    runtime = PartitionRuntime(2).start()
+    pids = _pids(runtime)
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(RunFailed, match=r"rank 1 \(edge-vm-1\) did not answer within the run's deadline"):
+            runtime.run(plan, deadline_s=3.0)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert _gone(pids)
+
+
+def test_bad_input_is_refused_before_any_process_starts():
+    with pytest.raises(WorkbenchError, match="worker processes: must be at most"):
+        PartitionRuntime(10_000)
+    runtime = PartitionRuntime(2)
+    with pytest.raises(WorkbenchError, match="3 devices but this runtime 2"):
+        runtime.run(plan_partition("voltage", ENC, N, devices_like(3)))
+    assert runtime.group is None
+
+
+def test_the_worker_runs_unchanged_under_torchrun(tmp_path):
+    out = tmp_path / "run.json"
+    trace = tmp_path / "trace.json"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "workbench.partition.worker",
+                           "--scheme", "voltage", "--seq-len", "32", "--out", str(out), "--trace", str(trace)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    assert summary["ranks"] == 2 and summary["max_abs_diff_hidden"] < 2e-4
+    assert summary["sent_bytes_per_rank"] == [ENC.num_layers * 16 * ENC.hidden * 4] * 2
+    assert {e["pid"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"} and trace.stat().st_size
