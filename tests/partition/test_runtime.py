@@ -127,7 +127,7 @@ def test_a_rank_killed_mid_run_is_named_and_nothing_is_left():
     killer = threading.Timer(1.0, lambda: os.kill(pids[1], signal.SIGKILL))
     killer.start()
     started = time.monotonic()
-    with pytest.raises(RunFailed, match=r"rank 1 \(edge-vm-1\) (died|failed|closed)"):
+    with pytest.raises(RunFailed, match=r"rank 1 \(edge-vm-1\) died \(was killed by SIGKILL\) after step"):
         runtime.run(plan)
     assert time.monotonic() - started < 30
     assert runtime.group is None and _gone(pids)
@@ -171,3 +171,17 @@ def test_the_worker_runs_unchanged_under_torchrun(tmp_path):
     assert summary["ranks"] == 2 and summary["max_abs_diff_hidden"] < 2e-4
     assert summary["sent_bytes_per_rank"] == [ENC.num_layers * 16 * ENC.hidden * 4] * 2
     assert {e["pid"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"} and trace.stat().st_size
+
+
+@pytest.mark.parametrize("env,message", [
+    ({}, "no RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "nowhere.invalid", "MASTER_PORT": "29500"},
+     "the rendezvous host 'nowhere.invalid' does not resolve"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"},
+     "MASTER_PORT must be a TCP port, 1 to 65535"),
+])
+def test_a_worker_without_a_usable_rendezvous_says_so_before_waiting(env, message):
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-m", "workbench.partition.worker"], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1

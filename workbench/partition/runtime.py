@@ -242,17 +242,20 @@ class PartitionRuntime:
                         elif msg.get("done") == job:
                             results[rank] = msg["result"]
                         elif msg.get("error") == job:
+                            # a peer's death shows first as a broken connection in the others: name the dead one
+                            self._check_alive(plan, steps, labels, wait_s=1.5, besides={rank})
                             self._fail(plan, f"{self._device(plan, rank)} failed: {msg['message']}")
         finally:
             selector.close()
         return results, steps
 
-    def _check_alive(self, plan, steps, labels, wait_s: float = 0.0) -> None:
-        """Fail naming the first rank whose process ended (waiting ``wait_s`` for one to show)."""
+    def _check_alive(self, plan, steps, labels, wait_s: float = 0.0, besides=()) -> None:
+        """Fail naming the first rank whose process ended (waiting ``wait_s`` for one to show), ranks in
+        ``besides`` (which reported an error of their own and may exit because of it) apart."""
         end = time.monotonic() + wait_s
         while True:
             codes = self.group.poll() if self.group is not None else []
-            dead = [r for r, c in enumerate(codes) if c is not None]
+            dead = [r for r, c in enumerate(codes) if c is not None and r not in besides]
             if dead or time.monotonic() >= end:
                 break
             time.sleep(0.05)

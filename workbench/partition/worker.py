@@ -169,24 +169,49 @@ def one_shot(args) -> int:
 def main(argv=None) -> int:
     from workbench.partition.plan import SCHEMES
 
-    parser = argparse.ArgumentParser(prog="python -m workbench.partition.worker",
-                                     description="a rank of partitioned inference (under the workbench or torchrun)")
+    from workbench.argtypes import Parser, seed
+    from workbench.partition import limits
+    from workbench.partition.cost import SHAPES
+
+    parser = Parser(prog="python -m workbench.partition.worker",
+                    description="a rank of partitioned inference (under the workbench or torchrun)")
     parser.add_argument("--control", help="the parent's control socket (set by the workbench)")
     parser.add_argument("--scheme", default="voltage", choices=list(SCHEMES))
-    parser.add_argument("--model", default="encoder", help="encoder, decoder, bert-large or gpt2")
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--model", default="encoder", choices=tuple(SHAPES), help="the model to split")
+    parser.add_argument("--seq-len", type=limits.seq_len, default=128, help="input positions")
     parser.add_argument("--device", default="edge-vm", help="device profile every rank emulates")
-    parser.add_argument("--bandwidth-mbit", type=float, default=None, help="link bandwidth (Mbit/s) to emulate")
-    parser.add_argument("--shares", default="even", help="even or proportional")
+    parser.add_argument("--bandwidth-mbit", type=limits.bandwidth_mbit, default=None,
+                        help="link bandwidth (Mbit/s) to emulate")
+    parser.add_argument("--shares", default="even", choices=("even", "proportional"), help="Voltage's share vector")
     parser.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=False,
                         help="pad compute and communication to the device profile (default: run at full speed)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the input tokens")
     parser.add_argument("--out", help="write the summary and the merged timeline as JSON")
     parser.add_argument("--trace", help="write the merged timeline as a Chrome/Perfetto trace")
     args = parser.parse_args(argv)
     if args.control:
         return serve(args.control)
+    problem = rendezvous_problem()
+    if problem:
+        print(f"workbench.partition.worker: {problem}", file=sys.stderr)
+        return 2
     return one_shot(args)
+
+
+def rendezvous_problem() -> str:
+    """What is wrong with the rendezvous the environment names, before torch waits on it ('' if nothing)."""
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        return (f"no {', '.join(missing)} in the environment: start the worker with torchrun "
+                "(or through the workbench, which sets them)")
+    host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"MASTER_PORT must be a TCP port, 1 to 65535, got {port!r}"
+    try:
+        socket.getaddrinfo(host, int(port))
+    except OSError:
+        return f"the rendezvous host {host!r} does not resolve; give torchrun a reachable --rdzv-endpoint HOST:PORT"
+    return ""
 
 
 if __name__ == "__main__":
