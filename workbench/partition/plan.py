@@ -286,10 +286,17 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
     rule = shares if isinstance(shares, str) else ("given" if even else "given per layer")
     F, F_H = shape.hidden, shape.head_dim
     reasons = [f"{rule} shares: device i computes positions [N sum(p_<i), N sum(p_<=i)) of every layer"
-               + ("" if even else " (shares change per layer)"),
-               f"Theorem 2 threshold (F - F_H)/(F F_H) = {(F - F_H) / (F * F_H):.4f}; 1/P - 1/N above it "
-               f"multiplies x in last (Eq. 8)" if not shape.rotary else
-               "rotary keys: every head keeps Eq. (3) (x W_K is rotated per position before Q K^T)"]
+               + ("" if even else " (shares change per layer)")]
+    if shape.rotary:
+        reasons.append("rotary keys: every head keeps Eq. (3) (x W_K is rotated per position before Q K^T)")
+    else:
+        threshold = (F - F_H) / (F * F_H)
+        sizes = sorted({b[i + 1] - b[i] for b in bounds for i in range(K) if b[i + 1] > b[i]})
+        picks = "; ".join(f"P = {P}: 1/P - 1/N = {1 / P - 1 / N:.4f} -> "
+                          f"{'Eq. (8), x multiplied in last' if layer_orders(shape, N, P, order)[0] == 'x_first' else 'Eq. (3), Q, K, V first'}"
+                          for P in sizes[:3])
+        forced = "" if order == "auto" else f" (forced: {order} for every head)"
+        reasons.append(f"Theorem 2 threshold (F - F_H)/(F F_H) = {threshold:.4f}; {picks}{forced}")
     if K > 1:
         reasons.append(f"one All-Gather per layer: a device sends its {F}-wide rows to the {K - 1} others")
     return {"shares": vectors, "bounds": bounds, "orders": tuple(orders), "reasons": tuple(reasons), "steps": steps}
