@@ -1,0 +1,132 @@
+"""Hepti's cost model and LP partitioner: shares, modes, reasons, and bad input."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from itertools import product
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.devices import MINILM, PRESETS, LayerShape
+from workbench.errors import WorkbenchError
+from workbench.partition.hepti import (FLOAT_BYTES, hepti_partition, largest_remainder, layer_latency, memory_bytes,
+                                       mode_blocks, ws_fixed_bytes)
+
+BOARD = PRESETS["rpi4"]
+FAST_LINKS = 1e12
+
+
+def boards(*speeds_gflops, memory=4e9, bandwidth=FAST_LINKS):
+    return [replace(BOARD, name=f"d{i}", flops_per_s=s * 1e9, memory_bytes=memory, net_bytes_per_s=bandwidth)
+            for i, s in enumerate(speeds_gflops)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(total=st.integers(0, 5000), shares=st.lists(st.floats(0, 1), min_size=1, max_size=20))
+def test_rounding_keeps_the_sum_and_non_negativity(total, shares):
+    if sum(shares) <= 0:
+        shares = shares[:-1] + [1.0]
+    sizes = largest_remainder(total, shares)
+    assert sum(sizes) == total and min(sizes) >= 0
+    exact = [total * s / sum(shares) for s in shares]
+    assert all(abs(a - e) < 1 for a, e in zip(sizes, exact))
+    assert all(a == 0 for a, s in zip(sizes, shares) if s == 0)
+
+
+def test_equal_devices_get_equal_shares():
+    part = hepti_partition(boards(12, 12, 12, 12), MINILM)
+    np.testing.assert_allclose(part.shares, [0.25] * 4, atol=1e-9)
+    assert part.sizes == (32, 32, 32, 32) and part.mode == "ws"
+
+
+def test_speeds_one_two_one_get_shares_one_two_one_when_links_are_fast():
+    part = hepti_partition(boards(10, 20, 10), MINILM)
+    np.testing.assert_allclose(part.shares, [0.25, 0.5, 0.25], atol=1e-9)
+    assert part.sizes == (32, 64, 32)
+
+
+def test_a_device_with_no_free_memory_is_dropped():
+    devices = boards(10, 10, 10)
+    devices[1] = replace(devices[1], memory_bytes=0)
+    part = hepti_partition(devices, MINILM)
+    assert part.shares[1] == 0 and part.sizes[1] == 0 and part.participants == [0, 2]
+    assert any("d1 dropped: no free memory" in r for r in part.reasons)
+
+
+def test_modes_follow_the_device_count_and_memory():
+    assert hepti_partition(boards(10), MINILM).mode == "serial"
+    assert hepti_partition(boards(10, 10, 10), MINILM, num_layers=6).mode == "ws"
+    short = ws_fixed_bytes(MINILM, 6) / 2                   # can hold half of what WS needs
+    few = [boards(10, memory=4e9)[0]] + boards(10, 10, 10, memory=short)[1:]
+    part = hepti_partition(few, MINILM, num_layers=6)
+    assert part.mode == "1d" and "cannot hold what WS needs" in part.reasons[0]
+    many = [boards(10, memory=4e9)[0]] + boards(*[10] * 16, memory=short)[1:]
+    part = hepti_partition(many, MINILM, num_layers=6)
+    assert part.mode == "2d" and part.grid == (4, 4) and math.isclose(sum(part.shares), 1.0)
+    mu, nu = part.axis_shares
+    np.testing.assert_allclose(part.shares, [m * n for m, n in product(mu, nu)])
+
+
+def test_memory_bounds_the_shares_and_binds():
+    """The tiled mode keeps each device's share of the weights within its memory."""
+    total = memory_bytes("1d", MINILM, 1.0, 6)
+    devices = boards(10, 10, 10, memory=total)
+    devices[1] = replace(devices[1], memory_bytes=0.1 * total)
+    devices[2] = replace(devices[2], memory_bytes=0.2 * total)
+    part = hepti_partition(devices, MINILM, num_layers=6, mode="1d")
+    assert part.shares[1] <= 0.1 + 1e-9 and part.shares[2] <= 0.2 + 1e-9
+    assert "memory of d1" in part.binding
+
+
+def test_the_latency_is_equation_7():
+    """One layer, two equal devices in WS: per block the slowest device's compute (2 r / FLOP/s, Eq. 5) plus
+    the bytes each device receives over its bandwidth summed over devices (Eq. 6)."""
+    devices = boards(10, 10, bandwidth=100e6)
+    T, d, f = MINILM.seq_len, MINILM.hidden, MINILM.ffn
+    compute = 2 * (3 * d * T * d + 2 * T * T * d + d * d * T + 2 * d * f * T) * 0.5 / 10e9
+    comm = 2 * (2 * 0.5 * T * d * FLOAT_BYTES / 100e6)     # two All-Gathers, each device receiving half
+    latency, _ = layer_latency("ws", MINILM, [0.5, 0.5], devices)
+    assert latency == pytest.approx(compute + comm)
+    assert hepti_partition(devices, MINILM).predicted_latency_s == pytest.approx(compute + comm)
+
+
+def test_a_deadline_no_partition_meets_names_the_best_latency():
+    best = hepti_partition(boards(10, 10), MINILM).predicted_latency_s
+    with pytest.raises(WorkbenchError, match=rf"best reachable is {1e3 * best:.1f} ms"):
+        hepti_partition(boards(10, 10), MINILM, deadline_s=best / 2)
+
+
+@pytest.mark.parametrize("devices,message", [
+    (lambda: [], "at least one device"),
+    (lambda: boards(-1.0, 10), "flops_per_s must be > 0"),
+    (lambda: boards(10, 10, bandwidth=-5), "net_bytes_per_s must be >= 0"),
+    (lambda: boards(10, 10, bandwidth=0), "bandwidth must be above 0 Mbit/s"),
+    (lambda: [replace(BOARD, name="p", memory_bytes=1e3)], "less than the"),
+])
+def test_bad_input_gets_a_clear_error(devices, message):
+    with pytest.raises(WorkbenchError, match=message):
+        hepti_partition(devices(), MINILM, num_layers=6)
+
+
+def test_weights_that_fit_nowhere():
+    devices = boards(10, 10, 10, memory=1e6)
+    with pytest.raises(WorkbenchError, match="fit nowhere"):
+        hepti_partition(devices, MINILM, num_layers=6)
+
+
+def test_a_slow_device_behind_a_slow_link_is_dropped_and_the_rest_solved_again():
+    devices = boards(20, 20, 0.01, bandwidth=125e6)
+    part = hepti_partition(devices, MINILM)
+    assert part.shares[2] == 0 and any("d2 dropped" in r for r in part.reasons)
+
+
+def test_mode_blocks_count_their_collectives():
+    assert [b.collective for b in mode_blocks("ws", MINILM, 4)].count("all_gather") == 2
+    assert [b.collective for b in mode_blocks("1d", MINILM, 4)].count("all_reduce") == 2
+    two_d = [b.collective for b in mode_blocks("2d", MINILM, 4, (2, 2))]
+    assert two_d.count("all_gather") == 3 and two_d.count("all_reduce") == 3
+    shape = LayerShape(64, 4, 128, 10)
+    assert memory_bytes("1d", shape, 0.5) == 0.5 * (4 * 64 * 64 + 2 * 64 * 128) * 4

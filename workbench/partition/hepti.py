@@ -1,0 +1,411 @@
+"""Hepti: how much of each matrix product each unequal device computes, and in which weight-stationary mode.
+
+The cost model of Hepti §4.3 over one transformer layer of a :class:`~workbench.devices.LayerShape`
+(T positions, hidden d, H heads, FFN width f), split by shares lambda_i (sum 1):
+
+- The blocks of each mode (§4.2), each a MatMul [m, k] x [k, n] split one way, whose workload on device
+  i is Eq. (3): L row-wise ``k n a_i``, R column-wise ``k m a_i``, block-wise ``a_i m n``, with
+  ``a_i = lambda_i x`` (the split dimension). Compute is Eq. (5), ``rho_i r / f_i``: a dot-product element
+  is one multiply-add, two FLOPs of the device's ``flops_per_s``.
+
+  ====== ==================================================================================================
+  ws     Q/K/V R column-wise by heads, All-Gather of the heads' outputs, then the output projection and the
+         MLP L row-wise (each device its rows, every weight whole), All-Gather of the rows
+  1d     Q/K/V R column-wise by heads, output projection block-wise (All-Reduce), redundant LayerNorm, MLP
+         first product R column-wise, second block-wise (All-Reduce): Megatron's split
+  2d     as 1d for Q/K/V; the output projection and both MLP products split by rows and columns over an
+         r x c grid: All-Gather within a row group, All-Reduce of partial sums within a column group
+  serial the primary alone
+  ====== ==================================================================================================
+
+- Communication is Eq. (6): per collective, the bytes ``c_b,i`` each device receives over its bandwidth,
+  summed over the devices (the paper's shared medium). An All-Gather of rows or heads gives device i
+  ``(1 - lambda_i) T d`` floats; an All-Reduce of partial sums ``2 (K - 1) / K T d`` whatever the shares.
+- Latency is Eq. (7): per block the slowest device's compute plus the block's communication, summed over
+  blocks and layers. Memory: what a device holds for all ``num_layers`` layers, since weights stay resident
+  (WS needs the output projection and the MLP whole; the tiled modes only their share).
+
+:func:`hepti_partition` solves P2 as a linear program (HiGHS): shares in [0, 1] summing to 1, memory
+bounds, and the min-max latency through one epigraph variable per block; devices with share 0 are dropped
+and the rest solved again; shares become integer sizes by largest remainder. Pure Python + SciPy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from workbench.devices import DeviceProfile, LayerShape
+from workbench.errors import WorkbenchError
+
+MODES = ("ws", "1d", "2d", "serial")
+MODE_TITLES = {"ws": "weight-stationary (WS)", "1d": "1D-tiled WS", "2d": "2D-tiled WS", "serial": "serial"}
+TILED_2D_FROM = 16
+"""Hepti uses 2D-tiled WS from 16 devices (the study it cites), 1D-tiled below."""
+FLOAT_BYTES = 4
+ZERO_SHARE = 1e-9
+
+
+@dataclass(frozen=True)
+class Block:
+    """One MatMul of a layer in a mode: its split, its work per unit of share, and the collective after it."""
+    name: str
+    split: str                      # "row" (L row-wise), "column" (R column-wise) or "block"
+    work: float                     # r_b,i at lambda_i = 1: dot-product elements (multiply-adds)
+    collective: str = ""            # "all_gather", "all_reduce" or ""
+    gather_floats: float = 0.0      # an All-Gather's whole tensor (a device receives (1 - lambda_i) of it)
+    reduce_floats: float = 0.0      # an All-Reduce's tensor (a device moves 2 (K-1)/K of it)
+    group: int = 0                  # 2D: the devices taking part in the collective (0: all)
+
+
+def mode_blocks(mode: str, shape: LayerShape, K: int, grid: tuple[int, int] = (1, 1)) -> list[Block]:
+    """The blocks of one layer in ``mode`` over K devices (Eq. 3's workloads at lambda_i = 1)."""
+    T, d, f = shape.seq_len, shape.hidden, shape.ffn
+    qkv = Block("Q, K, V (R column-wise)", "column", 3 * d * T * d)
+    attention = Block("attention of its heads", "column", 2 * T * T * d)
+    if mode == "ws":
+        return [qkv, Block(attention.name, "column", attention.work, "all_gather", gather_floats=T * d),
+                Block("output projection (L row-wise)", "row", d * d * T),
+                Block("MLP (L row-wise)", "row", 2 * d * f * T, "all_gather", gather_floats=T * d)]
+    if mode == "1d":
+        return [qkv, attention,
+                Block("output projection (block-wise)", "block", d * T * d, "all_reduce", reduce_floats=T * d),
+                Block("MLP first product (R column-wise)", "column", d * T * f),
+                Block("MLP second product (block-wise)", "block", f * T * d, "all_reduce", reduce_floats=T * d)]
+    if mode == "2d":
+        r, c = grid
+        return [qkv, Block(attention.name + ", gathered in its row group", "column", attention.work, "all_gather",
+                           gather_floats=T * d / r, group=c),
+                Block("output projection (2D: partial sums reduced in the column group)", "block", d * T * d,
+                      "all_reduce", reduce_floats=T * d / c, group=r),
+                Block("its columns gathered in the row group", "block", 0, "all_gather", gather_floats=T * d, group=c),
+                Block("MLP first product (2D: reduced in the column group)", "block", d * T * f, "all_reduce",
+                      reduce_floats=T * f / c, group=r),
+                Block("MLP second product (2D: reduced in the row group)", "block", f * T * d, "all_reduce",
+                      reduce_floats=T * d / r, group=c),
+                Block("its rows gathered in the column group", "block", 0, "all_gather", gather_floats=T * d, group=r)]
+    if mode == "serial":
+        return [Block("whole layer", "row", 4 * d * d * T + 2 * T * T * d + 2 * d * f * T)]
+    raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def layer_weights(shape: LayerShape) -> tuple[float, float]:
+    """Floats of one layer: (Q, K, V and the output projection, the MLP)."""
+    d, f = shape.hidden, shape.ffn
+    return 4 * d * d, 2 * d * f
+
+
+def memory_bytes(mode: str, shape: LayerShape, share: float, num_layers: int = 1) -> float:
+    """Bytes a device with ``share`` must hold for ``num_layers`` layers in ``mode``: WS keeps its share of
+    Q/K/V and the output projection and the MLP whole; the tiled modes keep their share of every weight."""
+    d, f = shape.hidden, shape.ffn
+    attention, mlp = layer_weights(shape)
+    if mode == "ws":
+        floats = share * 3 * d * d + d * d + mlp
+    elif mode in ("1d", "2d"):
+        floats = share * (attention + mlp)
+    elif mode == "serial":
+        floats = attention + mlp if share > 0 else 0.0
+    else:
+        raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return floats * FLOAT_BYTES * num_layers
+
+
+def ws_fixed_bytes(shape: LayerShape, num_layers: int = 1) -> float:
+    """What WS needs on a device whatever its share: the output projection and the MLP of every layer."""
+    return memory_bytes("ws", shape, 0.0, num_layers)
+
+
+def compute_s(device: DeviceProfile, work: float) -> float:
+    """Eq. (5): rho_i r / f_i, a dot-product element being two of the device's FLOPs."""
+    return 2 * work / device.flops_per_s
+
+
+def comm_s(block: Block, shares: Sequence[float], devices: Sequence[DeviceProfile]) -> float:
+    """Eq. (6): the bytes each device taking part receives over its bandwidth, summed over the devices.
+
+    A whole-group All-Gather gives device i the others' (1 - lambda_i) of the tensor; an All-Reduce moves
+    2 (G-1)/G of it through each of the G devices of its group (a ring), whatever the shares."""
+    K = sum(1 for s in shares if s > ZERO_SHARE)
+    if not block.collective or K <= 1:
+        return 0.0
+    group = block.group or K
+    total = 0.0
+    for s, dev in zip(shares, devices):
+        if s <= ZERO_SHARE:
+            continue
+        if block.collective == "all_gather" and not block.group:
+            received = (1.0 - s) * block.gather_floats
+        elif block.collective == "all_gather":
+            received = (group - 1) / group * block.gather_floats
+        else:
+            received = 2 * (group - 1) / group * block.reduce_floats
+        total += received * FLOAT_BYTES / dev.net_bytes_per_s
+    return total
+
+
+def layer_latency(mode: str, shape: LayerShape, shares: Sequence[float], devices: Sequence[DeviceProfile],
+                  grid: tuple[int, int] = (1, 1)) -> tuple[float, list[dict]]:
+    """Eq. (7) for one layer: per block the slowest device's compute plus the block's communication.
+    Also each block's per-device compute and its communication (for the dashboard's breakdown)."""
+    K = len(devices)
+    total, rows = 0.0, []
+    for block in mode_blocks(mode, shape, K, grid):
+        per_device = [compute_s(d, block.work * s) for d, s in zip(devices, shares)]
+        comm = comm_s(block, shares, devices)
+        total += max(per_device) + comm
+        rows.append({"block": block.name, "compute_s": per_device, "comm_s": comm})
+    return total, rows
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Hepti's decision for ``devices`` (in the order given; the first is the primary)."""
+    mode: str                                   # "ws", "1d", "2d" or "serial"
+    shares: tuple[float, ...]                   # lambda_i per device given, 0 where it takes no part; sum 1
+    sizes: tuple[int, ...]                      # the integer split of ``dimension``, same order, summing to it
+    dimension: str                              # what ``sizes`` splits: "rows" (WS), "FFN columns" (tiled), ...
+    predicted_latency_s: float                  # Eq. (7) over ``num_layers`` layers, with the integer sizes
+    reasons: tuple[str, ...]
+    heads: tuple[int, ...] = ()                 # heads per device (Q/K/V split)
+    grid: tuple[int, int] = (1, 1)              # 2D: rows x columns of devices
+    axis_shares: tuple = ()                     # 2D: (row-group shares, column-group shares); device (i, j) gets both
+    binding: str = ""                           # the constraint that sets the latency
+    breakdown: tuple[dict, ...] = field(default=(), compare=False)   # per block: compute per device, communication
+    devices: tuple[DeviceProfile, ...] = field(default=(), compare=False)
+    num_layers: int = 1
+
+    @property
+    def participants(self) -> list[int]:
+        return [i for i, s in enumerate(self.shares) if s > 0]
+
+
+def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
+    """Non-negative integers summing to ``total`` in proportion to ``shares`` (largest remainder; a share
+    of 0 gets 0)."""
+    s = sum(shares)
+    if s <= 0:
+        raise WorkbenchError("shares sum to 0; at least one device must take part")
+    exact = [total * x / s for x in shares]
+    sizes = [math.floor(e) for e in exact]
+    order = sorted(range(len(exact)), key=lambda i: (sizes[i] - exact[i], i))
+    for i in order[: total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def _check(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float, num_layers: int) -> None:
+    if not devices:
+        raise WorkbenchError("Hepti needs at least one device (the primary); got none")
+    for d in devices:
+        if not (d.flops_per_s > 0 and math.isfinite(d.flops_per_s)):
+            raise WorkbenchError(f"device {d.name!r}: speed must be a finite number above 0 FLOP/s, got {d.flops_per_s!r}")
+        if not (d.memory_bytes >= 0 and math.isfinite(d.memory_bytes)):
+            raise WorkbenchError(f"device {d.name!r}: free memory must be 0 or more bytes, got {d.memory_bytes!r}")
+        if len(devices) > 1 and not (d.net_bytes_per_s > 0 and math.isfinite(d.net_bytes_per_s)):
+            raise WorkbenchError(f"device {d.name!r}: bandwidth must be above 0 Mbit/s, got "
+                                 f"{d.net_bytes_per_s * 8 / 1e6:g} Mbit/s")
+    if not (deadline_s > 0):
+        raise WorkbenchError(f"the deadline must be above 0 s, got {deadline_s!r}")
+    if not (isinstance(num_layers, int) and num_layers >= 1):
+        raise WorkbenchError(f"num_layers must be a whole number >= 1, got {num_layers!r}")
+    for name in ("seq_len", "hidden", "heads", "ffn"):
+        if getattr(workload, name) < 1:
+            raise WorkbenchError(f"the workload's {name} must be at least 1, got {getattr(workload, name)}")
+
+
+def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
+                 grid: tuple[int, int] = (1, 1)) -> tuple[np.ndarray, float, str] | None:
+    """P2 over continuous shares for ``devices`` all taking part: (shares, latency, binding constraint), or
+    None when no shares fit the memory. Variables: lambda_1..K, then one epigraph t_b per block."""
+    from scipy.optimize import linprog
+
+    K = len(devices)
+    blocks = mode_blocks(mode, shape, K, grid)
+    B = len(blocks)
+    c = np.concatenate([np.zeros(K), np.full(B, float(num_layers))])
+    A, b, labels = [], [], []
+    for bi, block in enumerate(blocks):
+        # t_b >= compute_i(lambda_i) + comm_b(lambda): comm is linear in lambda (Eq. 6)
+        comm_const, comm_coef = 0.0, np.zeros(K)
+        if block.collective and K > 1:
+            for j, dev in enumerate(devices):
+                if block.collective == "all_gather":
+                    comm_const += block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                    comm_coef[j] -= block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                else:
+                    comm_const += 2 * (K - 1) / K * block.reduce_floats * FLOAT_BYTES / dev.net_bytes_per_s
+        for i, dev in enumerate(devices):
+            row = comm_coef.copy()
+            row[i] += 2 * block.work / dev.flops_per_s
+            A.append(np.concatenate([row, -np.eye(B)[bi]]))
+            b.append(-comm_const)
+            labels.append((bi, i, block.name))
+    bounds = []
+    for dev in devices:
+        fixed = memory_bytes(mode, shape, 0.0, num_layers)
+        per_share = memory_bytes(mode, shape, 1.0, num_layers) - fixed
+        top = 1.0 if per_share <= 0 else (dev.memory_bytes - fixed) / per_share
+        if top < 0:
+            return None
+        bounds.append((0.0, min(1.0, top)))
+    bounds += [(0.0, None)] * B
+    if sum(hi for _, hi in bounds[:K]) < 1.0 - 1e-12:
+        return None
+    res = linprog(c, A_ub=np.array(A), b_ub=np.array(b), A_eq=[np.concatenate([np.ones(K), np.zeros(B)])], b_eq=[1.0],
+                  bounds=bounds, method="highs")
+    if res.status != 0:
+        return None
+    shares = np.clip(res.x[:K], 0.0, 1.0)
+    binding = _binding(res, labels, bounds, devices, K)
+    return shares / shares.sum(), float(res.fun), binding
+
+
+def _binding(res, labels, bounds, devices, K) -> str:
+    """The constraint that sets the latency: a memory bound at its limit, and the device whose compute plus
+    communication is tight in the costliest block."""
+    at_memory = [devices[i].name for i in range(K) if bounds[i][1] < 1.0 and res.x[i] >= bounds[i][1] - 1e-9]
+    t = res.x[K:]
+    costliest = int(np.argmax(t))
+    slack = np.asarray(res.ineqlin.residual)
+    rows = [n for n, label in enumerate(labels) if label[0] == costliest]
+    tight = min(rows, key=lambda n: slack[n])
+    parts = [f"{labels[tight][2]}: {devices[labels[tight][1]].name} sets the time ({1e3 * t[costliest]:.2f} ms a layer)"]
+    if at_memory:
+        parts.insert(0, f"memory of {', '.join(at_memory)} (share at its limit)")
+    return "; ".join(parts)
+
+
+def grid_for(K: int) -> tuple[int, int]:
+    """The most square r x c <= K with r >= 2 (devices beyond r c take no part)."""
+    best = (1, K)
+    for r in range(2, int(math.isqrt(K)) + 1):
+        c = K // r
+        if (r * c, -abs(c - r)) > (best[0] * best[1], -abs(best[1] - best[0])) or best[0] == 1:
+            best = (r, c)
+    return best
+
+
+def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int, grid: tuple[int, int]):
+    """The split run once per axis (Hepti §4.3): row groups and column groups each solved as devices of their
+    own (a group as fast as its slowest member times its size, holding what its smallest member holds
+    times its size); device (i, j) gets row share i times column share j."""
+    from dataclasses import replace
+
+    r, c = grid
+    cell = [[devices[i * c + j] for j in range(c)] for i in range(r)]
+
+    def virtual(members, count, name):
+        return replace(members[0], name=name, flops_per_s=count * min(m.flops_per_s for m in members),
+                       memory_bytes=count * min(m.memory_bytes for m in members),
+                       net_bytes_per_s=min(m.net_bytes_per_s for m in members))
+
+    rows = [virtual(cell[i], c, f"row group {i}") for i in range(r)]
+    cols = [virtual([cell[i][j] for i in range(r)], r, f"column group {j}") for j in range(c)]
+    solved_rows = solve_shares("1d", shape, rows, num_layers)
+    solved_cols = solve_shares("1d", shape, cols, num_layers)
+    if solved_rows is None or solved_cols is None:
+        return None, ()
+    mu, nu = solved_rows[0], solved_cols[0]
+    shares = np.array([mu[i] * nu[j] for i in range(r) for j in range(c)])
+    for n, dev in enumerate(devices):
+        if memory_bytes("2d", shape, shares[n], num_layers) > dev.memory_bytes:
+            return None, ()
+    binding = f"rows: {solved_rows[2]}; columns: {solved_cols[2]}"
+    return (shares, 0.0, binding), (tuple(float(x) for x in mu), tuple(float(x) for x in nu))
+
+
+def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
+                    num_layers: int = 1, mode: str | None = None) -> Partition:
+    """Hepti's partition of ``workload`` over ``devices`` (the first the primary) within ``deadline_s``.
+
+    Mode: serial when no secondary device can take part; WS when every secondary taking part holds what WS
+    needs (the output projection and the MLP of ``num_layers`` layers, plus its share of Q/K/V); otherwise
+    1D-tiled below 16 devices and 2D-tiled from 16. ``mode`` forces one (it must still fit). A device
+    with no free memory is dropped; so is one whose share solves to 0, and the rest are solved again."""
+    devices = tuple(devices)
+    _check(devices, workload, deadline_s, num_layers)
+    K = len(devices)
+    reasons: list[str] = []
+    names = [d.name for d in devices]
+    taking = [0] + [i for i in range(1, K) if devices[i].memory_bytes > 0]
+    for i in range(1, K):
+        if i not in taking:
+            reasons.append(f"{names[i]} dropped: no free memory")
+    whole = memory_bytes("serial", workload, 1.0, num_layers)
+    if mode is None:
+        if len(taking) == 1:
+            mode = "serial"
+            reasons.append("serial: no secondary device can take part")
+        elif all(devices[i].memory_bytes >= ws_fixed_bytes(workload, num_layers) for i in taking[1:]):
+            mode = "ws"
+            reasons.append(f"WS: every secondary holds the output projection and the MLP "
+                           f"({ws_fixed_bytes(workload, num_layers) / 1e6:.1f} MB for {num_layers} layers)")
+        else:
+            short = [names[i] for i in taking[1:] if devices[i].memory_bytes < ws_fixed_bytes(workload, num_layers)]
+            mode = "1d" if len(taking) < TILED_2D_FROM else "2d"
+            reasons.append(f"{MODE_TITLES[mode]}: {', '.join(short)} cannot hold what WS needs "
+                           f"({ws_fixed_bytes(workload, num_layers) / 1e6:.1f} MB); "
+                           f"{len(taking)} devices {'< 16' if mode == '1d' else '>= 16'}")
+    elif mode not in MODES:
+        raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
+    else:
+        reasons.append(f"{MODE_TITLES[mode]} forced")
+    if mode == "serial":
+        if devices[0].memory_bytes < whole:
+            raise WorkbenchError(f"the primary {names[0]!r} holds {devices[0].memory_bytes / 1e6:.1f} MB, less than "
+                                 f"the {whole / 1e6:.1f} MB of {num_layers} layers, and no secondary can help")
+        taking = [0]
+    grid = (1, 1)
+    if mode == "2d":
+        grid = grid_for(len(taking))
+        if grid[0] * grid[1] < len(taking):
+            slow = sorted(taking[1:], key=lambda i: devices[i].flops_per_s)[: len(taking) - grid[0] * grid[1]]
+            for i in slow:
+                reasons.append(f"{names[i]} dropped: the {grid[0]} x {grid[1]} grid has no place for it (slowest)")
+            taking = [i for i in taking if i not in slow]
+        reasons.append(f"2D grid {grid[0]} x {grid[1]} from {len(taking)} devices")
+    axis_shares: tuple = ()
+    while True:
+        subset = [devices[i] for i in taking]
+        if mode == "2d":
+            solved, axis_shares = _solve_2d(workload, subset, num_layers, grid)
+        else:
+            solved = solve_shares(mode, workload, subset, num_layers, grid) if mode != "serial" else (np.ones(1), 0.0, "")
+        if solved is None:
+            need = whole / 1e6
+            have = ", ".join(f"{d.name} {d.memory_bytes / 1e6:.1f} MB" for d in subset)
+            raise WorkbenchError(f"the weights of {num_layers} layers ({need:.1f} MB) fit nowhere in {MODE_TITLES[mode]} "
+                                 f"mode: free memory {have}")
+        shares_sub, _, binding = solved
+        unit = {"ws": workload.seq_len, "1d": workload.ffn}.get(mode, 1)
+        zero = [taking[n] for n, s in enumerate(shares_sub) if s * unit < 0.5 and taking[n] != 0]
+        if not zero or mode == "2d":
+            break
+        for i in zero:
+            reasons.append(f"{names[i]} dropped: its share solved to less than half a unit of the split")
+        taking = [i for i in taking if i not in zero]
+        if len(taking) == 1:
+            mode, grid = "serial", (1, 1)
+            reasons.append("serial: every secondary's share solved to 0")
+    shares = [0.0] * K
+    for n, i in enumerate(taking):
+        shares[i] = float(shares_sub[n])
+    dimension, total = {"ws": ("rows", workload.seq_len), "1d": ("FFN columns", workload.ffn),
+                        "2d": ("FFN columns", workload.ffn), "serial": ("rows", workload.seq_len)}[mode]
+    sizes = largest_remainder(total, shares)
+    heads = largest_remainder(workload.heads, shares)
+    rounded = [s / total for s in sizes]
+    latency, breakdown = layer_latency(mode, workload, rounded, devices, grid)
+    latency *= num_layers
+    if mode == "serial":
+        binding = f"{names[0]} computes everything"
+    if latency > deadline_s:
+        raise WorkbenchError(f"no partition meets the deadline of {1e3 * deadline_s:.1f} ms: the best reachable is "
+                             f"{1e3 * latency:.1f} ms ({MODE_TITLES[mode]} over {len(taking)} devices)")
+    return Partition(mode=mode, shares=tuple(shares), sizes=tuple(sizes), dimension=dimension,
+                     predicted_latency_s=latency, reasons=tuple(reasons), heads=tuple(heads), grid=grid,
+                     binding=binding, breakdown=tuple(breakdown), devices=devices, num_layers=num_layers,
+                     axis_shares=axis_shares)
