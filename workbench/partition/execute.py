@@ -39,38 +39,61 @@ class Count:
 class Comm:
     """Collectives over the default process group, counted (bytes of the tensors handed over) and timed."""
 
-    def __init__(self, rank: int, world: int, clock: Callable[[], float] = time.perf_counter):
-        self.rank, self.world, self.clock = rank, world, clock
+    def __init__(self, rank: int, world: int, groups: dict | None = None):
+        self.rank, self.world = rank, world
         self.counts: list[Count] = []
+        self._groups: dict = {} if groups is None else groups     # kept by the worker between runs
 
     def all_gather_rows(self, part: torch.Tensor, rows: list[int], layer: int | None) -> torch.Tensor:
-        """Concatenate every rank's rows along dim -2, parts of any length: each rank sends its part to
-        every other rank and receives theirs (point to point; on loopback here this took a third of
-        gloo's ring ``all_gather`` for four ranks, and it sends exactly what is counted)."""
-        shape = list(part.shape)
-        width = part.shape[-1] * int(torch.tensor(shape[:-2]).prod()) if len(shape) > 2 else part.shape[-1]
+        """Concatenate every rank's rows along dim -2; parts may differ in length."""
+        return self.all_gather(part, rows, list(range(self.world)), -2, layer)
+
+    def all_gather(self, part: torch.Tensor, sizes: list[int], members: list[int], dim: int,
+                   layer: int | None) -> torch.Tensor:
+        """Concatenate the parts of ``members`` (this rank among them) along ``dim``, ``sizes[k]`` long for
+        member k: each sends its part to every other member and receives theirs, point to point (on loopback
+        here this took a third of gloo's ring ``all_gather`` for four ranks, and it sends exactly what is
+        counted)."""
+        dim = dim % part.dim()
         part = part.contiguous()
+        per_unit = part.numel() // part.shape[dim] if part.shape[dim] else \
+            int(torch.tensor([n for i, n in enumerate(part.shape) if i != dim] or [1]).prod())
         pieces, requests = [], []
-        for r, n in enumerate(rows):
+        for r, n in zip(members, sizes):
             if r == self.rank:
                 pieces.append(part)
                 continue
-            pieces.append(torch.empty(*shape[:-2], n, shape[-1], dtype=part.dtype))
+            shape = list(part.shape)
+            shape[dim] = n
+            pieces.append(torch.empty(shape, dtype=part.dtype))
             if n:
                 requests.append(dist.irecv(pieces[-1], src=r))
             if part.numel():
                 requests.append(dist.isend(part, dst=r))
         for request in requests:
             request.wait()
-        traffic = all_gather_traffic([n * width for n in rows], part.element_size())[self.rank]
+        traffic = all_gather_traffic([n * per_unit for n in sizes], part.element_size())[members.index(self.rank)]
         self.counts.append(Count(layer, "all_gather", traffic.sent, traffic.received))
-        return torch.cat(pieces, dim=-2)
+        return torch.cat(pieces, dim=dim)
 
-    def all_reduce(self, tensor: torch.Tensor, layer: int | None) -> torch.Tensor:
-        dist.all_reduce(tensor)
-        traffic = all_reduce_traffic(tensor.numel(), self.world, tensor.element_size())[self.rank]
+    def all_reduce(self, tensor: torch.Tensor, layer: int | None, members: list[int] | None = None) -> torch.Tensor:
+        """Sum ``tensor`` over ``members`` (default: every rank) in place, counted as a ring moves it."""
+        members = list(range(self.world)) if members is None else members
+        tensor = tensor.contiguous()
+        if len(members) > 1:
+            dist.all_reduce(tensor, group=self.group(members))
+        traffic = all_reduce_traffic(tensor.numel(), len(members), tensor.element_size())[members.index(self.rank)]
         self.counts.append(Count(layer, "all_reduce", traffic.sent, traffic.received))
         return tensor
+
+    def group(self, members: list[int]):
+        """The process group of ``members`` (the default group for every rank), made once by its members."""
+        if len(members) == self.world:
+            return None
+        key = tuple(members)
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(list(members), use_local_synchronization=True)
+        return self._groups[key]
 
     def send(self, tensor: torch.Tensor, dst: int, layer: int | None) -> None:
         dist.send(tensor.contiguous(), dst=dst)
@@ -132,6 +155,46 @@ class Clock:
         self.schedule += seconds
 
 
+class Walker:
+    """Walks steps on one rank: runs each, pads it when emulating, and records its span and bytes."""
+
+    def __init__(self, rank: int, device: str, comm: Comm, clock: Clock, result: RankResult):
+        self.rank, self.device, self.comm, self.clock, self.result = rank, device, comm, clock, result
+        self.lane = f"device {rank}"
+
+    def span(self, kind: str, start: float, label: str, layer: int | None, **extra) -> None:
+        self.result.spans.append(Span(self.lane, kind, start, self.clock.now(), label, device=self.device,
+                                      layer=layer, rank=self.rank, **extra))
+
+    def compute(self, step: Step, work: Callable[[], object] | None):
+        """This rank's part of a compute step (None: it has none), padded to its seconds."""
+        out = None
+        if work is not None:
+            start = self.clock.now()
+            out = work()
+            real = self.clock.now() - start
+            self.clock.pad(step.seconds[self.rank])
+            self.span("compute", start, step.label, step.layer,
+                      meta={"real_s": real, "predicted_s": step.seconds[self.rank]})
+        self.clock.advance(max(step.seconds))
+        return out
+
+    def collective(self, step: Step, run: Callable[[], object]):
+        """A collective this rank takes part in, padded to the link, with the bytes it counted."""
+        start, before = self.clock.now(), len(self.comm.counts)
+        out = run()
+        self.clock.pad_collective(step, self.rank)
+        moved = self.comm.counts[before:]
+        sent, received = sum(c.sent for c in moved), sum(c.received for c in moved)
+        self.span("comm", start, step.label, step.layer, nbytes=sent + received,
+                  meta={"sent": sent, "received": received}, flow=step.label if step.kind == "send" else None)
+        self.clock.advance(step.seconds[self.rank])
+        return out
+
+    def skip(self, step: Step) -> None:
+        self.clock.advance(max(step.seconds))
+
+
 def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, emulate: bool,
             link: str = "emulated", progress: Callable[[int, str], None] = lambda i, label: None,
             torch_tp=None) -> RankResult:
@@ -143,27 +206,12 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
     K, device = plan.K, plan.devices[rank]
     result = RankResult(rank, device.name)
     clock = Clock(emulate, link)
-    lane = f"device {rank}"
+    walker = Walker(rank, device.name, comm, clock, result)
+    span, collective = walker.span, walker.collective
     x = inputs["x"]
     h = None
     heads_from = [sum(plan.heads[:i]) for i in range(K)] if plan.heads else []
     ffn_from = [sum(plan.ffn_columns[:i]) for i in range(K)] if plan.ffn_columns else []
-    holder = 0                                  # pipeline: the rank that holds the activation
-
-    def span(kind, start, label, layer, **extra):
-        result.spans.append(Span(lane, kind, start, clock.now(), label, device=device.name, layer=layer, rank=rank,
-                                 **extra))
-
-    def collective(step: Step, run: Callable[[], object]):
-        start, before = clock.now(), len(comm.counts)
-        out = run()
-        clock.pad_collective(step, rank)
-        moved = comm.counts[before:]
-        sent, received = sum(c.sent for c in moved), sum(c.received for c in moved)
-        span("comm", start, step.label, step.layer, nbytes=sent + received,
-             meta={"sent": sent, "received": received}, flow=step.label if step.kind == "send" else None)
-        clock.advance(step.seconds[rank])
-        return out
 
     with torch.no_grad():
         for i, step in enumerate(plan.steps):
@@ -174,14 +222,8 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
                 progress(i, step.label)
                 continue
             if step.kind == "compute":
-                mine = step.seconds[rank]
                 work = _compute(plan, step, rank, model, x, h, inputs, heads_from, ffn_from, torch_tp, comm)
-                if work is not None:
-                    start = clock.now()
-                    x, h = work()
-                    clock.pad(mine)
-                    span("compute", start, step.label, layer)
-                clock.advance(max(step.seconds))
+                x, h = walker.compute(step, work) or (x, h)
             elif step.kind == "all_gather":
                 b = plan.bounds[layer]
                 rows = [b[j + 1] - b[j] for j in range(K)]
@@ -200,7 +242,6 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
                     x = collective(step, lambda: comm.recv(x, step.src, layer))
                 else:
                     clock.advance(step.seconds[rank])
-                holder = step.dst
             progress(i, step.label)
         if rank == 0:
             start = clock.now()

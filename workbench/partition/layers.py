@@ -141,11 +141,9 @@ def head_rows(layer, heads: Sequence[int]) -> torch.Tensor:
     return (idx[:, None] * dh + torch.arange(dh)).reshape(-1)
 
 
-def tensor_parallel_attention(layer, x: torch.Tensor, heads: Sequence[int],
-                              attn_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """This device's part of the attention block's output projection, (B, N, F), for its ``heads``:
-    columns of W_Q, W_K, W_V (rows of torch's weights) and rows of W_O. Summed over devices, plus b_O,
-    it is the full projection."""
+def head_context(layer, x: torch.Tensor, heads: Sequence[int], attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention outputs of ``heads`` over every position, (B, N, len(heads) * F_H), before the output
+    projection: columns of W_Q, W_K, W_V (rows of torch's weights) by heads (an R column-wise MatMul)."""
     B, N, Fd = x.shape
     dh, rows = layer.cfg.head_dim, head_rows(layer, heads)
     h = len(heads)
@@ -156,8 +154,15 @@ def tensor_parallel_attention(layer, x: torch.Tensor, heads: Sequence[int],
     scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
     if attn_bias is not None:
         scores = scores + attn_bias
-    ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, N, h * dh)
-    return F.linear(ctx, layer.attn_out.weight[:, rows])
+    return (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, N, h * dh)
+
+
+def tensor_parallel_attention(layer, x: torch.Tensor, heads: Sequence[int],
+                              attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """This device's part of the attention block's output projection, (B, N, F), for its ``heads``:
+    their context times the rows of W_O that read it. Summed over devices, plus b_O, it is the full
+    projection."""
+    return F.linear(head_context(layer, x, heads, attn_bias), layer.attn_out.weight[:, head_rows(layer, heads)])
 
 
 def tensor_parallel_ffn(layer, h: torch.Tensor, columns: slice) -> torch.Tensor:

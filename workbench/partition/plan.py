@@ -372,14 +372,18 @@ def _single(scheme, shape, N, devices, *, shares, order):
 
 
 def predicted_timeline(plan: PartitionPlan) -> Timeline:
-    """The schedule drawn per device: compute spans, then each collective after the last device is ready
-    (a stall until then), one lane per device."""
-    K, spans, t = plan.K, [], 0.0
-    names = [d.name for d in plan.devices]
-    for k, step in enumerate(plan.steps):
+    """The plan's schedule drawn per device (:func:`steps_timeline`)."""
+    return steps_timeline(plan.steps, [d.name for d in plan.devices], f"{plan.scheme} predicted")
+
+
+def steps_timeline(steps: Sequence[Step], names: Sequence[str], name: str = "predicted") -> Timeline:
+    """A schedule drawn per device: compute spans, then each collective after the last device is ready
+    (a stall until then), one lane per device; a collective's span only on the devices that move bytes."""
+    K, spans, t = len(names), [], 0.0
+    for k, step in enumerate(steps):
         if step.kind == "compute":
             longest = max(step.seconds)
-            waits = k + 1 < len(plan.steps) and plan.steps[k + 1].kind in ("all_gather", "all_reduce")
+            waits = k + 1 < len(steps) and steps[k + 1].kind in ("all_gather", "all_reduce")
             for i, s in enumerate(step.seconds):
                 if s > 0:
                     spans.append(Span(f"device {i}", "compute", t, t + s, step.label, device=names[i],
@@ -390,11 +394,12 @@ def predicted_timeline(plan: PartitionPlan) -> Timeline:
             t += longest
             continue
         end = t + step.seconds[0]
-        members = range(K) if step.kind != "send" else (step.src, step.dst)
+        members = [i for i in range(K) if step.traffic[i].sent or step.traffic[i].received] \
+            if step.kind != "send" else (step.src, step.dst)
         for i in members:
             nbytes = step.traffic[i].sent + step.traffic[i].received
             spans.append(Span(f"device {i}", "comm", t, end, step.label, device=names[i], layer=step.layer,
                               rank=i, nbytes=nbytes, flow=f"{step.label}" if step.kind == "send" else None,
                               meta={"sent": step.traffic[i].sent, "received": step.traffic[i].received}))
         t = end
-    return Timeline(tuple(spans), "predicted", name=f"{plan.scheme} predicted")
+    return Timeline(tuple(spans), "predicted", name=name)

@@ -42,7 +42,12 @@ DEADLINE_FACTOR, DEADLINE_MARGIN_S = 5.0, 60.0
 
 
 class RunFailed(WorkbenchError):
-    """A rank died, failed or hung during a run; the message names it and its device."""
+    """A rank died, failed or hung during a run; the message names it and its device, ``rank`` the rank
+    (None when the run was cancelled)."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class PartitionRuntime:
         self._tmp: str | None = None
         self._job = 0
         self.runs = 0
+        self.checkpoint = None          # (layer, its input) the terminal last reported, for resuming a run
 
     @property
     def settings(self) -> tuple:
@@ -181,8 +187,8 @@ class PartitionRuntime:
             os.rmdir(self._tmp)
             self._tmp = None
 
-    def _device(self, plan: PartitionPlan, rank: int) -> str:
-        return f"rank {rank} ({plan.devices[rank].name})"
+    def _device(self, names: Sequence[str], rank: int) -> str:
+        return f"rank {rank} ({names[rank]})"
 
     def run(self, plan: PartitionPlan, *, emulate: bool = True, seed: int = 0, model_seed: int = 0,
             progress: Callable[[int, int], None] | None = None, deadline_s: float | None = None,
@@ -192,24 +198,34 @@ class PartitionRuntime:
         timed for real and only their latency is emulated."""
         if plan.K != self.size:
             raise WorkbenchError(f"the plan has {plan.K} devices but this runtime {self.size} worker processes")
+        spec = {"scheme": plan.scheme, "model": plan.shape.name, "seq_len": plan.seq_len,
+                "devices": [d.to_dict() for d in plan.devices], "shares": [list(v) for v in plan.shares] or "even",
+                "order": plan.order, "emulate": emulate, "seed": seed, "model_seed": model_seed}
+        deadline = deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S
+        results = self.run_spec(spec, [d.name for d in plan.devices], len(plan.steps), deadline, progress, should_stop)
+        return self._result(plan, results, emulate)
+
+    def run_spec(self, spec: dict, names: Sequence[str], total_steps: int, deadline_s: float,
+                 progress: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> dict[int, dict]:
+        """Send one job to every rank and collect each rank's result (the rank's dict, by rank)."""
+        if len(names) != self.size:
+            raise WorkbenchError(f"the job names {len(names)} devices but this runtime has {self.size} worker processes")
         if self.group is None:
             self.start()
         self._job += 1
         job = self._job
-        spec = {"scheme": plan.scheme, "model": plan.shape.name, "seq_len": plan.seq_len,
-                "devices": [d.to_dict() for d in plan.devices], "shares": [list(v) for v in plan.shares] or "even",
-                "order": plan.order, "emulate": emulate, "seed": seed, "model_seed": model_seed,
-                "link": "shaped" if self.shaped is not None else "emulated"}
+        self.checkpoint = None
+        spec = {**spec, "link": "shaped" if self.shaped is not None else "emulated"}
         message = (json.dumps({"job": job, "spec": spec}) + "\n").encode()
         for conn in self._conns:
             conn.sendall(message)
-        deadline = time.monotonic() + (deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S)
-        results, steps = self._collect(plan, job, deadline, progress, should_stop or self.should_stop)
+        results = self._collect(names, total_steps, job, time.monotonic() + deadline_s, progress,
+                                should_stop or self.should_stop)
         self.runs += 1
-        return self._result(plan, results, emulate)
+        return results
 
-    def _collect(self, plan, job, deadline, progress, should_stop):
-        total = len(plan.steps)
+    def _collect(self, names, total, job, deadline, progress, should_stop):
         steps = [-1] * self.size
         labels = [""] * self.size
         results: dict[int, dict] = {}
@@ -219,37 +235,39 @@ class PartitionRuntime:
         buffers = [b""] * self.size
         try:
             while len(results) < self.size:
-                self._check_alive(plan, steps, labels)
+                self._check_alive(names, steps, total)
                 if should_stop is not None and should_stop():
                     self.close()
                     raise RunFailed("the run was cancelled; its worker processes were stopped")
                 if time.monotonic() > deadline:
-                    self._hung(plan, steps, labels, results)
+                    self._hung(names, steps, labels, results)
                 for key, _ in selector.select(timeout=0.1):
                     rank = key.data
                     chunk = key.fileobj.recv(1 << 20)
                     if not chunk:
-                        self._check_alive(plan, steps, labels, wait_s=2.0)
-                        self._fail(plan, f"{self._device(plan, rank)} closed its connection mid-run")
+                        self._check_alive(names, steps, total, wait_s=2.0)
+                        self._fail(f"{self._device(names, rank)} closed its connection mid-run", rank)
                     buffers[rank] += chunk
                     while b"\n" in buffers[rank]:
                         line, buffers[rank] = buffers[rank].split(b"\n", 1)
                         msg = json.loads(line)
                         if msg.get("progress") == job:
                             steps[rank], labels[rank] = msg["step"], msg["label"]
+                            if "checkpoint" in msg:
+                                self.checkpoint = (msg["step"], decode_array(msg["checkpoint"]))
                             if progress is not None:
                                 progress(min(steps) + 1, total)
                         elif msg.get("done") == job:
                             results[rank] = msg["result"]
                         elif msg.get("error") == job:
                             # a peer's death shows first as a broken connection in the others: name the dead one
-                            self._check_alive(plan, steps, labels, wait_s=1.5, besides={rank})
-                            self._fail(plan, f"{self._device(plan, rank)} failed: {msg['message']}")
+                            self._check_alive(names, steps, total, wait_s=1.5, besides={rank})
+                            self._fail(f"{self._device(names, rank)} failed: {msg['message']}", rank)
         finally:
             selector.close()
-        return results, steps
+        return results
 
-    def _check_alive(self, plan, steps, labels, wait_s: float = 0.0, besides=()) -> None:
+    def _check_alive(self, names, steps, total, wait_s: float = 0.0, besides=()) -> None:
         """Fail naming the first rank whose process ended (waiting ``wait_s`` for one to show), ranks in
         ``besides`` (which reported an error of their own and may exit because of it) apart."""
         end = time.monotonic() + wait_s
@@ -265,28 +283,31 @@ class PartitionRuntime:
             why = exit.why if exit is not None else f"exit status {codes[dead[0]]}"
             last = [line for line in (exit.log_tail if exit is not None else "").splitlines() if line.strip()]
             why += f"; its log ends: {last[-1].strip()}" if last else ""
-            at = f" after step {steps[dead[0]] + 1} of {len(plan.steps)}" if steps[dead[0]] >= 0 else ""
-            self._fail(plan, f"{self._device(plan, dead[0])} died ({why}){at}")
+            at = f" after step {steps[dead[0]] + 1} of {total}" if steps[dead[0]] >= 0 else ""
+            self._fail(f"{self._device(names, dead[0])} died ({why}){at}", dead[0])
 
-    def _hung(self, plan, steps, labels, results) -> None:
+    def _hung(self, names, steps, labels, results) -> None:
         waiting = [r for r in range(self.size) if r not in results]
         behind = min(steps[r] for r in waiting)
-        names = [r for r in waiting if steps[r] == behind]
-        last = f"its last step was {labels[names[0]]!r}" if behind >= 0 else "it finished no step"
-        self._fail(plan, f"{', '.join(self._device(plan, r) for r in names)} did not answer within the run's "
-                         f"deadline; {last}")
+        late = [r for r in waiting if steps[r] == behind]
+        last = f"its last step was {labels[late[0]]!r}" if behind >= 0 else "it finished no step"
+        self._fail(f"{', '.join(self._device(names, r) for r in late)} did not answer within the run's "
+                   f"deadline; {last}", late[0])
 
-    def _fail(self, plan, message: str):
+    def _fail(self, message: str, rank: int | None = None):
         self.close()
-        raise RunFailed(f"{message}; every worker process of the run was stopped")
+        raise RunFailed(f"{message}; every worker process of the run was stopped", rank)
 
-    def _result(self, plan: PartitionPlan, results: dict[int, dict], emulate: bool) -> RunResult:
+    def merge(self, results: dict[int, dict], name: str) -> tuple[Timeline, float]:
+        """Every rank's timeline on the parent's clock, and where it starts on ``time.perf_counter()``."""
         offsets = self.group.clock_offsets_s or [0.0] * self.size
         starts = [results[r]["t0"] + offsets[r] for r in range(self.size)]
         origin = min(starts)
         timelines = [Timeline.from_dict(results[r]["timeline"]) for r in range(self.size)]
-        merged = Timeline.merge(timelines, [s - origin for s in starts], name=f"{plan.scheme} measured")
-        merged = split_waits(merged)
+        return split_waits(Timeline.merge(timelines, [s - origin for s in starts], name=name)), origin
+
+    def _result(self, plan: PartitionPlan, results: dict[int, dict], emulate: bool) -> RunResult:
+        merged, _ = self.merge(results, f"{plan.scheme} measured")
         counts = tuple(tuple(results[r]["counts"]) for r in range(self.size))
         latency = results[0]["wall_s"]
         return RunResult(plan=plan, hidden=decode_array(results[0]["hidden"]), logits=decode_array(results[0]["logits"]),

@@ -36,7 +36,8 @@ TIMEOUT_ENV = "WORKBENCH_PARTITION_TIMEOUT_S"
 
 
 def encode_array(t) -> dict:
-    a = np.ascontiguousarray(t.detach().numpy(), dtype=np.float32)
+    """A float32 tensor or array as JSON-able base64 (what rank 0 sends the parent)."""
+    a = np.ascontiguousarray(t.detach().numpy() if hasattr(t, "detach") else t, dtype=np.float32)
     return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
 
 
@@ -68,9 +69,13 @@ class _Runner:
         torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
         dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "120"))))
         self.torch_tp: dict = {}
+        self.groups: dict = {}
 
-    def run(self, spec: dict, progress=lambda i, label: None) -> dict:
+    def run(self, spec: dict, progress=lambda i, label, extra=None: None) -> dict:
         import torch.distributed as dist
+
+        if spec["scheme"] == "hepti":
+            return self.run_hepti(spec, progress)
 
         from workbench.partition.execute import Comm, execute
         from workbench.partition.models import cached_model
@@ -83,11 +88,54 @@ class _Runner:
         tp = self._torch_tp(spec["model"], spec.get("model_seed", 0), model) if plan.scheme == "torch_tp" else None
         dist.barrier()
         started = time.perf_counter()
-        result = execute(plan, self.rank, model, inputs, Comm(self.rank, self.world), emulate=spec.get("emulate", True),
+        result = execute(plan, self.rank, model, inputs, Comm(self.rank, self.world, self.groups), emulate=spec.get("emulate", True),
                          link=spec.get("link", "emulated"), progress=progress, torch_tp=tp)
         return {"rank": self.rank, "device": result.device, "t0": started,
                 "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
                 "wall_s": result.wall_s,
+                "hidden": encode_array(result.hidden) if result.hidden is not None else None,
+                "logits": encode_array(result.logits) if result.logits is not None else None}
+
+    def run_hepti(self, spec: dict, progress) -> dict:
+        """A Hepti job: the model's layers from ``start_layer`` (on the checkpointed input ``x`` when resuming),
+        each layer's mode decided at its start."""
+        import math
+
+        import torch
+        import torch.distributed as dist
+
+        from workbench.devices import DeviceProfile
+        from workbench.partition.execute import Comm
+        from workbench.partition.hepti_exec import execute_hepti
+        from workbench.partition.models import cached_model
+
+        devices = [DeviceProfile.from_dict(d) for d in spec["devices"]]
+        if len(devices) != self.world:
+            raise RuntimeError(f"the job has {len(devices)} devices but this group {self.world} ranks")
+        model = cached_model(spec["model"], spec.get("model_seed", 0))
+        inputs = model.inputs(model.token_ids(spec["seq_len"], spec.get("seed", 0)))
+        if spec.get("x") is not None:
+            inputs["x"] = torch.from_numpy(decode_array(spec["x"]).copy())
+        falls = {name: (int(layer), float(nbytes)) for name, (layer, nbytes) in spec.get("memory_falls", {}).items()}
+        import scipy.optimize  # noqa: F401  (loaded before the clock starts: the first decision would pay for it)
+        deadline = spec.get("deadline_s")
+        dist.barrier()
+        started = time.perf_counter()
+
+        def report(layer, label, extra):
+            message_extra = {}
+            if extra and "checkpoint" in extra:
+                message_extra["checkpoint"] = encode_array(extra["checkpoint"][1])
+            progress(layer, label, message_extra)
+
+        result, decisions = execute_hepti(devices, model, inputs, Comm(self.rank, self.world, self.groups),
+                                          emulate=spec.get("emulate", True), memory_falls=falls,
+                                          deadline_s=math.inf if deadline is None else float(deadline),
+                                          start_layer=spec.get("start_layer", 0), link=spec.get("link", "emulated"),
+                                          mode=spec.get("mode"), adapt=spec.get("adapt", True), progress=report)
+        return {"rank": self.rank, "device": result.device, "t0": started,
+                "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
+                "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions],
                 "hidden": encode_array(result.hidden) if result.hidden is not None else None,
                 "logits": encode_array(result.logits) if result.logits is not None else None}
 
@@ -117,7 +165,8 @@ def serve(control: str) -> int:
                 break
             job = msg["job"]
             try:
-                result = runner.run(msg["spec"], lambda i, label: send({"progress": job, "step": i, "label": label}))
+                result = runner.run(msg["spec"], lambda i, label, extra=None: send(
+                    {"progress": job, "step": i, "label": label, **(extra or {})}))
             except Exception as exc:                           # reported to the parent, which ends the group
                 send({"error": job, "message": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
                 return 1

@@ -1,0 +1,90 @@
+"""Hepti on real processes: each mode equals the model in one process and counts the bytes its schedule
+says; a falling memory report switches the mode mid-run; a killed device's work moves to the others."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from workbench.devices import PRESETS
+from workbench.partition.hepti import hepti_partition
+from workbench.partition.hepti_run import memory_bytes, predicted_steps, run_hepti, shape_of
+from workbench.partition.cost import SHAPES
+from workbench.partition.models import PartitionModel
+
+N = 32
+ENC = SHAPES["encoder"]
+
+
+def devices(count=4, speed=3e9):
+    """Boards slow enough that this host keeps up with their emulated speed, so decisions stay put."""
+    return [replace(PRESETS["rpi4"], name=f"d{i}", flops_per_s=speed * (2 if i == 1 else 1), net_bytes_per_s=125e6)
+            for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model = PartitionModel("encoder")
+    hidden, logits = model.reference(model.inputs(model.token_ids(N, 0)))
+    return hidden.numpy(), logits.numpy()
+
+
+def counted(run, kinds=("all_gather", "all_reduce")):
+    """Per layer, per rank: bytes sent in the layers' collectives, as the ranks counted them."""
+    table = {}
+    for rank, counts in enumerate(run.counts[-1]):
+        for c in counts:
+            if c["kind"] in kinds:
+                table[(c["layer"], rank)] = table.get((c["layer"], rank), 0) + c["sent"]
+    return table
+
+
+def scheduled(run):
+    table = {}
+    steps = predicted_steps(run.partition, shape_of(ENC, N), ENC.num_layers)
+    for step in steps:
+        for rank, t in enumerate(step.traffic):
+            if t.sent:
+                table[(step.layer, rank)] = table.get((step.layer, rank), 0) + t.sent
+    return table
+
+
+@pytest.mark.parametrize("mode", ["ws", "1d", "2d"])
+def test_each_mode_equals_the_model_and_counts_its_schedules_bytes(mode, reference):
+    run = run_hepti(devices(), seq_len=N, mode=mode, adapt=False)
+    np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
+    np.testing.assert_allclose(run.logits, reference[1], atol=2e-4, rtol=0)
+    assert [d.mode for d in run.decisions] == [mode] and run.partition.mode == mode
+    assert counted(run) == scheduled(run)
+    if mode == "2d":
+        assert run.partition.grid == (2, 2)
+
+
+def test_a_falling_memory_report_switches_the_mode_and_the_output_stays(reference):
+    boards = devices()
+    ws_needs = memory_bytes("ws", shape_of(ENC, N), 0.0, ENC.num_layers)
+    run = run_hepti(boards, seq_len=N, memory_falls={"d2": (3, ws_needs / 2)}, adapt=False)
+    np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
+    modes = [(d.layer, d.mode) for d in run.decisions]
+    assert modes == [(0, "ws"), (3, "1d")]
+    assert "d2's free memory fell to" in run.decisions[1].changed
+    marks = [s.label for s in run.timeline.spans if s.label.startswith("Hepti decides")]
+    assert any("1d" in m for m in marks)
+
+
+def test_a_killed_device_is_named_and_its_work_moves_to_the_rest(reference):
+    started = time.monotonic()
+    run = run_hepti(devices(), seq_len=N, kill_at=("d2", 3), adapt=False)
+    assert time.monotonic() - started < 120
+    np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
+    assert len(run.faults) == 1 and "rank 2 (d2) died (was killed by SIGKILL)" in run.faults[0]
+    assert "resumed at layer 3 over the 3 devices left" in run.faults[0]
+    assert run.decisions[-1].layer == 3 and len(run.decisions[-1].shares) == 3
+
+
+def test_the_first_decision_is_the_partitioners():
+    boards = devices()
+    run_first = hepti_partition(boards, shape_of(ENC, N), num_layers=ENC.num_layers)
+    assert run_first.mode == "ws" and run_first.shares[1] > run_first.shares[0]

@@ -1,0 +1,220 @@
+"""One rank's part of a Hepti run: report, decide with the others, then run the layer in its mode.
+
+See :mod:`workbench.partition.hepti_run` for the modes and the decisions; this module does the torch
+work on the model's own layers (:mod:`workbench.partition.layers`) and the counted collectives of
+:class:`~workbench.partition.execute.Comm`, walking :func:`~workbench.partition.hepti_run.layer_steps`
+so that emulation pads each step to its predicted seconds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workbench.devices import DeviceProfile
+from workbench.partition import layers as L
+from workbench.partition.execute import Clock, Comm, Count, RankResult, Walker
+from workbench.partition.hepti_run import Decision, LayerSplit, Reports, decide, layer_steps, shape_of
+from workbench.partition.plan import Step
+
+REPORT_FLOATS = 3
+"""free memory (bytes), measured speed (FLOP/s), measured link (bytes/s)."""
+
+
+def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: Comm, *, emulate: bool,
+                  memory_falls: dict, deadline_s: float, start_layer: int = 0, link: str = "emulated",
+                  mode: str | None = None, adapt: bool = True,
+                  progress: Callable[[int, str, dict], None] = lambda i, label, extra: None
+                  ) -> tuple[RankResult, list[Decision]]:
+    """Run the model's layers from ``start_layer`` on ``inputs["x"]`` (every rank holds it), deciding each
+    layer's mode and split at its start. Rank 0 ends with the hidden states and logits."""
+    rank, K = comm.rank, comm.world
+    device = devices[rank]
+    result = RankResult(rank, device.name)
+    clock = Clock(emulate, link)
+    walker = Walker(rank, device.name, comm, clock, result)
+    shape = shape_of(model.shape, inputs["x"].shape[-2])
+    reports = Reports(devices, memory_falls)
+    num_layers = len(model.layers)
+    x, split, speeds_at_decision = inputs["x"], None, None
+    decisions: list[Decision] = []
+    measured = {"compute_s": 0.0, "work": 0.0, "comm_s": 0.0, "bytes": 0}
+    has_x = [True] * K
+    with torch.no_grad():
+        for layer in range(start_layer, num_layers):
+            if rank == 0:
+                progress(layer, f"layer {layer}", {"checkpoint": (layer, x)})
+            devices_now = _gather_reports(comm, reports, rank, layer, measured, walker)
+            start = clock.now()
+            new, why, partition = decide(split, speeds_at_decision, devices_now, shape, num_layers, layer, deadline_s,
+                                         list(range(K)), mode, adapt)
+            if new is not None:
+                split, speeds_at_decision = new, [d.flops_per_s for d in devices_now]
+                decisions.append(Decision(layer, new.mode, partition.shares, partition.reasons, why,
+                                          tuple(d.memory_bytes for d in devices_now)))
+                walker.span("stall", start, f"Hepti decides: {new.mode} ({why})", layer,
+                            meta={"mode": new.mode, "why": why, "shares": list(partition.shares)})
+            clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided
+            x = _bring_x(comm, split, x, has_x, layer)
+            steps = layer_steps(split, layer, shape, devices, batch=x.shape[0])   # padded to the devices themselves
+            t0, before = time.perf_counter(), len(comm.counts)
+            x = _run_layer(split, steps, layer, model, x, inputs, comm, walker, rank)
+            has_x = [r in split.participants for r in range(K)]
+            # the device's time for the layer's work: the real compute here, or the profile's where padding
+            # stood in for a device slower than this host (a span's own length also holds lateness caught up)
+            measured["compute_s"] = sum(max(s.meta["real_s"], s.meta["predicted_s"] if emulate else 0.0)
+                                        for s in result.spans if s.layer == layer and s.kind == "compute")
+            measured["work"] = sum(s.seconds[rank] for s in steps if s.kind == "compute") * device.flops_per_s
+            measured["comm_s"] = sum(s.duration for s in result.spans if s.layer == layer and s.kind == "comm")
+            measured["bytes"] = sum(c.received for c in comm.counts[before:])
+        x = _bring_x(comm, LayerSplit("serial", (0,), ()), x, has_x, num_layers - 1)
+        if rank == 0:
+            start = clock.now()
+            result.hidden, result.logits = x, model.logits(x, inputs)
+            walker.span("compute", start, "head", None)
+    result.counts = list(comm.counts)
+    result.wall_s = clock.now()
+    return result, decisions
+
+
+def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, measured: dict, walker: Walker):
+    """Every rank's report, gathered by all: each device's free memory now, and its speed and link as the
+    last layer measured them (the device's profile until a layer has run; a padded run measures the
+    profile itself, a run at full speed the host)."""
+    speed = reports.speed[rank]
+    if measured["compute_s"] > 0 and measured["work"] > 0:
+        speed = measured["work"] / measured["compute_s"]
+    link = reports.link[rank]
+    mine = torch.tensor([reports.free_bytes(rank, layer), speed, link], dtype=torch.float64)
+    start = walker.clock.now()
+    pieces = [torch.empty_like(mine) for _ in range(comm.world)]
+    if comm.world > 1:
+        dist.all_gather(pieces, mine)
+    else:
+        pieces = [mine]
+    nbytes = mine.numel() * mine.element_size()
+    comm.counts.append(Count(layer, "report", (comm.world - 1) * nbytes, (comm.world - 1) * nbytes))
+    walker.span("comm", start, f"reports {layer}", layer, nbytes=2 * (comm.world - 1) * nbytes,
+                meta={"sent": (comm.world - 1) * nbytes, "received": (comm.world - 1) * nbytes})
+    return [replace(d, memory_bytes=float(p[0]), flops_per_s=float(p[1]), net_bytes_per_s=float(p[2]))
+            for d, p in zip(reports.devices, pieces)]
+
+
+def _bring_x(comm: Comm, split: LayerSplit, x, has_x: list[bool], layer: int):
+    """Ranks that take part now but sat the last layer out get its output from rank 0 (which always has it)."""
+    need = [r for r in split.participants if not has_x[r]]
+    for r in need:
+        if comm.rank == 0:
+            comm.send(x, r, layer)
+        elif comm.rank == r:
+            x = comm.recv(x, 0, layer)
+    return x
+
+
+def _starts(values: Sequence[int], members: Sequence[int]) -> dict[int, int]:
+    out, acc = {}, 0
+    for m in members:
+        out[m] = acc
+        acc += values[m]
+    return out
+
+
+def _run_layer(split: LayerSplit, steps: list[Step], layer: int, model, x, inputs, comm: Comm, walker: Walker,
+               rank: int):
+    """This rank's part of one layer in ``split.mode``, step by step (each padded by the walker)."""
+    lay = model.layers[layer]
+    bias = inputs.get("bias")
+    members = list(split.participants)
+    mine = rank in members
+    queue = iter(steps)
+    dh = lay.cfg.head_dim
+
+    def compute(fn):
+        return walker.compute(next(queue), fn if mine else None)
+
+    def collective(fn, takes_part=mine):
+        step = next(queue)
+        if takes_part:
+            return walker.collective(step, fn)
+        walker.skip(step)
+        return None
+
+    head_start = _starts(split.heads, members)
+    heads = lambda m: range(head_start[m], head_start[m] + split.heads[m]) if m in head_start else range(0)
+    if split.mode == "serial":
+        return compute(lambda: model.rows(layer, x, 0, x.shape[-2], "qk_first", inputs)) if mine else x
+    if split.mode == "ws":
+        ctx = compute(lambda: L.head_context(lay, x, list(heads(rank)), bias))
+        ctx = collective(lambda: comm.all_gather(ctx, [split.heads[m] * dh for m in members], members, -1, layer))
+        row_start = _starts(split.rows, members)
+        r0 = row_start.get(rank, 0)
+        r1 = r0 + (split.rows[rank] if mine else 0)
+
+        def rows():
+            h = L.finish_attention(lay, x[:, r0:r1], F.linear(ctx[:, r0:r1], lay.attn_out.weight))
+            return L.ffn_rows(lay, h)
+        out = compute(rows)
+        out = collective(lambda: comm.all_gather(out, [split.rows[m] for m in members], members, -2, layer))
+        return out if mine else x
+    if split.mode == "1d":
+        part = compute(lambda: L.tensor_parallel_attention(lay, x, list(heads(rank)), bias))
+        part = collective(lambda: comm.all_reduce(part, layer, members))
+        h = L.finish_attention(lay, x, part) if mine else None
+        ffn_start = _starts(split.ffn, members)
+        columns = slice(ffn_start.get(rank, 0), ffn_start.get(rank, 0) + (split.ffn[rank] if mine else 0))
+        part = compute(lambda: L.tensor_parallel_ffn(lay, h, columns))
+        part = collective(lambda: comm.all_reduce(part, layer, members))
+        return L.finish_ffn(lay, h, part) if mine else x
+    return _run_2d(split, layer, lay, model, x, bias, comm, rank, compute, collective, heads, mine)
+
+
+def _run_2d(split, layer, lay, model, x, bias, comm, rank, compute, collective, heads, mine):
+    """2D-tiled WS on an r x c grid; device (i, j) holds W_O[rows of its row group's heads, columns N_j],
+    W_1[D_i, F_j] and W_2[F_j, D_i] (torch's weights are [out, in])."""
+    r_, c_ = split.grid
+    dh = lay.cfg.head_dim
+    i, j = split.position(rank) if mine else (0, 0)
+    rows_i, cols_j = split.row_group(i), split.col_group(j)
+    at = lambda sizes, k: sum(sizes[:k])
+    head_block = L.head_rows(lay, range(at(split.row_heads, i), at(split.row_heads, i) + split.row_heads[i]))
+    N_j = slice(at(split.col_dims, j), at(split.col_dims, j) + split.col_dims[j])
+    D_i = slice(at(split.row_dims, i), at(split.row_dims, i) + split.row_dims[i])
+    F_j = slice(at(split.col_ffn, j), at(split.col_ffn, j) + split.col_ffn[j])
+
+    def in_row(k):
+        return mine and i == k
+
+    def in_col(k):
+        return mine and j == k
+
+    ctx = compute(lambda: L.head_context(lay, x, list(heads(rank)), bias))
+    for k in range(r_):
+        got = collective(lambda: comm.all_gather(ctx, [split.heads[m] * dh for m in split.row_group(k)],
+                                                 split.row_group(k), -1, layer), in_row(k))
+        ctx = got if in_row(k) else ctx
+    part = compute(lambda: F.linear(ctx, lay.attn_out.weight[N_j][:, head_block]))
+    for k in range(c_):
+        got = collective(lambda: comm.all_reduce(part, layer, split.col_group(k)), in_col(k))
+        part = got if in_col(k) else part
+    for k in range(r_):
+        got = collective(lambda: comm.all_gather(part, [split.col_dims[split.position(m)[1]] for m in split.row_group(k)],
+                                                 split.row_group(k), -1, layer), in_row(k))
+        part = got if in_row(k) else part
+    h = L.finish_attention(lay, x, part) if mine else None
+    inner = compute(lambda: F.linear(h[..., D_i], lay.ffn1.weight[F_j][:, D_i]))
+    for k in range(c_):
+        got = collective(lambda: comm.all_reduce(inner, layer, split.col_group(k)), in_col(k))
+        inner = got if in_col(k) else inner
+    out = compute(lambda: F.linear(F.gelu(inner + lay.ffn1.bias[F_j]), lay.ffn2.weight[D_i][:, F_j]))
+    for k in range(r_):
+        got = collective(lambda: comm.all_reduce(out, layer, split.row_group(k)), in_row(k))
+        out = got if in_row(k) else out
+    for k in range(c_):
+        got = collective(lambda: comm.all_gather(out, [split.row_dims[split.position(m)[0]] for m in split.col_group(k)],
+                                                 split.col_group(k), -1, layer), in_col(k))
+        out = got if in_col(k) else out
+    return L.finish_ffn(lay, h, out) if mine else x

@@ -1,0 +1,374 @@
+"""Hepti executed for real: the three weight-stationary modes on the runtime's processes, decided layer by layer.
+
+At the start of every layer's self-attention (when every rank holds the whole input) each rank reports
+its free memory (from an emulated schedule the caller can lower mid-run), its speed as measured on the
+last layer and its link as measured on the bytes it moved; every rank gathers the reports and runs the
+same deterministic partitioner (:func:`workbench.partition.hepti.hepti_partition`), so all agree on the
+next layer's mode and split without a coordinator. The layer is then executed in that mode:
+
+- ``ws``: Q/K/V by heads, the heads' outputs All-Gathered, the rest of the layer by rows, the rows All-Gathered.
+- ``1d``: Megatron's split with Hepti's sizes: heads, the output projection by its rows, the FFN by
+  columns then rows, two All-Reduces (the workbench's tensor-parallel layer).
+- ``2d``: an r x c grid; device (i, j) computes heads of its row group's block; the output projection,
+  the FFN's first and second products are split by rows and columns, their partial sums All-Reduced in a
+  column (or row) group and the pieces All-Gathered in the other group.
+- ``serial``: the primary alone.
+
+Every collective's bytes are counted as it moves them and equal :func:`layer_steps`' (the cost model of
+the executed split); compute and links are padded to the devices' profiles when emulating (links by
+Eq. 6, the bytes each device receives over its bandwidth, summed over the devices, plus one latency).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from workbench.devices import DeviceProfile, LayerShape
+from workbench.partition.cost import Traffic, all_gather_traffic, all_reduce_traffic
+from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, largest_remainder, memory_bytes
+from workbench.partition.plan import Step
+
+REESTIMATE_THRESHOLD = 0.5
+"""Re-partition when a device's measured speed or link moved by more than half since the last decision."""
+
+
+@dataclass(frozen=True)
+class LayerSplit:
+    """How one layer is split over the ranks (global rank order; 0 for a rank that takes no part)."""
+    mode: str
+    participants: tuple[int, ...]
+    heads: tuple[int, ...]                  # heads of Q/K/V per rank
+    rows: tuple[int, ...] = ()              # ws: positions per rank
+    ffn: tuple[int, ...] = ()               # 1d: FFN columns per rank
+    grid: tuple[int, int] = (1, 1)          # 2d: participants[i * c + j] is device (i, j)
+    row_heads: tuple[int, ...] = ()         # 2d: heads of each row group's block
+    row_dims: tuple[int, ...] = ()          # 2d: hidden features per row group (W_1's rows, W_2's columns)
+    col_dims: tuple[int, ...] = ()          # 2d: hidden features per column group (W_O's columns)
+    col_ffn: tuple[int, ...] = ()           # 2d: FFN columns per column group
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """2d: (row group, column group) of ``rank``."""
+        p = self.participants.index(rank)
+        return divmod(p, self.grid[1])
+
+    def row_group(self, i: int) -> list[int]:
+        c = self.grid[1]
+        return list(self.participants[i * c:(i + 1) * c])
+
+    def col_group(self, j: int) -> list[int]:
+        c = self.grid[1]
+        return list(self.participants[j::c])
+
+
+def split_of(partition: Partition, ranks: Sequence[int], shape: LayerShape) -> LayerSplit:
+    """The executed split of a partition whose devices are the ranks ``ranks`` (in order)."""
+    K = max(ranks) + 1 if ranks else 1
+    full = lambda values: tuple(_spread(values, ranks, K))
+    part = [r for r, s in zip(ranks, partition.shares) if s > 0]
+    if partition.mode == "serial":
+        heads = [0] * K
+        heads[ranks[0]] = shape.heads
+        return LayerSplit("serial", (ranks[0],), tuple(heads))
+    if partition.mode == "ws":
+        return LayerSplit("ws", tuple(part), full(partition.heads), rows=full(partition.sizes))
+    if partition.mode == "1d":
+        return LayerSplit("1d", tuple(part), full(partition.heads), ffn=full(partition.sizes))
+    mu, nu = partition.axis_shares
+    r, c = partition.grid
+    row_heads = largest_remainder(shape.heads, mu)
+    heads = [0] * K
+    for i in range(r):
+        for j, n in enumerate(largest_remainder(row_heads[i], nu) if row_heads[i] else [0] * c):
+            heads[part[i * c + j]] = n
+    return LayerSplit("2d", tuple(part), tuple(heads), grid=(r, c), row_heads=tuple(row_heads),
+                      row_dims=tuple(largest_remainder(shape.hidden, mu)), col_dims=tuple(largest_remainder(shape.hidden, nu)),
+                      col_ffn=tuple(largest_remainder(shape.ffn, nu)))
+
+
+def _spread(values, ranks, K):
+    out = [0] * K
+    for r, v in zip(ranks, values):
+        out[r] = v
+    return out
+
+
+def _group_traffic(K, members, traffic):
+    out = [Traffic(0, 0)] * K
+    for r, t in zip(members, traffic):
+        out[r] = t
+    return out
+
+
+def _eq6_s(traffic: Sequence[Traffic], devices: Sequence[DeviceProfile]) -> float:
+    """Eq. (6): what each device receives over its bandwidth, summed over devices, plus one link latency."""
+    moved = [(t, d) for t, d in zip(traffic, devices) if t.sent or t.received]
+    if not moved:
+        return 0.0
+    return max(d.net_latency_s for _, d in moved) + sum(t.received / d.net_bytes_per_s for t, d in moved)
+
+
+def layer_steps(split: LayerSplit, layer: int, shape: LayerShape, devices: Sequence[DeviceProfile],
+                batch: int = 1) -> list[Step]:
+    """The executed schedule of one layer: compute steps with each rank's Eq. (5) seconds, collectives with
+    each rank's exact bytes (float32) and Eq. (6) seconds. ``devices[r]`` is rank r's current profile."""
+    K, N, d, f, dh = len(devices), shape.seq_len, shape.hidden, shape.ffn, shape.hidden // shape.heads
+    secs = lambda work: tuple(2 * w / dev.flops_per_s for w, dev in zip(work, devices))
+    steps: list[Step] = []
+
+    def collective(kind, label, members, traffic):
+        full = _group_traffic(K, members, traffic)
+        steps.append(Step(kind, layer, label, (_eq6_s(full, devices),) * K, tuple(full),
+                          latency_s=max(devices[m].net_latency_s for m in members)))
+
+    qkv_attention = [split.heads[r] * dh * (3 * N * d + 2 * N * N) * batch for r in range(K)]
+    if split.mode == "serial":
+        work = [0] * K
+        work[split.participants[0]] = (4 * N * d * d + 2 * N * N * d + 2 * N * d * f) * batch
+        steps.append(Step("compute", layer, f"layer {layer} (serial)", secs(work)))
+        return steps
+    if split.mode == "ws":
+        steps.append(Step("compute", layer, f"heads {layer}", secs(qkv_attention)))
+        collective("all_gather", f"All-Gather heads {layer}", split.participants,
+                   all_gather_traffic([split.heads[r] * dh * N * batch for r in split.participants]))
+        steps.append(Step("compute", layer, f"rows {layer}", secs([split.rows[r] * (d * d + 2 * d * f) * batch
+                                                                     for r in range(K)])))
+        collective("all_gather", f"All-Gather rows {layer}", split.participants,
+                   all_gather_traffic([split.rows[r] * d * batch for r in split.participants]))
+        return steps
+    if split.mode == "1d":
+        attention = [q + split.heads[r] * dh * N * d * batch for r, q in enumerate(qkv_attention)]
+        steps.append(Step("compute", layer, f"attention {layer}", secs(attention)))
+        collective("all_reduce", f"All-Reduce {layer} (attention)", split.participants,
+                   all_reduce_traffic(N * d * batch, len(split.participants)))
+        steps.append(Step("compute", layer, f"FFN {layer}", secs([2 * N * d * split.ffn[r] * batch for r in range(K)])))
+        collective("all_reduce", f"All-Reduce {layer} (FFN)", split.participants,
+                   all_reduce_traffic(N * d * batch, len(split.participants)))
+        return steps
+    r_, c_ = split.grid
+    steps.append(Step("compute", layer, f"heads {layer}", secs(qkv_attention)))
+    for i in range(r_):
+        members = split.row_group(i)
+        collective("all_gather", f"All-Gather heads {layer} (row {i})", members,
+                   all_gather_traffic([split.heads[m] * dh * N * batch for m in members]))
+    pos = {m: split.position(m) for m in split.participants}
+    work = [0] * K
+    for m, (i, j) in pos.items():
+        work[m] = N * split.row_heads[i] * dh * split.col_dims[j] * batch
+    steps.append(Step("compute", layer, f"output projection {layer}", secs(work)))
+    for j in range(c_):
+        members = split.col_group(j)
+        collective("all_reduce", f"All-Reduce projection {layer} (column {j})", members,
+                   all_reduce_traffic(N * split.col_dims[j] * batch, len(members)))
+    for i in range(r_):
+        members = split.row_group(i)
+        collective("all_gather", f"All-Gather projection {layer} (row {i})", members,
+                   all_gather_traffic([N * split.col_dims[pos[m][1]] * batch for m in members]))
+    for m, (i, j) in pos.items():
+        work[m] = N * split.row_dims[i] * split.col_ffn[j] * batch
+    steps.append(Step("compute", layer, f"FFN first {layer}", secs(work)))
+    for j in range(c_):
+        members = split.col_group(j)
+        collective("all_reduce", f"All-Reduce FFN first {layer} (column {j})", members,
+                   all_reduce_traffic(N * split.col_ffn[j] * batch, len(members)))
+    steps.append(Step("compute", layer, f"FFN second {layer}", secs(work)))
+    for i in range(r_):
+        members = split.row_group(i)
+        collective("all_reduce", f"All-Reduce FFN second {layer} (row {i})", members,
+                   all_reduce_traffic(N * split.row_dims[i] * batch, len(members)))
+    for j in range(c_):
+        members = split.col_group(j)
+        collective("all_gather", f"All-Gather FFN second {layer} (column {j})", members,
+                   all_gather_traffic([N * split.row_dims[pos[m][0]] * batch for m in members]))
+    return steps
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the ranks decided at a layer's start."""
+    layer: int
+    mode: str
+    shares: tuple[float, ...]
+    reasons: tuple[str, ...]
+    changed: str                            # "" (kept), "first", or why it re-partitioned
+    free_bytes: tuple[float, ...]
+
+
+class Reports:
+    """What a rank reports at every layer's start, and the estimates the partitioner reads from the reports."""
+
+    def __init__(self, devices: Sequence[DeviceProfile], memory_falls: dict[str, tuple[int, float]]):
+        self.devices = list(devices)
+        self.memory_falls = memory_falls
+        self.speed = [d.flops_per_s for d in devices]
+        self.link = [d.net_bytes_per_s for d in devices]
+
+    def free_bytes(self, rank: int, layer: int) -> float:
+        device = self.devices[rank]
+        fall = self.memory_falls.get(device.name)
+        return fall[1] if fall is not None and layer >= fall[0] else device.memory_bytes
+
+
+def shape_of(model_shape, seq_len: int) -> LayerShape:
+    return LayerShape(model_shape.hidden, model_shape.heads, model_shape.ffn, seq_len)
+
+
+def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[DeviceProfile], shape: LayerShape,
+           num_layers: int, layer: int, deadline_s: float, ranks: Sequence[int],
+           mode: str | None = None, adapt: bool = True) -> tuple[LayerSplit | None, str, Partition | None]:
+    """(split, why it changed, partition) for the next layer; (None, "", None) when the current split holds.
+
+    Re-partitions when there is none yet, when a participant's free memory no longer holds what its share
+    of the current mode needs, or when a measured speed or link moved by more than
+    :data:`REESTIMATE_THRESHOLD` since the last decision (unless ``adapt`` is off: memory alone decides)."""
+    why = ""
+    if previous is None:
+        why = "first"
+    else:
+        for r in previous.participants:
+            share = _share_of(previous, r, shape)
+            need = memory_bytes(previous.mode, shape, share, num_layers)
+            if devices_now[r].memory_bytes < need:
+                why = (f"{devices_now[r].name}'s free memory fell to {devices_now[r].memory_bytes / 1e6:.1f} MB, "
+                       f"below the {need / 1e6:.1f} MB {MODE_TITLES[previous.mode]} needs")
+                break
+        if not why and adapt and previous_speed is not None:
+            for r, (old, dev) in enumerate(zip(previous_speed, devices_now)):
+                if old and abs(dev.flops_per_s - old) > REESTIMATE_THRESHOLD * old:
+                    why = f"{dev.name}'s measured speed moved from {old / 1e9:.1f} to {dev.flops_per_s / 1e9:.1f} GFLOP/s"
+                    break
+    if not why:
+        return None, "", None
+    partition = hepti_partition(devices_now, shape, deadline_s, num_layers=num_layers, mode=mode)
+    return split_of(partition, list(ranks), shape), why, partition
+
+
+def _share_of(split: LayerSplit, rank: int, shape: LayerShape) -> float:
+    if split.mode == "ws":
+        return split.heads[rank] / shape.heads
+    if split.mode == "1d":
+        return split.ffn[rank] / shape.ffn
+    if split.mode == "2d":
+        i, j = split.position(rank)
+        return split.row_dims[i] / shape.hidden * split.col_ffn[j] / shape.ffn
+    return 1.0
+
+
+def predicted_steps(partition: Partition, shape: LayerShape, num_layers: int) -> list[Step]:
+    """The schedule of every layer under one partition (no re-partitioning)."""
+    K = len(partition.devices)
+    split = split_of(partition, list(range(K)), shape)
+    return [step for layer in range(num_layers) for step in layer_steps(split, layer, shape, partition.devices)]
+
+
+@dataclass(frozen=True)
+class HeptiRun:
+    """A Hepti inference on real processes, with every decision and fault on the way."""
+    partition: Partition                    # the first decision, over every device given
+    hidden: object                          # np.ndarray: the terminal's final hidden states
+    logits: object
+    timeline: object                        # measured Timeline on one clock, restarts included
+    predicted: object                       # predicted Timeline of the first decision kept to the end
+    decisions: tuple[Decision, ...]
+    faults: tuple[str, ...]
+    latency_s: float                        # inference time on the primary: runs a fault cut short, then the last
+                                            # run's (process restarts apart, which the timeline shows)
+    counts: tuple[tuple[dict, ...], ...]    # per segment's ranks, their collectives
+
+    def switches(self) -> list[Decision]:
+        return [d for d in self.decisions if d.changed not in ("", "first")]
+
+
+def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len: int = 128, *,
+              deadline_s: float = math.inf, memory_falls: dict[str, tuple[int, float]] | None = None,
+              emulate: bool = True, kill_at: tuple[str, int] | None = None, seed: int = 0,
+              mode: str | None = None, adapt: bool = True, progress=None, should_stop=None) -> HeptiRun:
+    """Hepti on real processes, one per device (the first the primary).
+
+    ``memory_falls``: device name -> (layer, free bytes from that layer on), the emulated memory reports.
+    ``kill_at``: (device name, layer): that device's process is killed with SIGKILL when the primary starts
+    that layer (a fault to recover from: the run goes on from that layer's input over the devices left).
+    A failed device is named in ``faults``; the run re-partitions over the rest and finishes. ``mode``
+    forces one mode at every decision (it must fit; ``"2d"`` on 4 devices shows the grid). ``adapt=False``
+    re-partitions on memory reports only, not on measured speeds."""
+    import os
+    import signal
+
+    import numpy as np
+
+    from workbench.partition.cost import get_shape
+    from workbench.partition.runtime import DEADLINE_MARGIN_S, PartitionRuntime, RunFailed
+    from workbench.partition.worker import encode_array
+    from workbench.timeline import Span, Timeline
+
+    model_shape = get_shape(model)
+    shape = shape_of(model_shape, seq_len)
+    devices = list(devices)
+    first = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers, mode=mode)
+    from workbench.partition.plan import steps_timeline
+
+    predicted = steps_timeline(predicted_steps(first, shape, model_shape.num_layers), [d.name for d in devices],
+                               "hepti predicted")
+    falls = {name: [layer, nbytes] for name, (layer, nbytes) in (memory_falls or {}).items()}
+    start_layer, x = 0, None
+    spans, decisions, faults, counts = [], [], [], []
+    lost_s = 0.0                                # inference time of runs a fault cut short
+    t_start = time.perf_counter()
+    while True:
+        names = [d.name for d in devices]
+        runtime = PartitionRuntime(len(devices))
+        spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
+                "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
+                "start_layer": start_layer, "x": None if x is None else encode_array(x), "emulate": emulate,
+                "seed": seed, "mode": mode, "adapt": adapt}
+        victim = None
+        if kill_at is not None and kill_at[0] in names and kill_at[1] >= start_layer:
+            victim = (names.index(kill_at[0]), kill_at[1])
+
+        def hook(done, total, runtime=runtime, victim=victim):
+            if victim is not None and runtime.checkpoint is not None and runtime.checkpoint[0] >= victim[1] \
+                    and runtime.group is not None and runtime.group.workers[victim[0]].process.poll() is None:
+                os.kill(runtime.group.workers[victim[0]].process.pid, signal.SIGKILL)
+            if progress is not None:
+                progress(done, total)
+
+        try:
+            with runtime:
+                job_start = time.perf_counter()
+                results = runtime.run_spec(spec, names, model_shape.num_layers - start_layer,
+                                           predicted.end * 5 + DEADLINE_MARGIN_S, hook, should_stop)
+                timeline, origin = runtime.merge(results, "hepti measured")
+        except RunFailed as failure:
+            lost_s += time.perf_counter() - job_start
+            if failure.rank is None or len(devices) == 1:
+                raise
+            lost = devices[failure.rank].name
+            checkpoint = runtime.checkpoint
+            start_layer, x = (checkpoint[0], checkpoint[1]) if checkpoint is not None else (0, None)
+            now = time.perf_counter() - t_start
+            faults.append(f"{failure}; resumed at layer {start_layer} over the {len(devices) - 1} devices left")
+            spans.append(Span("device 0", "stall", now, now, f"fault: {lost} lost at layer {start_layer}; "
+                              f"re-partition over {len(devices) - 1} devices", device=devices[0].name, layer=start_layer))
+            devices = [d for i, d in enumerate(devices) if i != failure.rank]
+            kill_at = None
+            continue
+        shift = origin - t_start
+        by_name = {i: names[i] for i in range(len(names))}
+        spans.extend(replace(s, start=s.start + shift, end=s.end + shift, lane=f"device {by_name[s.rank]}")
+                     for s in timeline.spans)
+        for raw in results[0]["decisions"]:
+            decisions.append(Decision(raw["layer"], raw["mode"], tuple(raw["shares"]), tuple(raw["reasons"]),
+                                      raw["changed"], tuple(raw["free_bytes"])))
+        counts.append(tuple(tuple(results[r]["counts"]) for r in range(len(devices))))
+        latency = lost_s + results[0]["wall_s"]
+        measured = Timeline(tuple(sorted(spans, key=lambda s: s.start)), "measured", name="hepti measured")
+        return HeptiRun(partition=first, hidden=np.asarray(decode(results[0]["hidden"])),
+                        logits=np.asarray(decode(results[0]["logits"])), timeline=measured, predicted=predicted,
+                        decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts))
+
+
+def decode(d):
+    from workbench.partition.worker import decode_array
+
+    return decode_array(d)
