@@ -1,0 +1,108 @@
+"""`workbench bench partition`: the quick benchmark's tables on disk, and what they must say whatever the host's
+speed: Voltage's bytes a quarter of tensor parallelism's on even splits, counted equal to the cost model, the
+attention table's orders Theorem 2's, every prediction the engine's own."""
+import csv
+import json
+import math
+
+import pytest
+
+from workbench import bench
+from workbench.partition import bench as pb
+from workbench.partition.cost import SHAPES, attention_flops, attention_order
+from workbench.partition.plan import devices_like, plan_partition
+
+COLUMNS = {
+    "bytes": ["model", "N", "K", "device", "even_split", "voltage_sent_B", "voltage_received_B", "tp_sent_B",
+              "tp_received_B", "torch_tp_sent_B", "tp_over_voltage", "model_voltage_sent_B", "model_tp_sent_B",
+              "counted_equal_model", "same_every_layer"],
+    "attention": ["H", "F_H", "N", "K", "P", "order", "full_ms", "ours_ms", "naive_ms", "speedup_ours",
+                  "speedup_naive", "naive_over_ours", "model_speedup_ours", "model_naive_over_ours", "repeats"],
+    "latency": ["model", "link", "K", "bandwidth_mbit", "scheme", "repeats", "measured_ms", "min_ms", "max_ms",
+                "predicted_ms", "error_pct", "counted_bytes_equal_model", "sent_kB_per_device_layer"],
+    "cost_model": ["model", "K", "bandwidth_mbit", "scheme", "predicted_ms", "compute_ms", "comm_ms",
+                   "sent_kB_per_device_layer", "reduction_vs_single_pct"],
+}
+
+
+def test_p_is_n_over_k_rounded_half_up():
+    assert [pb.rows_of(100, k) for k in range(1, 9)] == [100, 50, 33, 25, 20, 17, 14, 13]
+    assert pb.rows_of(300, 8) == 38 and pb.rows_of(5, 8) == 1
+
+
+def test_quick_replaces_the_sizes_and_bad_combinations_stop_before_any_work(capsys):
+    opts = pb.options(["--quick"])
+    assert opts.ks == pb.QUICK["ks"] and opts.bandwidth_k == 4 and opts.paper_ks == [] and opts.shaped_bandwidths == []
+    assert pb.options(["--bandwidths", "300"]).shaped_bandwidths == [300.0]
+    for bad in (["--bytes-ks", "1"], ["--seq-len", "3", "--ks", "4"]):
+        with pytest.raises(SystemExit) as stop:
+            pb.options(bad)
+        assert stop.value.code == 2
+    assert "--bytes-ks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
+    from workbench.bench.results import results_root
+
+    tables = bench.run_benchmark("partition", ["--quick"])
+    assert set(tables) == set(pb.TABLES)
+    for name, columns in COLUMNS.items():                       # on disk, labelled a quick run
+        path = results_root() / "quick" / f"partition-{name}.csv"
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        assert list(rows[0]) == columns and len(rows) == len(tables[name]), name
+        label = json.loads(path.with_suffix(".json").read_text())
+        assert label["run"] == "quick" and label["command"] == "workbench bench partition --quick"
+
+    N, F = 128, SHAPES["encoder"].hidden
+    counted = tables["bytes"]
+    assert sorted({(r["K"], r["device"]) for r in counted}) == [(K, d) for K in pb.QUICK["bytes_ks"] for d in range(K)]
+    for r in counted:
+        assert r["even_split"] and r["counted_equal_model"] and r["same_every_layer"]
+        per_device = (r["K"] - 1) * (N // r["K"]) * F * 4             # (K-1)NF/K float32 elements
+        assert r["voltage_sent_B"] == r["voltage_received_B"] == r["model_voltage_sent_B"] == per_device
+        assert r["tp_sent_B"] == r["tp_received_B"] == r["model_tp_sent_B"] == 4 * per_device
+        assert r["tp_over_voltage"] == 4 and r["torch_tp_sent_B"] == r["tp_sent_B"]
+
+    latency = tables["latency"]
+    emulated = {(r["K"], r["bandwidth_mbit"], r["scheme"]): r for r in latency if r["link"] == "emulated"}
+    expected = {(K, 500.0, s) for K in pb.QUICK["ks"] for s in pb.SCHEMES}
+    expected |= {(pb.QUICK["bandwidth_k"], b, s) for b in pb.QUICK["bandwidths"] for s in pb.SCHEMES}
+    assert set(emulated) == expected                       # 12 heads and 1536 columns divide by 1, 2 and 4
+    shaped = [r for r in latency if r["link"] == "shaped"]
+    assert {(r["K"], r["scheme"]) for r in shaped} == ({(2, s) for s in pb.SCHEMES} if pb.shaping_problem() is None
+                                                       else set())
+    for r in latency:
+        plan = plan_partition(r["scheme"], SHAPES[r["model"]], N, devices_like(r["K"], bandwidth_mbit=r["bandwidth_mbit"]))
+        assert r["predicted_ms"] == pytest.approx(1e3 * plan.predicted_s)
+        assert r["counted_bytes_equal_model"] and r["repeats"] == pb.QUICK["repeats"]
+        assert 0 < r["min_ms"] <= r["measured_ms"] <= r["max_ms"]
+        assert r["error_pct"] == pytest.approx(100 * (r["measured_ms"] / r["predicted_ms"] - 1))
+    assert emulated[(1, 500.0, "voltage")]["sent_kB_per_device_layer"] == 0
+    assert emulated[(4, 500.0, "voltage")]["sent_kB_per_device_layer"] * 4 == \
+        pytest.approx(emulated[(4, 500.0, "tensor_parallel")]["sent_kB_per_device_layer"])
+
+    attention = tables["attention"]
+    assert len(attention) == len(pb.ATTENTION_LAYERS) * len(pb.QUICK["attention_ns"]) * 8
+    for r in attention:
+        assert r["H"] * r["F_H"] == 1024 and r["P"] == pb.rows_of(r["N"], r["K"])
+        assert r["order"] == attention_order(r["N"], r["P"], 1024, r["F_H"])           # Theorem 2's
+        ours = attention_flops(r["order"], r["N"], r["P"], 1024, r["F_H"])
+        assert r["model_naive_over_ours"] == pytest.approx(attention_flops("qk_first", r["N"], r["P"], 1024, r["F_H"]) / ours)
+        assert r["model_speedup_ours"] == pytest.approx(attention_flops("qk_first", r["N"], r["N"], 1024, r["F_H"]) / ours)
+        assert r["naive_over_ours"] == pytest.approx(r["naive_ms"] / r["ours_ms"]) and min(r["full_ms"], r["ours_ms"]) > 0
+    assert {r["order"] for r in attention if r["K"] == 1} == {"qk_first"}
+    assert {r["order"] for r in attention if r["F_H"] == 256 and r["K"] > 1} == {"x_first"}
+
+    model = tables["cost_model"]
+    assert {r["model"] for r in model} == {"encoder", "bert-large", "gpt2"}
+    assert not [r for r in model if r["scheme"] == "torch_tp" and r["K"] == 5]            # 5 divides neither
+    for r in model:
+        if r["scheme"] == "single" or r["K"] == 1:
+            assert r["reduction_vs_single_pct"] == 0 and r["comm_ms"] == 0
+    six = {r["scheme"]: r for r in model if r["model"] == "bert-large" and r["K"] == 6 and r["bandwidth_mbit"] == 500}
+    single = plan_partition("single", SHAPES["bert-large"], N, devices_like(6)).predicted_s
+    voltage = plan_partition("voltage", SHAPES["bert-large"], N, devices_like(6)).predicted_s
+    assert six["voltage"]["reduction_vs_single_pct"] == pytest.approx(100 * (1 - voltage / single))
+    assert not math.isnan(six["tensor_parallel"]["sent_kB_per_device_layer"])

@@ -1,0 +1,487 @@
+"""`workbench bench partition`: Voltage against tensor parallelism, the layer pipeline and one device (paper §VI).
+
+Every number is measured on this machine or computed by the engine (the cost model, the plans); none is typed
+in. Tables:
+
+- ``bytes``: the bytes each device sends and receives per layer, counted by the runtime's collectives on real
+  worker processes (the shipped encoder, N = 128, K = 2, 4, 6), for Voltage and for tensor parallelism (ours,
+  and PyTorch's where the heads divide), beside the cost model's (``PartitionPlan.traffic``). Evenly split a
+  device sends (K-1)NF/K elements for Voltage and 4(K-1)NF/K for tensor parallelism: the paper's 1:4.
+- ``attention`` (Figure 6): one layer's partitioned self-attention (F = 1024; H x F_H = 16 x 64, 8 x 128,
+  4 x 256) computing P = N/K of N rows (rounded) in one process on one thread, batch 1: Theorem 2's order
+  ("auto"), the naive order (every head Eq. 3) and the whole attention (P = N); medians of repeats run
+  interleaved, beside the cost model's ratios of Gamma.
+- ``latency`` (Figures 7 and 8): end-to-end latency of every scheme on real worker processes, against K at
+  ``--bandwidth-mbit`` and against the bandwidth at ``--bandwidth-k``; links emulated (compute and links
+  padded to the device profile) or shaped (real traffic through ``tc`` in network namespaces, root only;
+  compute still padded); the median of ``--repeats`` runs after an unpadded warm-up, the cost model's
+  prediction and the error; whether the counted bytes equal the cost model's. The paper's shapes
+  (BERT-Large, GPT-2, random weights) run at a few points (``--paper-ks``).
+- ``cost_model``: the cost model alone over the same grid for the shipped encoder and the paper's shapes.
+
+On a 2-core host the emulation holds while the ranks' real compute fits inside the device's predicted time;
+where it does not (many ranks, PyTorch's DTensor overhead) the measured latency is above the prediction and
+the summary says where. ``--quick`` (the tests) makes every table in about a minute.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from workbench.argtypes import Bound, Parser, count
+from workbench.devices import profile_names
+from workbench.partition import limits
+from workbench.partition.plan import DEFAULT_DEVICE
+
+TABLES = ("bytes", "attention", "latency", "cost_model")
+SCHEMES = ("voltage", "tensor_parallel", "torch_tp", "pipeline", "single")
+PAPER_SCHEMES = ("voltage", "tensor_parallel", "single")
+"""Schemes run for real on the paper's shapes (the pipeline of one request is one device plus transfers, and
+PyTorch's TP would copy every layer once more: both are in the cost model table)."""
+PAPER_MODELS = ("bert-large", "gpt2")
+LINKS = ("emulated", "shaped")
+ATTENTION_HIDDEN, ATTENTION_FFN = 1024, 4096
+ATTENTION_LAYERS = ((16, 64), (8, 128), (4, 256))
+"""(H, F_H) of Figure 6's synthetic layers, F = H x F_H = 1024."""
+COST_MODEL_KS = tuple(range(1, 7))
+ERROR_TARGET_PCT = 10.0
+PAPER_REDUCTION_PCT = (28, 32)
+"""Voltage's latency reduction against one device at six devices and 500 Mbit/s, in the paper."""
+PAPER_BEST_ATTENTION = 3.4
+"""Figure 6: the naive order over Theorem 2's, at best (F_H = 256)."""
+
+QUICK = {"ks": [1, 2, 4], "bytes_ks": [2, 4], "bandwidths": [200, 500], "bandwidth_k": 4, "repeats": 3,
+         "shaped_ks": [2], "shaped_bandwidths": [], "paper_ks": [], "attention_ns": [100], "attention_repeats": 3}
+"""--quick: two or three device counts, one bandwidth besides the default, three repeats, shaped links at K = 2
+only, no real runs of the paper's shapes (their cost model only), N = 100 only in the attention table."""
+
+ATTENTION_KS = count(1, unit="devices", at_most=Bound(64, "the cost model's largest cluster"))
+
+
+def parser() -> Parser:
+    p = Parser(prog="workbench bench partition",
+               description="Voltage against tensor parallelism, the layer pipeline and one device: bytes counted, "
+                           "partitioned attention, end-to-end latency on real processes beside the cost model")
+    p.add_argument("--seq-len", type=limits.seq_len, default=128, help="positions N of the end-to-end runs")
+    p.add_argument("--device", choices=profile_names(host=False), default=DEFAULT_DEVICE,
+                   help="the device profile every device copies (its compute and link are what runs are padded to)")
+    p.add_argument("--ks", nargs="+", type=limits.ranks, default=[1, 2, 3, 4, 5, 6],
+                   help="device counts of the latency sweep (worker processes on this machine)")
+    p.add_argument("--bandwidth-mbit", type=limits.bandwidth_mbit, default=500.0,
+                   help="link bandwidth of the device-count sweep and of the byte counts, Mbit/s")
+    p.add_argument("--bandwidths", nargs="+", type=limits.bandwidth_mbit, default=[200, 400, 500, 600, 800, 1000],
+                   help="link bandwidths of the bandwidth sweep, Mbit/s")
+    p.add_argument("--bandwidth-k", type=limits.ranks, default=6, help="device count of the bandwidth sweep")
+    p.add_argument("--bytes-ks", nargs="+", type=limits.ranks, default=[2, 4, 6],
+                   help="device counts whose bytes per device per layer are counted (2 or more)")
+    p.add_argument("--repeats", type=limits.repeats, default=5, help="runs per point of the encoder (the median is kept)")
+    p.add_argument("--links", nargs="+", choices=LINKS, default=list(LINKS),
+                   help="emulated links (padded to the profile) and/or shaped ones (tc in network namespaces, root)")
+    p.add_argument("--shaped-ks", nargs="*", type=limits.ranks, default=[2, 3, 4, 5, 6],
+                   help="device counts run on shaped links at --bandwidth-mbit")
+    p.add_argument("--shaped-bandwidths", nargs="*", type=limits.bandwidth_mbit, default=None,
+                   help="bandwidths run on shaped links at --bandwidth-k (default: --bandwidths)")
+    p.add_argument("--paper-models", nargs="*", choices=PAPER_MODELS, default=list(PAPER_MODELS),
+                   help="the paper's shapes run for real (random weights)")
+    p.add_argument("--paper-ks", nargs="*", type=limits.ranks, default=[2, 4],
+                   help="device counts at which the paper's shapes run for real (each rank holds the whole model)")
+    p.add_argument("--paper-repeats", type=limits.repeats, default=2, help="runs per point of the paper's shapes")
+    p.add_argument("--attention-ns", nargs="+", type=limits.seq_len, default=[100, 200, 300],
+                   help="sequence lengths N of the partitioned attention table")
+    p.add_argument("--attention-max-k", type=ATTENTION_KS, default=8,
+                   help="the attention table's P = N/K for K = 1 up to this")
+    p.add_argument("--attention-repeats", type=limits.repeats, default=9,
+                   help="timed repeats of each attention variant (interleaved; the median is kept)")
+    p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
+    p.add_argument("--quick", action="store_true", help="test sizes: " +
+                   ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    return p
+
+
+def options(args: list[str]):
+    p = parser()
+    opts = p.parse_args(args)
+    if opts.quick:
+        for key, value in QUICK.items():
+            setattr(opts, key, value)
+    opts.bandwidths = [float(b) for b in opts.bandwidths]
+    opts.shaped_bandwidths = [float(b) for b in (opts.bandwidths if opts.shaped_bandwidths is None
+                                                 else opts.shaped_bandwidths)]
+    if any(k < 2 for k in opts.bytes_ks):
+        p.error(f"--bytes-ks: a device count of 2 or more (one device sends nothing), got {opts.bytes_ks}")
+    longest = max([*opts.ks, *opts.bytes_ks, opts.bandwidth_k, *opts.paper_ks, *(opts.shaped_ks or [1])])
+    if opts.seq_len < longest:
+        p.error(f"--seq-len {opts.seq_len} is shorter than the {longest} devices it would be split over")
+    return opts
+
+
+# ----------------------------------------------------------------------------- real runs
+
+def _ms(seconds: float) -> float:
+    return 1e3 * seconds
+
+
+def _error_pct(measured: float, predicted: float) -> float:
+    return 100.0 * (measured - predicted) / predicted if predicted > 0 else math.inf
+
+
+class Runs:
+    """Every real run of the bench: one group of worker processes per device count and link set-up, reused
+    across schemes, bandwidths and models; each point measured once (its median) and its last result kept."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.rows: dict[tuple, dict] = {}          # (model, link, K, bandwidth, scheme) -> latency row
+        self.last: dict[tuple, object] = {}        # the same key -> the RunResult of its last repeat
+        self.failures: list[str] = []
+
+    def measure(self, runtime, warm: set, model: str, link: str, K: int, bandwidth: float, scheme: str,
+                repeats: int) -> dict | None:
+        from workbench.errors import WorkbenchError
+        from workbench.partition.cost import SHAPES
+        from workbench.partition.plan import devices_like, plan_partition
+        from workbench.partition.runtime import RunFailed
+
+        key = (model, link, K, bandwidth, scheme)
+        if key in self.rows:
+            return self.rows[key]
+        try:
+            plan = plan_partition(scheme, SHAPES[model], self.opts.seq_len,
+                                  devices_like(K, self.opts.device, bandwidth_mbit=bandwidth))
+        except WorkbenchError:                   # torch_tp where K does not divide the heads and the FFN
+            return None
+        try:
+            if (model, scheme) not in warm:      # builds PyTorch's TP layers, warms the kernels; not timed
+                runtime.run(plan, emulate=False)
+                warm.add((model, scheme))
+            results = [runtime.run(plan, emulate=True) for _ in range(repeats)]
+        except RunFailed as exc:
+            warm.clear()                         # the group was stopped; the next run starts a fresh one
+            self.failures.append(f"{model} {scheme} K={K} {bandwidth:g} Mbit/s ({link}): {exc}")
+            print(f"  FAILED {self.failures[-1]}", flush=True)
+            return None
+        measured = [r.latency_s for r in results]
+        median = statistics.median(measured)
+        counted = results[-1].traffic()
+        layers = plan.shape.num_layers
+        row = {"model": model, "link": link, "K": K, "bandwidth_mbit": bandwidth, "scheme": scheme,
+               "repeats": repeats, "measured_ms": _ms(median), "min_ms": _ms(min(measured)),
+               "max_ms": _ms(max(measured)), "predicted_ms": _ms(plan.predicted_s),
+               "error_pct": _error_pct(median, plan.predicted_s),
+               "counted_bytes_equal_model": all(r.traffic() == plan.traffic() for r in results),
+               "sent_kB_per_device_layer": sum(t.sent for layer in counted for t in layer) / K / layers / 1e3}
+        self.rows[key], self.last[key] = row, results[-1]
+        note = results[-1].check().note()
+        print(f"  {link:8s} {model:10s} K={K} {bandwidth:6g} Mbit/s {scheme:16s} measured {row['measured_ms']:8.1f} ms "
+              f"(median of {repeats}), predicted {row['predicted_ms']:8.1f} ms, error {row['error_pct']:+6.1f} %"
+              + (f"  [{note}]" if note else ""), flush=True)
+        return row
+
+
+def _group(runs: Runs, K: int, shaped: list[float] | None = None):
+    from workbench.partition.runtime import PartitionRuntime
+
+    t0 = time.perf_counter()
+    runtime = PartitionRuntime(K, shaped=shaped).start()
+    print(f"{K} worker processes started ({'shaped' if shaped else 'emulated'} links) in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    return runtime
+
+
+def emulated_runs(runs: Runs) -> None:
+    """Each device count's group started once: its sweep points, the bandwidth sweep, the paper's shapes."""
+    opts = runs.opts
+    latency = "latency" in opts.tables and "emulated" in opts.links
+    counting = "bytes" in opts.tables
+    ks = set(opts.bytes_ks if counting else [])
+    if latency:
+        ks |= {*opts.ks, opts.bandwidth_k, *(opts.paper_ks if opts.paper_models else [])}
+    for K in sorted(ks):
+        runtime, warm = _group(runs, K), set()
+        try:
+            if latency and K in opts.ks:
+                for scheme in SCHEMES:
+                    runs.measure(runtime, warm, "encoder", "emulated", K, opts.bandwidth_mbit, scheme, opts.repeats)
+            if counting and K in opts.bytes_ks:                 # measured above when K is in the sweep too
+                for scheme in ("voltage", "tensor_parallel", "torch_tp"):
+                    runs.measure(runtime, warm, "encoder", "emulated", K, opts.bandwidth_mbit, scheme, opts.repeats)
+            if latency and K == opts.bandwidth_k:
+                for bandwidth in opts.bandwidths:
+                    for scheme in SCHEMES:
+                        runs.measure(runtime, warm, "encoder", "emulated", K, bandwidth, scheme, opts.repeats)
+            if latency and K in opts.paper_ks:
+                for model in opts.paper_models:
+                    for scheme in PAPER_SCHEMES:
+                        runs.measure(runtime, warm, model, "emulated", K, opts.bandwidth_mbit, scheme,
+                                     opts.paper_repeats)
+        finally:
+            runtime.close()
+
+
+def shaping_problem() -> str | None:
+    """None when links can be shaped here, else why not."""
+    from workbench.partition.shaping import ShapingError, check_shaping_available
+
+    try:
+        check_shaping_available()
+    except ShapingError as exc:
+        return str(exc)
+    return None
+
+
+def shaped_runs(runs: Runs) -> None:
+    """One group per (K, bandwidth): the shaped links are the group's (tc in its namespaces)."""
+    opts = runs.opts
+    points = [(K, opts.bandwidth_mbit) for K in opts.shaped_ks if K >= 2]
+    points += [(opts.bandwidth_k, b) for b in opts.shaped_bandwidths if (opts.bandwidth_k, b) not in points]
+    from workbench.errors import WorkbenchError
+
+    for K, bandwidth in points:
+        try:
+            runtime, warm = _group(runs, K, [bandwidth * 1e6 / 8] * K), set()
+        except WorkbenchError as exc:            # the shaped network or its ranks did not come up
+            runs.failures.append(f"shaped links K={K} {bandwidth:g} Mbit/s: {exc}")
+            print(f"  FAILED {runs.failures[-1]}", flush=True)
+            continue
+        try:
+            for scheme in SCHEMES:
+                runs.measure(runtime, warm, "encoder", "shaped", K, bandwidth, scheme, opts.repeats)
+        finally:
+            runtime.close()
+
+
+# ----------------------------------------------------------------------------- tables
+
+def bytes_table(runs: Runs) -> list[dict]:
+    """Per device count and device: layer 0's bytes counted for Voltage, ours and PyTorch's TP, and the model's."""
+    opts, rows = runs.opts, []
+    for K in opts.bytes_ks:
+        got = {s: runs.last.get(("encoder", "emulated", K, opts.bandwidth_mbit, s))
+               for s in ("voltage", "tensor_parallel", "torch_tp")}
+        if got["voltage"] is None or got["tensor_parallel"] is None:
+            continue
+        counted = {s: r.traffic() for s, r in got.items() if r is not None}
+        model = {s: r.plan.traffic() for s, r in got.items() if r is not None}
+        equal = all(counted[s] == model[s] for s in counted)
+        same = all(all(layer == table[0] for layer in table) for table in counted.values())
+        for d in range(K):
+            v, tp = counted["voltage"][0][d], counted["tensor_parallel"][0][d]
+            torch_tp = counted["torch_tp"][0][d].sent if "torch_tp" in counted else ""
+            rows.append({"model": "encoder", "N": opts.seq_len, "K": K, "device": d,
+                         "even_split": opts.seq_len % K == 0,
+                         "voltage_sent_B": v.sent, "voltage_received_B": v.received,
+                         "tp_sent_B": tp.sent, "tp_received_B": tp.received, "torch_tp_sent_B": torch_tp,
+                         "tp_over_voltage": tp.sent / v.sent,
+                         "model_voltage_sent_B": model["voltage"][0][d].sent,
+                         "model_tp_sent_B": model["tensor_parallel"][0][d].sent,
+                         "counted_equal_model": equal, "same_every_layer": same})
+    return rows
+
+
+def print_bytes(rows: list[dict]) -> None:
+    from workbench.partition.cost import SHAPES, comm_bytes
+
+    F = SHAPES["encoder"].hidden
+    for K in sorted({r["K"] for r in rows}):
+        part = [r for r in rows if r["K"] == K]
+        v, tp = sum(r["voltage_sent_B"] for r in part), sum(r["tp_sent_B"] for r in part)
+        ratios = [r["tp_over_voltage"] for r in part]
+        spread = "" if max(ratios) == min(ratios) else f" (per device {min(ratios):.3f} to {max(ratios):.3f})"
+        N = part[0]["N"]
+        print(f"K={K}: per device per layer Voltage sends {v / K / 1e3:.1f} kB, tensor parallel {tp / K / 1e3:.1f} kB "
+              f"(counted); Voltage:TP = 1:{tp / v:.3f}{spread}, the paper derives 1:4; cost model (K-1)NF/K = "
+              f"{comm_bytes('voltage', N, F, K) / 1e3:.1f} kB and {comm_bytes('tensor_parallel', N, F, K) / 1e3:.1f} kB; "
+              f"counted equals the cost model in every layer and device: "
+              f"{'yes' if all(r['counted_equal_model'] for r in part) else 'NO'}", flush=True)
+
+
+def rows_of(N: int, K: int) -> int:
+    """P = N/K rounded half up (at least one row)."""
+    return max(1, math.floor(N / K + 0.5))
+
+
+def attention_table(opts) -> list[dict]:
+    """Figure 6 on this host: medians of interleaved repeats of every variant of one (layer, N)."""
+    import torch
+
+    from workbench.models.config import EncoderConfig
+    from workbench.models.encoder import EncoderLayer
+    from workbench.partition.cost import attention_flops
+    from workbench.partition.layers import head_orders, partitioned_attention
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        for H, F_H in ATTENTION_LAYERS:
+            torch.manual_seed(0)
+            layer = EncoderLayer(EncoderConfig(hidden=ATTENTION_HIDDEN, num_heads=H, ffn=ATTENTION_FFN)).eval()
+            F = layer.cfg.hidden
+            for N in opts.attention_ns:
+                x = torch.randn(1, N, F, generator=torch.Generator().manual_seed(N))
+                ks = [K for K in range(1, opts.attention_max_k + 1) if K <= N]
+                variants = {"full": (N, ("qk_first",) * H)}
+                for K in ks:
+                    P = rows_of(N, K)
+                    variants[("ours", K)] = (P, head_orders(layer, N, P, "auto"))
+                    variants[("naive", K)] = (P, head_orders(layer, N, P, "qk_first"))
+                times = {name: [] for name in variants}
+                with torch.no_grad():
+                    for repeat in range(opts.attention_repeats + 1):            # the first pass warms up
+                        for name, (P, orders) in variants.items():
+                            start = time.perf_counter()
+                            partitioned_attention(layer, x, 0, P, orders)
+                            if repeat:
+                                times[name].append(time.perf_counter() - start)
+                median = {name: statistics.median(t) for name, t in times.items()}
+                gamma = lambda P, orders: sum(attention_flops(o, N, P, F, F_H) for o in orders)
+                full_gamma = gamma(N, variants["full"][1])
+                for K in ks:
+                    P, ours = variants[("ours", K)]
+                    naive = variants[("naive", K)][1]
+                    rows.append({"H": H, "F_H": F_H, "N": N, "K": K, "P": P, "order": ours[0],
+                                 "full_ms": _ms(median["full"]), "ours_ms": _ms(median[("ours", K)]),
+                                 "naive_ms": _ms(median[("naive", K)]),
+                                 "speedup_ours": median["full"] / median[("ours", K)],
+                                 "speedup_naive": median["full"] / median[("naive", K)],
+                                 "naive_over_ours": median[("naive", K)] / median[("ours", K)],
+                                 "model_speedup_ours": full_gamma / gamma(P, ours),
+                                 "model_naive_over_ours": gamma(P, naive) / gamma(P, ours),
+                                 "repeats": opts.attention_repeats})
+                print(f"  attention H={H} F_H={F_H} N={N}: full {_ms(median['full']):.1f} ms; " + ", ".join(
+                    f"K={r['K']} {r['speedup_ours']:.2f}x/{r['speedup_naive']:.2f}x" for r in rows[-len(ks):])
+                    + " (speed-up of Theorem 2's order / the naive one)", flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def print_attention(rows: list[dict]) -> None:
+    for F_H in sorted({r["F_H"] for r in rows}):
+        part = [r for r in rows if r["F_H"] == F_H]
+        best = max(part, key=lambda r: r["naive_over_ours"])
+        top = max(part, key=lambda r: r["speedup_ours"])
+        x_first = sum(r["order"] == "x_first" for r in part)
+        print(f"F_H={F_H}: naive / Theorem 2's order at best {best['naive_over_ours']:.2f}x (N={best['N']}, K={best['K']}; "
+              f"cost model {best['model_naive_over_ours']:.2f}x); best speed-up over the whole attention "
+              f"{top['speedup_ours']:.2f}x (N={top['N']}, K={top['K']}; cost model {top['model_speedup_ours']:.2f}x); "
+              f"Eq. (8) chosen in {x_first} of {len(part)} cells; the paper: up to {PAPER_BEST_ATTENTION}x at F_H=256",
+              flush=True)
+
+
+def cost_model_table(opts) -> list[dict]:
+    from workbench.errors import WorkbenchError
+    from workbench.partition.cost import SHAPES
+    from workbench.partition.plan import devices_like, plan_partition
+
+    grid = [(K, opts.bandwidth_mbit) for K in sorted({*COST_MODEL_KS, *opts.ks})]
+    grid += [(opts.bandwidth_k, b) for b in opts.bandwidths if (opts.bandwidth_k, b) not in grid]
+    rows = []
+    for model in ("encoder", *PAPER_MODELS):
+        for K, bandwidth in grid:
+            devices = devices_like(K, opts.device, bandwidth_mbit=bandwidth)
+            single = plan_partition("single", SHAPES[model], opts.seq_len, devices).predicted_s
+            for scheme in SCHEMES:
+                try:
+                    plan = plan_partition(scheme, SHAPES[model], opts.seq_len, devices)
+                except WorkbenchError:
+                    continue
+                traffic = plan.traffic()
+                rows.append({"model": model, "K": K, "bandwidth_mbit": bandwidth, "scheme": scheme,
+                             "predicted_ms": _ms(plan.predicted_s), "compute_ms": _ms(max(plan.compute_s())),
+                             "comm_ms": _ms(plan.comm_s()),
+                             "sent_kB_per_device_layer": sum(t.sent for layer in traffic for t in layer)
+                             / K / len(traffic) / 1e3,
+                             "reduction_vs_single_pct": round(100 * (1 - plan.predicted_s / single), 6) + 0.0})
+    return rows
+
+
+def _reduction(rows: dict, model: str, link: str, K: int, bandwidth: float, scheme: str, column: str):
+    point, single = rows.get((model, link, K, bandwidth, scheme)), rows.get((model, link, K, bandwidth, "single"))
+    if point is None or single is None:
+        return None
+    return 100 * (1 - point[column] / single[column])
+
+
+def print_latency(runs: Runs, cost_rows: list[dict], shaping: str | None) -> None:
+    opts, rows = runs.opts, runs.rows
+    K, bw = opts.bandwidth_k, opts.bandwidth_mbit
+    for link in LINKS:
+        mine = [r for r in rows.values() if r["link"] == link]
+        if not mine:
+            continue
+        worst = max(mine, key=lambda r: abs(r["error_pct"]))
+        within = [r for r in mine if abs(r["error_pct"]) <= ERROR_TARGET_PCT]
+        misses = [f"{r['model']} {r['scheme']} K={r['K']} {r['bandwidth_mbit']:g} Mbit/s {r['error_pct']:+.0f} %"
+                  for r in mine if abs(r["error_pct"]) > ERROR_TARGET_PCT]
+        target = f" (target within {ERROR_TARGET_PCT:g} %)" if link == "emulated" else ""
+        print(f"{link} links: {len(within)} of {len(mine)} points within {ERROR_TARGET_PCT:g} % of the cost model"
+              f"{target}; worst {worst['error_pct']:+.1f} % ({worst['model']} {worst['scheme']} K={worst['K']} "
+              f"{worst['bandwidth_mbit']:g} Mbit/s)" + (f"; outside: {'; '.join(misses)}" if misses else ""))
+        print(f"{link} links: bytes counted equal the cost model's in every run: "
+              f"{'yes' if all(r['counted_bytes_equal_model'] for r in mine) else 'NO'}")
+        for scheme in ("voltage", "tensor_parallel"):
+            measured = _reduction(rows, "encoder", link, K, bw, scheme, "measured_ms")
+            predicted = _reduction(rows, "encoder", link, K, bw, scheme, "predicted_ms")
+            if measured is not None:
+                print(f"{link} links, encoder N={opts.seq_len}, K={K}, {bw:g} Mbit/s: {scheme} reduces the latency "
+                      f"of one device by {measured:.1f} % measured ({predicted:.1f} % predicted)"
+                      + (f"; the paper: {PAPER_REDUCTION_PCT[0]}-{PAPER_REDUCTION_PCT[1]} % for Voltage"
+                         if scheme == "voltage" else ""))
+    if "shaped" in opts.links and shaping:
+        print(f"shaped links: not measured, link shaping is not available here ({shaping})")
+    for model in PAPER_MODELS:
+        for paper_k in opts.paper_ks:
+            for scheme in ("voltage", "tensor_parallel"):
+                measured = _reduction(rows, model, "emulated", paper_k, bw, scheme, "measured_ms")
+                if measured is not None:
+                    predicted = _reduction(rows, model, "emulated", paper_k, bw, scheme, "predicted_ms")
+                    print(f"{model}, K={paper_k}, {bw:g} Mbit/s, emulated: {scheme} reduces one device's latency by "
+                          f"{measured:.1f} % measured ({predicted:.1f} % predicted)")
+    for model in PAPER_MODELS:
+        got = {r["scheme"]: r for r in cost_rows if r["model"] == model and r["K"] == 6 and r["bandwidth_mbit"] == bw}
+        if "voltage" in got:
+            print(f"{model}, K=6, {bw:g} Mbit/s, cost model: Voltage {got['voltage']['reduction_vs_single_pct']:.1f} % "
+                  f"below one device, tensor parallel {got['tensor_parallel']['reduction_vs_single_pct']:.1f} %")
+
+
+# ----------------------------------------------------------------------------- the run
+
+def run(args: list[str]) -> dict[str, list[dict]]:
+    from workbench.prediction import host_load
+
+    opts = options(args)
+    t0 = time.perf_counter()
+    load = host_load()
+    print(f"$ workbench bench partition {' '.join(args)}".rstrip())
+    print(f"host: {load.cores} cores, load {load.load_1min:.2f}; devices: {opts.device}; N = {opts.seq_len}; "
+          f"{opts.repeats} repeats per point (medians)", flush=True)
+    tables: dict[str, list[dict]] = {}
+    runs = Runs(opts)
+    shaping = None
+    if "bytes" in opts.tables or "latency" in opts.tables:
+        emulated_runs(runs)
+        if "latency" in opts.tables and "shaped" in opts.links:
+            shaping = shaping_problem()
+            if shaping is None:
+                shaped_runs(runs)
+            else:
+                print(f"shaped links: skipped, link shaping is not available here ({shaping})", flush=True)
+    if "attention" in opts.tables:
+        tables["attention"] = attention_table(opts)
+    cost_rows = cost_model_table(opts)
+    print(f"\n== summary ({time.perf_counter() - t0:.0f} s)\n$ workbench bench partition {' '.join(args)}".rstrip())
+    if "bytes" in opts.tables:
+        tables["bytes"] = bytes_table(runs)
+        print_bytes(tables["bytes"])
+    if "attention" in opts.tables:
+        print_attention(tables["attention"])
+    if "latency" in opts.tables:
+        tables["latency"] = list(runs.rows.values())
+        print_latency(runs, cost_rows, shaping)
+    if runs.failures:
+        print(f"{len(runs.failures)} runs failed: " + "; ".join(runs.failures))
+    if "cost_model" in opts.tables:
+        tables["cost_model"] = cost_rows
+    return tables
