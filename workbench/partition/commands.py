@@ -132,3 +132,109 @@ def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="write the last run's timeline as a Chrome/Perfetto trace (JSON)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=_run)
+
+
+def _fall(text: str):
+    """NAME:LAYER:MB -> (name, (layer, bytes))."""
+    try:
+        name, layer, mb = text.rsplit(":", 2)
+        layer, mb = int(layer), float(mb)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DEVICE:LAYER:MB (e.g. rpi3:2:5), got {text!r}") from None
+    if layer < 0 or not (mb >= 0) or mb > 1e7:
+        raise argparse.ArgumentTypeError(f"the layer must be 0 or more and the memory 0 to 10000000 MB, got {text!r}")
+    return name, (layer, mb * 1e6)
+
+
+def _kill(text: str):
+    """NAME:LAYER -> (name, layer)."""
+    try:
+        name, layer = text.rsplit(":", 1)
+        layer = int(layer)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected DEVICE:LAYER (e.g. rpi4-b:3), got {text!r}") from None
+    if layer < 0:
+        raise argparse.ArgumentTypeError(f"the layer must be 0 or more, got {layer}")
+    return name, layer
+
+
+def _hepti(args) -> int:
+    import math
+
+    from workbench.devices import get_cluster
+    from workbench.partition.cost import get_shape
+    from workbench.partition.hepti import MODE_TITLES, hepti_partition
+    from workbench.partition.hepti_run import shape_of
+    from workbench.partition.plan import proportional_shares
+
+    devices = list(get_cluster(args.cluster).devices)
+    model = get_shape(args.model)
+    if model.kind != "encoder":
+        raise SystemExit("workbench partition hepti: Hepti's modes split encoder-style layers; choose an encoder model")
+    shape = shape_of(model, args.seq_len)
+    names = [d.name for d in devices]
+    for name in [f[0] for f in args.memory_falls] + ([args.kill[0]] if args.kill else []):
+        if name not in names:
+            raise SystemExit(f"workbench partition hepti: no device {name!r} in cluster {args.cluster} "
+                             f"({', '.join(names)})")
+    deadline = math.inf if args.deadline_ms is None else args.deadline_ms / 1e3
+    fixed = {"hepti": None, "even": [1 / len(devices)] * len(devices),
+             "proportional": list(proportional_shares(devices))}[args.shares]
+    mode = None if fixed is None else hepti_partition(devices, shape, deadline, num_layers=model.num_layers).mode
+    part = hepti_partition(devices, shape, deadline, num_layers=model.num_layers, mode=mode, fixed_shares=fixed)
+    out = {"mode": part.mode, "shares": list(part.shares), "sizes": list(part.sizes), "dimension": part.dimension,
+           "predicted_ms": 1e3 * part.predicted_latency_s, "binding": part.binding, "reasons": list(part.reasons)}
+    if args.run:
+        from workbench.partition.hepti_run import run_hepti
+        from workbench.partition.models import PartitionModel
+
+        run = run_hepti(devices, args.model, args.seq_len, deadline_s=deadline, memory_falls=dict(args.memory_falls),
+                        kill_at=args.kill, shares=fixed, mode=mode)
+        ref = PartitionModel(args.model)
+        hidden, _ = ref.reference(ref.inputs(ref.token_ids(args.seq_len, 0)))
+        import numpy as np
+
+        out.update({"measured_ms": 1e3 * run.latency_s,
+                    "max_abs_diff_hidden": float(np.abs(run.hidden - hidden.numpy()).max()),
+                    "decisions": [{"layer": d.layer, "mode": d.mode, "why": d.changed} for d in run.decisions],
+                    "faults": list(run.faults)})
+        if args.trace:
+            run.timeline.save_chrome_trace(args.trace)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"Hepti on cluster {args.cluster} ({len(devices)} devices), {model.title}, T = {args.seq_len}: "
+          f"{MODE_TITLES[part.mode]}, {out['predicted_ms']:.1f} ms predicted")
+    for d, s, n in zip(devices, part.shares, part.sizes):
+        print(f"  {d.name:18s} share {s:.3f}  {n:5d} {part.dimension}")
+    print(f"  binding: {part.binding}")
+    for reason in part.reasons:
+        print(f"  {reason}")
+    if args.run:
+        print(f"  ran on {len(devices)} processes: {out['measured_ms']:.1f} ms, outputs equal the model in one "
+              f"process to {out['max_abs_diff_hidden']:.1e}")
+        for d in out["decisions"]:
+            print(f"  layer {d['layer']}: {d['mode']} ({d['why']})")
+        for f in out["faults"]:
+            print(f"  fault: {f}")
+    return 0
+
+
+def configure_hepti(parser: argparse.ArgumentParser) -> None:
+    from workbench.devices import CLUSTERS
+
+    parser.add_argument("--cluster", choices=tuple(CLUSTERS), default="hepti", help="the devices (the first is the primary)")
+    parser.add_argument("--model", choices=tuple(k for k, v in SHAPES.items() if v.kind == "encoder"), default="encoder",
+                        help="the encoder-style model whose layers are split")
+    parser.add_argument("--seq-len", type=limits.seq_len, default=128, help="input positions T")
+    parser.add_argument("--deadline-ms", type=limits.deadline_ms, help="the SLO deadline (default: none)")
+    parser.add_argument("--shares", choices=("hepti", "even", "proportional"), default="hepti",
+                        help="Hepti's LP shares, or a baseline's in the same mode")
+    parser.add_argument("--run", action="store_true", help="also run it on one process per device")
+    parser.add_argument("--memory-falls", type=_fall, action="append", default=[], metavar="DEVICE:LAYER:MB",
+                        help="(with --run) the device's free memory falls to MB from LAYER on")
+    parser.add_argument("--kill", type=_kill, metavar="DEVICE:LAYER",
+                        help="(with --run) kill the device's process when the primary starts LAYER")
+    parser.add_argument("--trace", help="(with --run) write the measured timeline as a Chrome/Perfetto trace")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=_hepti)

@@ -288,6 +288,31 @@ def grid_for(K: int) -> tuple[int, int]:
     return best
 
 
+def _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid) -> Partition:
+    from workbench.partition.plan import check_shares
+
+    shares = list(check_shares(fixed_shares, len(devices), "fixed shares"))
+    if mode == "2d":
+        raise WorkbenchError("fixed shares split one axis; 2D-tiled WS solves its two axes itself")
+    if mode == "serial":
+        shares = [1.0] + [0.0] * (len(devices) - 1)
+    for d, s in zip(devices, shares):
+        if s > 0 and memory_bytes(mode, workload, s, num_layers) > d.memory_bytes:
+            raise WorkbenchError(f"{d.name} cannot hold its share {s:.3f} in {MODE_TITLES[mode]} mode: it needs "
+                                 f"{memory_bytes(mode, workload, s, num_layers) / 1e6:.1f} MB, has {d.memory_bytes / 1e6:.1f} MB")
+    dimension, total = ("rows", workload.seq_len) if mode in ("ws", "serial") else ("FFN columns", workload.ffn)
+    sizes = largest_remainder(total, shares)
+    heads = largest_remainder(workload.heads, shares)
+    latency, breakdown = layer_latency(mode, workload, [n / total for n in sizes], devices, grid)
+    latency *= num_layers
+    if latency > deadline_s:
+        raise WorkbenchError(f"these shares miss the deadline of {1e3 * deadline_s:.1f} ms: they take {1e3 * latency:.1f} ms")
+    return Partition(mode=mode, shares=tuple(shares), sizes=tuple(sizes), dimension=dimension,
+                     predicted_latency_s=latency, reasons=(*reasons, "shares given, not solved"), heads=tuple(heads),
+                     grid=grid, binding="shares given", breakdown=tuple(breakdown), devices=tuple(devices),
+                     num_layers=num_layers)
+
+
 def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int, grid: tuple[int, int]):
     """The split run once per axis (Hepti §4.3): row groups and column groups each solved as devices of their
     own (a group as fast as its slowest member times its size, holding what its smallest member holds
@@ -318,13 +343,16 @@ def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: i
 
 
 def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
-                    num_layers: int = 1, mode: str | None = None) -> Partition:
+                    num_layers: int = 1, mode: str | None = None,
+                    fixed_shares: Sequence[float] | None = None) -> Partition:
     """Hepti's partition of ``workload`` over ``devices`` (the first the primary) within ``deadline_s``.
 
     Mode: serial when no secondary device can take part; WS when every secondary taking part holds what WS
     needs (the output projection and the MLP of ``num_layers`` layers, plus its share of Q/K/V); otherwise
     1D-tiled below 16 devices and 2D-tiled from 16. ``mode`` forces one (it must still fit). A device
-    with no free memory is dropped; so is one whose share solves to 0, and the rest are solved again."""
+    with no free memory is dropped; so is one whose share solves to 0, and the rest are solved again.
+    ``fixed_shares`` (one per device, summing to 1) replaces the LP: the baselines (even shares, shares
+    in proportion to speed) in the same mode, their memory checked the same way."""
     devices = tuple(devices)
     _check(devices, workload, deadline_s, num_layers)
     K = len(devices)
@@ -368,6 +396,8 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
             taking = [i for i in taking if i not in slow]
         reasons.append(f"2D grid {grid[0]} x {grid[1]} from {len(taking)} devices")
     axis_shares: tuple = ()
+    if fixed_shares is not None:
+        return _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid)
     while True:
         subset = [devices[i] for i in taking]
         if mode == "2d":

@@ -27,7 +27,7 @@ REPORT_FLOATS = 3
 
 def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: Comm, *, emulate: bool,
                   memory_falls: dict, deadline_s: float, start_layer: int = 0, link: str = "emulated",
-                  mode: str | None = None, adapt: bool = True,
+                  mode: str | None = None, adapt: bool = True, fixed_shares=None,
                   progress: Callable[[int, str, dict], None] = lambda i, label, extra: None
                   ) -> tuple[RankResult, list[Decision]]:
     """Run the model's layers from ``start_layer`` on ``inputs["x"]`` (every rank holds it), deciding each
@@ -51,11 +51,13 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
             devices_now = _gather_reports(comm, reports, rank, layer, measured, walker)
             start = clock.now()
             new, why, partition = decide(split, speeds_at_decision, devices_now, shape, num_layers, layer, deadline_s,
-                                         list(range(K)), mode, adapt)
+                                         list(range(K)), mode, adapt, fixed_shares)
             if new is not None:
                 split, speeds_at_decision = new, [d.flops_per_s for d in devices_now]
                 decisions.append(Decision(layer, new.mode, partition.shares, partition.reasons, why,
                                           tuple(d.memory_bytes for d in devices_now)))
+                if rank == 0:
+                    progress(layer, f"layer {layer} decided", {"decision": decisions[-1]})
                 walker.span("stall", start, f"Hepti decides: {new.mode} ({why})", layer,
                             meta={"mode": new.mode, "why": why, "shares": list(partition.shares)})
             clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided

@@ -47,6 +47,7 @@ class LayerSplit:
     row_dims: tuple[int, ...] = ()          # 2d: hidden features per row group (W_1's rows, W_2's columns)
     col_dims: tuple[int, ...] = ()          # 2d: hidden features per column group (W_O's columns)
     col_ffn: tuple[int, ...] = ()           # 2d: FFN columns per column group
+    shares: tuple[float, ...] = ()          # the partitioner's shares per rank (its memory bounds hold for them)
 
     def position(self, rank: int) -> tuple[int, int]:
         """2d: (row group, column group) of ``rank``."""
@@ -67,14 +68,15 @@ def split_of(partition: Partition, ranks: Sequence[int], shape: LayerShape) -> L
     K = max(ranks) + 1 if ranks else 1
     full = lambda values: tuple(_spread(values, ranks, K))
     part = [r for r, s in zip(ranks, partition.shares) if s > 0]
+    shares = tuple(float(x) for x in _spread(partition.shares, ranks, K))
     if partition.mode == "serial":
         heads = [0] * K
         heads[ranks[0]] = shape.heads
-        return LayerSplit("serial", (ranks[0],), tuple(heads))
+        return LayerSplit("serial", (ranks[0],), tuple(heads), shares=shares)
     if partition.mode == "ws":
-        return LayerSplit("ws", tuple(part), full(partition.heads), rows=full(partition.sizes))
+        return LayerSplit("ws", tuple(part), full(partition.heads), rows=full(partition.sizes), shares=shares)
     if partition.mode == "1d":
-        return LayerSplit("1d", tuple(part), full(partition.heads), ffn=full(partition.sizes))
+        return LayerSplit("1d", tuple(part), full(partition.heads), ffn=full(partition.sizes), shares=shares)
     mu, nu = partition.axis_shares
     r, c = partition.grid
     row_heads = largest_remainder(shape.heads, mu)
@@ -84,7 +86,7 @@ def split_of(partition: Partition, ranks: Sequence[int], shape: LayerShape) -> L
             heads[part[i * c + j]] = n
     return LayerSplit("2d", tuple(part), tuple(heads), grid=(r, c), row_heads=tuple(row_heads),
                       row_dims=tuple(largest_remainder(shape.hidden, mu)), col_dims=tuple(largest_remainder(shape.hidden, nu)),
-                      col_ffn=tuple(largest_remainder(shape.ffn, nu)))
+                      col_ffn=tuple(largest_remainder(shape.ffn, nu)), shares=shares)
 
 
 def _spread(values, ranks, K):
@@ -216,7 +218,8 @@ def shape_of(model_shape, seq_len: int) -> LayerShape:
 
 def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[DeviceProfile], shape: LayerShape,
            num_layers: int, layer: int, deadline_s: float, ranks: Sequence[int],
-           mode: str | None = None, adapt: bool = True) -> tuple[LayerSplit | None, str, Partition | None]:
+           mode: str | None = None, adapt: bool = True,
+           fixed_shares: Sequence[float] | None = None) -> tuple[LayerSplit | None, str, Partition | None]:
     """(split, why it changed, partition) for the next layer; (None, "", None) when the current split holds.
 
     Re-partitions when there is none yet, when a participant's free memory no longer holds what its share
@@ -240,19 +243,13 @@ def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[De
                     break
     if not why:
         return None, "", None
-    partition = hepti_partition(devices_now, shape, deadline_s, num_layers=num_layers, mode=mode)
+    partition = hepti_partition(devices_now, shape, deadline_s, num_layers=num_layers, mode=mode,
+                                fixed_shares=fixed_shares)
     return split_of(partition, list(ranks), shape), why, partition
 
 
 def _share_of(split: LayerSplit, rank: int, shape: LayerShape) -> float:
-    if split.mode == "ws":
-        return split.heads[rank] / shape.heads
-    if split.mode == "1d":
-        return split.ffn[rank] / shape.ffn
-    if split.mode == "2d":
-        i, j = split.position(rank)
-        return split.row_dims[i] / shape.hidden * split.col_ffn[j] / shape.ffn
-    return 1.0
+    return split.shares[rank] if split.shares else 1.0
 
 
 def predicted_steps(partition: Partition, shape: LayerShape, num_layers: int) -> list[Step]:
@@ -283,7 +280,8 @@ class HeptiRun:
 def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len: int = 128, *,
               deadline_s: float = math.inf, memory_falls: dict[str, tuple[int, float]] | None = None,
               emulate: bool = True, kill_at: tuple[str, int] | None = None, seed: int = 0,
-              mode: str | None = None, adapt: bool = True, progress=None, should_stop=None) -> HeptiRun:
+              mode: str | None = None, adapt: bool = True, shares: Sequence[float] | None = None,
+              progress=None, should_stop=None) -> HeptiRun:
     """Hepti on real processes, one per device (the first the primary).
 
     ``memory_falls``: device name -> (layer, free bytes from that layer on), the emulated memory reports.
@@ -291,7 +289,8 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     that layer (a fault to recover from: the run goes on from that layer's input over the devices left).
     A failed device is named in ``faults``; the run re-partitions over the rest and finishes. ``mode``
     forces one mode at every decision (it must fit; ``"2d"`` on 4 devices shows the grid). ``adapt=False``
-    re-partitions on memory reports only, not on measured speeds."""
+    re-partitions on memory reports only, not on measured speeds. ``shares`` replaces the LP's (a baseline:
+    even, or in proportion to speed) in the mode Hepti picks or ``mode`` forces."""
     import os
     import signal
 
@@ -305,7 +304,10 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     model_shape = get_shape(model)
     shape = shape_of(model_shape, seq_len)
     devices = list(devices)
-    first = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers, mode=mode)
+    if shares is not None and mode is None:
+        mode = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers).mode
+    first = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers, mode=mode,
+                            fixed_shares=shares)
     from workbench.partition.plan import steps_timeline
 
     predicted = steps_timeline(predicted_steps(first, shape, model_shape.num_layers), [d.name for d in devices],
@@ -314,6 +316,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     start_layer, x = 0, None
     spans, decisions, faults, counts = [], [], [], []
     lost_s = 0.0                                # inference time of runs a fault cut short
+    lost_names: list[str] = []
     t_start = time.perf_counter()
     while True:
         names = [d.name for d in devices]
@@ -321,7 +324,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
         spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
                 "start_layer": start_layer, "x": None if x is None else encode_array(x), "emulate": emulate,
-                "seed": seed, "mode": mode, "adapt": adapt}
+                "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares)}
         victim = None
         if kill_at is not None and kill_at[0] in names and kill_at[1] >= start_layer:
             victim = (names.index(kill_at[0]), kill_at[1])
@@ -344,6 +347,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
             if failure.rank is None or len(devices) == 1:
                 raise
             lost = devices[failure.rank].name
+            decisions.extend(_decisions([r["decision"] for r in runtime.reports if "decision" in r]))
             checkpoint = runtime.checkpoint
             start_layer, x = (checkpoint[0], checkpoint[1]) if checkpoint is not None else (0, None)
             now = time.perf_counter() - t_start
@@ -351,21 +355,28 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
             spans.append(Span("device 0", "stall", now, now, f"fault: {lost} lost at layer {start_layer}; "
                               f"re-partition over {len(devices) - 1} devices", device=devices[0].name, layer=start_layer))
             devices = [d for i, d in enumerate(devices) if i != failure.rank]
+            lost_names.append(lost)
             kill_at = None
             continue
         shift = origin - t_start
         by_name = {i: names[i] for i in range(len(names))}
         spans.extend(replace(s, start=s.start + shift, end=s.end + shift, lane=f"device {by_name[s.rank]}")
                      for s in timeline.spans)
-        for raw in results[0]["decisions"]:
-            decisions.append(Decision(raw["layer"], raw["mode"], tuple(raw["shares"]), tuple(raw["reasons"]),
-                                      raw["changed"], tuple(raw["free_bytes"])))
+        resumed = _decisions(results[0]["decisions"])
+        if faults and resumed and resumed[0].changed == "first":
+            resumed[0] = replace(resumed[0], changed=f"re-partition after the fault: {lost_names[-1]} lost")
+        decisions.extend(resumed)
         counts.append(tuple(tuple(results[r]["counts"]) for r in range(len(devices))))
         latency = lost_s + results[0]["wall_s"]
         measured = Timeline(tuple(sorted(spans, key=lambda s: s.start)), "measured", name="hepti measured")
         return HeptiRun(partition=first, hidden=np.asarray(decode(results[0]["hidden"])),
                         logits=np.asarray(decode(results[0]["logits"])), timeline=measured, predicted=predicted,
                         decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts))
+
+
+def _decisions(raw: Sequence[dict]) -> list[Decision]:
+    return [Decision(r["layer"], r["mode"], tuple(r["shares"]), tuple(r["reasons"]), r["changed"],
+                     tuple(r["free_bytes"])) for r in raw]
 
 
 def decode(d):

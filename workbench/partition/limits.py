@@ -17,3 +17,4 @@ latency_ms = non_negative("ms", Bound(1000, "a second, beyond any link between e
 speed_gflops = positive("GFLOP/s", Bound(1e6, "a PFLOP/s, beyond any edge device"))
 memory_gb = positive("GB", Bound(1e4, "10 TB, beyond any edge device"))
 repeats = count(1, unit="runs", at_most=Bound(1000, "a thousand runs of one setting"))
+deadline_ms = positive("ms", Bound(3_600_000, "an hour, the longest run a command starts"))

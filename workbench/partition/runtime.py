@@ -112,6 +112,7 @@ class PartitionRuntime:
         self._job = 0
         self.runs = 0
         self.checkpoint = None          # (layer, its input) the terminal last reported, for resuming a run
+        self.reports: list[dict] = []   # what the terminal reported on the way (e.g. Hepti's decisions)
 
     @property
     def settings(self) -> tuple:
@@ -216,6 +217,7 @@ class PartitionRuntime:
         self._job += 1
         job = self._job
         self.checkpoint = None
+        self.reports = []
         spec = {**spec, "link": "shaped" if self.shaped is not None else "emulated"}
         message = (json.dumps({"job": job, "spec": spec}) + "\n").encode()
         for conn in self._conns:
@@ -255,6 +257,8 @@ class PartitionRuntime:
                             steps[rank], labels[rank] = msg["step"], msg["label"]
                             if "checkpoint" in msg:
                                 self.checkpoint = (msg["step"], decode_array(msg["checkpoint"]))
+                            if "report" in msg:
+                                self.reports.append(msg["report"])
                             if progress is not None:
                                 progress(min(steps) + 1, total)
                         elif msg.get("done") == job:

@@ -126,13 +126,16 @@ class _Runner:
             message_extra = {}
             if extra and "checkpoint" in extra:
                 message_extra["checkpoint"] = encode_array(extra["checkpoint"][1])
+            if extra and "decision" in extra:
+                message_extra["report"] = {"decision": asdict(extra["decision"])}
             progress(layer, label, message_extra)
 
         result, decisions = execute_hepti(devices, model, inputs, Comm(self.rank, self.world, self.groups),
                                           emulate=spec.get("emulate", True), memory_falls=falls,
                                           deadline_s=math.inf if deadline is None else float(deadline),
                                           start_layer=spec.get("start_layer", 0), link=spec.get("link", "emulated"),
-                                          mode=spec.get("mode"), adapt=spec.get("adapt", True), progress=report)
+                                          mode=spec.get("mode"), adapt=spec.get("adapt", True),
+                                          fixed_shares=spec.get("shares"), progress=report)
         return {"rank": self.rank, "device": result.device, "t0": started,
                 "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
                 "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions],
