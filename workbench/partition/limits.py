@@ -4,8 +4,9 @@ commands' options, the Python API and the page's controls check values with the 
 from __future__ import annotations
 
 from workbench.argtypes import Bound, count, non_negative, per_core, positive
-from workbench.partition.plan import MAX_DEVICES
 
+MAX_DEVICES = 64
+"""The cost model's largest cluster; the runtime starts at most what this machine holds."""
 MAX_POSITIONS = 8192
 RANKS_PER_CORE = 4
 

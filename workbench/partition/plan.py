@@ -27,6 +27,7 @@ from typing import Sequence
 
 from workbench.devices import DeviceProfile, member
 from workbench.errors import WorkbenchError
+from workbench.partition import limits
 from workbench.partition.cost import (DTYPE_BYTES, ModelShape, Traffic, all_gather_traffic, all_reduce_traffic,
                                       collective_s, layer_orders, split_counts, tensor_parallel_gammas,
                                       voltage_layer_gamma)
@@ -41,8 +42,7 @@ SCHEMES: dict[str, str] = {
 }
 SHARE_RULES = ("even", "proportional")
 SHARE_TOLERANCE = 1e-6
-MAX_DEVICES = 64
-"""The cost model's device count; the runtime starts at most what this machine holds."""
+MAX_DEVICES = limits.MAX_DEVICES
 
 
 @dataclass(frozen=True)
@@ -176,8 +176,6 @@ def devices_like(count: int, preset: str | DeviceProfile = DEFAULT_DEVICE, *, ba
                  latency_ms: float | None = None) -> tuple[DeviceProfile, ...]:
     """``count`` copies of a preset named ``<preset>-<i>``, their links set to ``bandwidth_mbit`` and
     ``latency_ms`` where given (checked: above 0 Mbit/s, 0 ms or more)."""
-    from workbench.partition import limits
-
     limits.devices.check("devices", count)
     changes = {}
     if bandwidth_mbit is not None:
@@ -202,8 +200,6 @@ def devices_from_table(rows: Sequence[DeviceRow], base: str = DEFAULT_DEVICE,
                        latency_ms: float | None = None) -> tuple[DeviceProfile, ...]:
     """Devices of a table: the ``base`` preset with each row's speed, memory and link, each value checked
     (the message names the row and the allowed range)."""
-    from workbench.partition import limits
-
     limits.devices.check("devices", len(rows))
     out = []
     for i, row in enumerate(rows):
