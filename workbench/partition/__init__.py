@@ -7,7 +7,7 @@ no torch; the partitioned layers and the runtime load it.
 from workbench.lazy import lazy_exports
 
 _EXPORTS = {
-    "attention_order": "cost", "attention_flops": "cost", "comm_bytes": "cost", "candidate_gammas": "cost",
+    "attention_order": "cost", "order_threshold": "cost", "attention_flops": "cost", "comm_bytes": "cost", "candidate_gammas": "cost",
     "ModelShape": "cost", "SHAPES": "cost", "get_shape": "cost", "Traffic": "cost",
     "plan_partition": "plan", "PartitionPlan": "plan", "Step": "plan", "SCHEMES": "plan", "devices_like": "plan",
     "devices_from_table": "plan", "DeviceRow": "plan", "even_shares": "plan", "proportional_shares": "plan",
@@ -15,6 +15,8 @@ _EXPORTS = {
     "PartitionModel": "models",
     "PartitionRuntime": "runtime", "RunResult": "runtime", "RunFailed": "runtime", "run_partition": "runtime",
     "ShapedNetwork": "shaping",
+    "hepti_partition": "hepti", "Partition": "hepti",
+    "paper_figures": "reference", "paper_value": "reference",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -143,6 +143,7 @@ SHAPES: dict[str, ModelShape] = {
     "bert-large": ModelShape("bert-large", "BERT-Large shape (random weights)", 1024, 16, 4096, 24),
     "gpt2": ModelShape("gpt2", "GPT-2 shape (random weights, causal)", 768, 12, 3072, 12, causal=True,
                        max_positions=1024),
+    "vit": ModelShape("vit", "ViT-Base/16 shape (random weights; 197 patch tokens at 224 x 224)", 768, 12, 3072, 12),
 }
 """Models the runtime runs: the two shipped ones and the Voltage paper's shapes."""
 
