@@ -298,7 +298,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
 
     from workbench.partition.cost import get_shape
     from workbench.partition.runtime import DEADLINE_MARGIN_S, PartitionRuntime, RunFailed
-    from workbench.partition.worker import encode_array
+    from workbench.partition.wire import encode_array
     from workbench.timeline import Span, Timeline
 
     model_shape = get_shape(model)
@@ -380,6 +380,6 @@ def _decisions(raw: Sequence[dict]) -> list[Decision]:
 
 
 def decode(d):
-    from workbench.partition.worker import decode_array
+    from workbench.partition.wire import decode_array
 
     return decode_array(d)

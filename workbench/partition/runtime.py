@@ -33,7 +33,7 @@ from workbench.argtypes import machine_cores
 from workbench.errors import WorkbenchError
 from workbench.partition.cost import Traffic
 from workbench.partition.plan import PartitionPlan
-from workbench.partition.worker import THREADS_ENV, TIMEOUT_ENV, decode_array
+from workbench.partition.wire import THREADS_ENV, TIMEOUT_ENV, decode_array
 from workbench.timeline import Span, Timeline
 
 START_TIMEOUT_S = 120.0
@@ -42,12 +42,12 @@ DEADLINE_FACTOR, DEADLINE_MARGIN_S = 5.0, 60.0
 
 
 class RunFailed(WorkbenchError):
-    """A rank died, failed or hung during a run; the message names it and its device, ``rank`` the rank
-    (None when the run was cancelled)."""
+    """A rank died, failed or hung during a run, or the run was cancelled (``cancelled``); the message names
+    the rank and its device, ``rank`` the rank (None when cancelled)."""
 
-    def __init__(self, message: str, rank: int | None = None):
+    def __init__(self, message: str, rank: int | None = None, cancelled: bool = False):
         super().__init__(message)
-        self.rank = rank
+        self.rank, self.cancelled = rank, cancelled
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ class PartitionRuntime:
                 self._check_alive(names, steps, total)
                 if should_stop is not None and should_stop():
                     self.close()
-                    raise RunFailed("the run was cancelled; its worker processes were stopped")
+                    raise RunFailed("the run was cancelled; its worker processes were stopped", cancelled=True)
                 if time.monotonic() > deadline:
                     self._hung(names, steps, labels, results)
                 for key, _ in selector.select(timeout=0.1):

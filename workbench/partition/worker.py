@@ -19,7 +19,6 @@ Two modes:
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import socket
@@ -31,20 +30,7 @@ from datetime import timedelta
 
 import numpy as np
 
-THREADS_ENV = "WORKBENCH_PARTITION_THREADS"
-TIMEOUT_ENV = "WORKBENCH_PARTITION_TIMEOUT_S"
-
-
-def encode_array(t) -> dict:
-    """A float32 tensor or array as JSON-able base64 (what rank 0 sends the parent)."""
-    a = np.ascontiguousarray(t.detach().numpy() if hasattr(t, "detach") else t, dtype=np.float32)
-    return {"shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
-
-
-def decode_array(d: dict | None) -> np.ndarray | None:
-    if d is None:
-        return None
-    return np.frombuffer(base64.b64decode(d["data"]), dtype=np.float32).reshape(d["shape"])
+from workbench.partition.wire import THREADS_ENV, TIMEOUT_ENV, decode_array, encode_array
 
 
 def plan_from_spec(spec: dict):
