@@ -45,3 +45,30 @@ def test_bad_input_is_one_line_before_anything_starts():
     assert done.returncode == 2 and "worker processes" in done.stderr
     done = workbench("partition", "plan", "--devices", "5", "--seq-len", "3")
     assert done.returncode != 0 and "shorter than the 5 devices" in done.stderr
+
+
+def test_hepti_prints_the_partitioners_decision():
+    from workbench.devices import get_cluster
+    from workbench.partition.hepti import hepti_partition
+    from workbench.partition.hepti_run import shape_of
+
+    done = workbench("partition", "hepti", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    expected = hepti_partition(get_cluster("hepti").devices, shape_of(SHAPES["encoder"], 128), num_layers=6)
+    assert out["mode"] == expected.mode and out["sizes"] == list(expected.sizes)
+    assert abs(out["predicted_ms"] - 1e3 * expected.predicted_latency_s) < 1e-9
+    even = json.loads(workbench("partition", "hepti", "--shares", "even", "--json").stdout)
+    assert even["shares"] == [0.25] * 4 and even["predicted_ms"] > out["predicted_ms"]
+
+
+def test_hepti_refuses_bad_input_in_one_line():
+    for args, message in ((("--memory-falls", "rpi3:x:5"), "expected DEVICE:LAYER:MB"),
+                          (("--kill", "rpi3"), "expected DEVICE:LAYER"),
+                          (("--deadline-ms", "0"), "must be more than 0 ms")):
+        done = workbench("partition", "hepti", *args)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = workbench("partition", "hepti", "--deadline-ms", "1")
+    assert done.returncode != 0 and "best reachable is" in done.stderr
+    done = workbench("partition", "hepti", "--run", "--kill", "laptop:2")
+    assert done.returncode != 0 and "no device 'laptop'" in done.stderr
