@@ -38,7 +38,7 @@ MECHANISM = Mechanism(
         Command(name="hepti", help="Hepti's shares and mode over unequal devices (LP), optionally run for real "
                                    "with memory falls and a killed device", configure=commands.configure_hepti),
     ),
-    benchmarks={"partition": "workbench.partition.bench"},
+    benchmarks={"partition": "workbench.partition.bench", "hepti": "workbench.partition.bench_hepti"},
     dashboard=Dashboard(
         page="partition.ipynb", title="Position-wise partitioning (Voltage)",
         summary="device count, link bandwidth, sequence length, model, scheme and a table of unequal devices -> "
