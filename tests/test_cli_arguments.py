@@ -24,6 +24,8 @@ BAD = {
     argtypes.existing_folder.__name__: "/no/such/folder",
     argtypes.writable_folder.__name__: "/etc/hostname/swap",
     argtypes.text_file.__name__: "/no/such/file.txt",
+    "memory fall": "rpi3:x:5",
+    "device and layer": "rpi3",
 }
 """A value each argument type other than a number must refuse, by the type's name."""
 

@@ -130,3 +130,27 @@ def test_mode_blocks_count_their_collectives():
     assert two_d.count("all_gather") == 3 and two_d.count("all_reduce") == 3
     shape = LayerShape(64, 4, 128, 10)
     assert memory_bytes("1d", shape, 0.5) == 0.5 * (4 * 64 * 64 + 2 * 64 * 128) * 4
+
+
+def test_the_primary_always_takes_part():
+    """A primary behind a slow link would get share 0 from the LP alone; it holds the output, so it keeps at
+    least one unit of the split."""
+    devices = boards(1, 20, 20, bandwidth=125e6)
+    devices[0] = replace(devices[0], net_bytes_per_s=1.25e6)
+    part = hepti_partition(devices, MINILM)
+    assert part.shares[0] > 0 and part.sizes[0] >= 1
+
+
+def test_a_device_whose_link_costs_more_than_its_compute_saves_is_left_out():
+    devices = boards(10, 10, 10, bandwidth=125e6)
+    devices[2] = replace(devices[2], net_bytes_per_s=1.25e6)          # 10 Mbit/s
+    part = hepti_partition(devices, MINILM)
+    assert part.shares[2] == 0 and any("d2 dropped: leaving it out is faster" in r for r in part.reasons)
+    both = hepti_partition(devices[:2], MINILM)
+    assert part.predicted_latency_s == pytest.approx(both.predicted_latency_s)
+
+
+def test_ws_needs_room_for_a_head_beside_the_fixed_part():
+    exact = ws_fixed_bytes(MINILM, 6)
+    devices = [boards(10, memory=4e9)[0]] + boards(10, 10, memory=exact)[1:]
+    assert hepti_partition(devices, MINILM, num_layers=6).mode == "1d"

@@ -158,6 +158,10 @@ def _kill(text: str):
     return name, layer
 
 
+_fall.__name__ = "memory fall"
+_kill.__name__ = "device and layer"
+
+
 def _hepti(args) -> int:
     import math
 

@@ -118,6 +118,11 @@ def ws_fixed_bytes(shape: LayerShape, num_layers: int = 1) -> float:
     return memory_bytes("ws", shape, 0.0, num_layers)
 
 
+def ws_minimum_bytes(shape: LayerShape, num_layers: int = 1) -> float:
+    """What a secondary needs to take part in WS at all: :func:`ws_fixed_bytes` plus one head of Q, K, V."""
+    return memory_bytes("ws", shape, 1.0 / shape.heads, num_layers)
+
+
 def compute_s(device: DeviceProfile, work: float) -> float:
     """Eq. (5): rho_i r / f_i, a dot-product element being two of the device's FLOPs."""
     return 2 * work / device.flops_per_s
@@ -217,9 +222,10 @@ def _check(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: f
 
 
 def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
-                 grid: tuple[int, int] = (1, 1)) -> tuple[np.ndarray, float, str] | None:
+                 grid: tuple[int, int] = (1, 1), first_at_least: float = 0.0) -> tuple[np.ndarray, float, str] | None:
     """P2 over continuous shares for ``devices`` all taking part: (shares, latency, binding constraint), or
-    None when no shares fit the memory. Variables: lambda_1..K, then one epigraph t_b per block."""
+    None when no shares fit the memory. Variables: lambda_1..K, then one epigraph t_b per block.
+    ``first_at_least``: the primary's smallest share (it always computes part of the layer)."""
     from scipy.optimize import linprog
 
     K = len(devices)
@@ -251,6 +257,7 @@ def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile],
         if top < 0:
             return None
         bounds.append((0.0, min(1.0, top)))
+    bounds[0] = (min(first_at_least, bounds[0][1]), bounds[0][1])
     bounds += [(0.0, None)] * B
     if sum(hi for _, hi in bounds[:K]) < 1.0 - 1e-12:
         return None
@@ -367,15 +374,15 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         if len(taking) == 1:
             mode = "serial"
             reasons.append("serial: no secondary device can take part")
-        elif all(devices[i].memory_bytes >= ws_fixed_bytes(workload, num_layers) for i in taking[1:]):
+        elif all(devices[i].memory_bytes >= ws_minimum_bytes(workload, num_layers) for i in taking[1:]):
             mode = "ws"
-            reasons.append(f"WS: every secondary holds the output projection and the MLP "
-                           f"({ws_fixed_bytes(workload, num_layers) / 1e6:.1f} MB for {num_layers} layers)")
+            reasons.append(f"WS: every secondary holds the output projection and the MLP and a head of Q, K, V "
+                           f"({ws_minimum_bytes(workload, num_layers) / 1e6:.1f} MB for {num_layers} layers)")
         else:
-            short = [names[i] for i in taking[1:] if devices[i].memory_bytes < ws_fixed_bytes(workload, num_layers)]
+            short = [names[i] for i in taking[1:] if devices[i].memory_bytes < ws_minimum_bytes(workload, num_layers)]
             mode = "1d" if len(taking) < TILED_2D_FROM else "2d"
             reasons.append(f"{MODE_TITLES[mode]}: {', '.join(short)} cannot hold what WS needs "
-                           f"({ws_fixed_bytes(workload, num_layers) / 1e6:.1f} MB); "
+                           f"({ws_minimum_bytes(workload, num_layers) / 1e6:.1f} MB with one head); "
                            f"{len(taking)} devices {'< 16' if mode == '1d' else '>= 16'}")
     elif mode not in MODES:
         raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -398,31 +405,68 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     axis_shares: tuple = ()
     if fixed_shares is not None:
         return _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid)
-    while True:
+    unit = {"ws": workload.seq_len, "1d": workload.ffn}.get(mode, 1)
+
+    def solve(taking):
+        """Shares of the devices ``taking`` part (continuous, per device given), Eq. 7 with integer sizes,
+        the binding constraint, the 2D axis shares; None when the weights fit nowhere."""
         subset = [devices[i] for i in taking]
+        axis = ()
         if mode == "2d":
-            solved, axis_shares = _solve_2d(workload, subset, num_layers, grid)
+            solved, axis = _solve_2d(workload, subset, num_layers, grid)
+        elif mode == "serial":
+            solved = (np.ones(1), 0.0, f"{names[0]} computes everything")
         else:
-            solved = solve_shares(mode, workload, subset, num_layers, grid) if mode != "serial" else (np.ones(1), 0.0, "")
+            solved = solve_shares(mode, workload, subset, num_layers, grid, first_at_least=1.0 / unit)
         if solved is None:
-            need = whole / 1e6
-            have = ", ".join(f"{d.name} {d.memory_bytes / 1e6:.1f} MB" for d in subset)
-            raise WorkbenchError(f"the weights of {num_layers} layers ({need:.1f} MB) fit nowhere in {MODE_TITLES[mode]} "
-                                 f"mode: free memory {have}")
-        shares_sub, _, binding = solved
-        unit = {"ws": workload.seq_len, "1d": workload.ffn}.get(mode, 1)
-        zero = [taking[n] for n, s in enumerate(shares_sub) if s * unit < 0.5 and taking[n] != 0]
+            return None
+        full = [0.0] * K
+        for n, i in enumerate(taking):
+            full[i] = float(solved[0][n])
+        total = {"ws": workload.seq_len, "serial": workload.seq_len}.get(mode, workload.ffn)
+        latency, _ = layer_latency(mode, workload, [n / total for n in largest_remainder(total, full)], devices, grid)
+        return full, latency * num_layers, solved[2], axis
+
+    if mode in ("ws", "1d") and len(taking) > 2:
+        # Eq. 6 charges every device taking part for what it receives, which the LP cannot weigh against
+        # leaving a device out (a share on a slow link even looks cheap to it, as the device then receives
+        # less): try leaving out the 1, 2, 4, ... secondaries that bring least (speed times link) and keep
+        # the fastest set.
+        whole_set = solve(taking)
+        if whole_set is not None:
+            by_link = sorted(taking[1:], key=lambda i: devices[i].net_bytes_per_s * devices[i].flops_per_s)
+            best, best_set, n = whole_set[1], taking, 1
+            while n < len(by_link) + 1:
+                trial = [i for i in taking if i not in by_link[:n]]
+                tried = solve(trial)
+                if tried is not None and tried[1] < best * (1 - 1e-9):
+                    best, best_set = tried[1], trial
+                n *= 2
+            for i in taking:
+                if i not in best_set:
+                    reasons.append(f"{names[i]} dropped: leaving it out is faster ({1e3 * best:.1f} ms against "
+                                   f"{1e3 * whole_set[1]:.1f} ms): what it would receive over its link outweighs "
+                                   "its compute")
+            taking = best_set
+    while True:
+        solved = solve(taking)
+        if solved is None:
+            have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
+            raise WorkbenchError(f"the weights of {num_layers} layers ({whole / 1e6:.1f} MB) fit nowhere in "
+                                 f"{MODE_TITLES[mode]} mode: free memory {have}")
+        full, latency, binding, axis_shares = solved
+        zero = [i for i in taking if i != 0 and full[i] * unit < 0.5]
         if not zero or mode == "2d":
             break
         for i in zero:
             reasons.append(f"{names[i]} dropped: its share solved to less than half a unit of the split")
         taking = [i for i in taking if i not in zero]
-        if len(taking) == 1:
-            mode, grid = "serial", (1, 1)
-            reasons.append("serial: every secondary's share solved to 0")
-    shares = [0.0] * K
-    for n, i in enumerate(taking):
-        shares[i] = float(shares_sub[n])
+    if len(taking) == 1 and mode != "serial":
+        mode, grid = "serial", (1, 1)
+        full = [1.0] + [0.0] * (K - 1)
+        binding = f"{names[0]} computes everything"
+        reasons.append("serial: no secondary is worth its link")
+    shares = full
     dimension, total = {"ws": ("rows", workload.seq_len), "1d": ("FFN columns", workload.ffn),
                         "2d": ("FFN columns", workload.ffn), "serial": ("rows", workload.seq_len)}[mode]
     sizes = largest_remainder(total, shares)

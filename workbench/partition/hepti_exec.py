@@ -109,6 +109,8 @@ def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, measure
 def _bring_x(comm: Comm, split: LayerSplit, x, has_x: list[bool], layer: int):
     """Ranks that take part now but sat the last layer out get its output from rank 0 (which always has it)."""
     need = [r for r in split.participants if not has_x[r]]
+    if need and not has_x[0]:
+        raise RuntimeError("the primary (rank 0) sat the last layer out and holds no output to hand on")
     for r in need:
         if comm.rank == 0:
             comm.send(x, r, layer)

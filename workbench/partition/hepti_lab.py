@@ -24,8 +24,10 @@ FAST_MBIT = 10_000.0
 """Links of the exercises whose links are "fast": the All-Gathers cost well under a millisecond a layer."""
 
 # name, GFLOP/s, free memory (GB), link (Mbit/s); the first is the primary
-MIXED = (("A", 12.0, 4.0, 1000.0), ("B", 12.0, 2.0, 1000.0), ("C", 24.0, 0.024, 1000.0), ("D", 6.0, 1.0, 1000.0))
-"""Exercises 1 and 2: C is the fastest board but has only 24 MB free."""
+MIXED = (("A", 12.0, 4.0, FAST_MBIT), ("B", 12.0, 2.0, FAST_MBIT), ("C", 24.0, 0.024, FAST_MBIT),
+         ("D", 6.0, 1.0, FAST_MBIT))
+"""Exercises 1 and 2: C is the fastest board but has only 24 MB free; links fast (at 1 Gbit/s the summed
+All-Reduces of Eq. 6 would outweigh D's compute and Hepti would leave D out)."""
 SHORT_DEVICE = "C"
 FALLEN_GB = 0.012
 """Exercise 4: C's free memory falls to 12 MB."""

@@ -317,7 +317,8 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     spans, decisions, faults, counts = [], [], [], []
     lost_s = 0.0                                # inference time of runs a fault cut short
     lost_names: list[str] = []
-    t_start = time.perf_counter()
+    lane_of = {d.name: f"device {i}" for i, d in enumerate(devices)}    # the prediction's lanes, by device
+    t_zero = None                               # the primary's first report: time 0 of the measured timeline
     while True:
         names = [d.name for d in devices]
         runtime = PartitionRuntime(len(devices))
@@ -343,24 +344,24 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
                                            predicted.end * 5 + DEADLINE_MARGIN_S, hook, should_stop)
                 timeline, origin = runtime.merge(results, "hepti measured")
         except RunFailed as failure:
-            lost_s += time.perf_counter() - job_start
-            if failure.rank is None or len(devices) == 1:
-                raise
+            if failure.kind not in ("died", "hung") or failure.rank is None or len(devices) == 1:
+                raise                                   # an error in the code or a cancel is no device fault
+            lost_s += time.perf_counter() - (runtime.first_progress_at or job_start)
+            t_zero = t_zero if t_zero is not None else (runtime.first_progress_at or job_start)
             lost = devices[failure.rank].name
             decisions.extend(_decisions([r["decision"] for r in runtime.reports if "decision" in r]))
             checkpoint = runtime.checkpoint
             start_layer, x = (checkpoint[0], checkpoint[1]) if checkpoint is not None else (0, None)
-            now = time.perf_counter() - t_start
+            now = time.perf_counter() - t_zero
             faults.append(f"{failure}; resumed at layer {start_layer} over the {len(devices) - 1} devices left")
-            spans.append(Span("device 0", "stall", now, now, f"fault: {lost} lost at layer {start_layer}; "
-                              f"re-partition over {len(devices) - 1} devices", device=devices[0].name, layer=start_layer))
+            spans.append(Span(lane_of[lost], "stall", now, now, f"fault: {lost} lost at layer {start_layer}; "
+                              f"re-partition over {len(devices) - 1} devices", device=lost, layer=start_layer))
             devices = [d for i, d in enumerate(devices) if i != failure.rank]
             lost_names.append(lost)
             kill_at = None
             continue
-        shift = origin - t_start
-        by_name = {i: names[i] for i in range(len(names))}
-        spans.extend(replace(s, start=s.start + shift, end=s.end + shift, lane=f"device {by_name[s.rank]}")
+        shift = origin - (t_zero if t_zero is not None else origin)
+        spans.extend(replace(s, start=s.start + shift, end=s.end + shift, lane=lane_of[names[s.rank]])
                      for s in timeline.spans)
         resumed = _decisions(results[0]["decisions"])
         if faults and resumed and resumed[0].changed == "first":

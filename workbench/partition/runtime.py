@@ -45,9 +45,10 @@ class RunFailed(WorkbenchError):
     """A rank died, failed or hung during a run, or the run was cancelled (``cancelled``); the message names
     the rank and its device, ``rank`` the rank (None when cancelled)."""
 
-    def __init__(self, message: str, rank: int | None = None, cancelled: bool = False):
+    def __init__(self, message: str, rank: int | None = None, cancelled: bool = False, kind: str = "failed"):
         super().__init__(message)
         self.rank, self.cancelled = rank, cancelled
+        self.kind = "cancelled" if cancelled else kind      # "died", "hung", "failed" (an error) or "cancelled"
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class PartitionRuntime:
         self.runs = 0
         self.checkpoint = None          # (layer, its input) the terminal last reported, for resuming a run
         self.reports: list[dict] = []   # what the terminal reported on the way (e.g. Hepti's decisions)
+        self.first_progress_at = None   # when the terminal first reported (its inference began), parent's clock
 
     @property
     def settings(self) -> tuple:
@@ -222,6 +224,7 @@ class PartitionRuntime:
         job = self._job
         self.checkpoint = None
         self.reports = []
+        self.first_progress_at = None
         spec = {**spec, "link": "shaped" if self.shaped is not None else "emulated"}
         message = (json.dumps({"job": job, "spec": spec}) + "\n").encode()
         for conn in self._conns:
@@ -252,13 +255,15 @@ class PartitionRuntime:
                     chunk = key.fileobj.recv(1 << 20)
                     if not chunk:
                         self._check_alive(names, steps, total, wait_s=2.0)
-                        self._fail(f"{self._device(names, rank)} closed its connection mid-run", rank)
+                        self._fail(f"{self._device(names, rank)} closed its connection mid-run", rank, "died")
                     buffers[rank] += chunk
                     while b"\n" in buffers[rank]:
                         line, buffers[rank] = buffers[rank].split(b"\n", 1)
                         msg = json.loads(line)
                         if msg.get("progress") == job:
                             steps[rank], labels[rank] = msg["step"], msg["label"]
+                            if rank == 0 and self.first_progress_at is None:
+                                self.first_progress_at = time.perf_counter()
                             if "checkpoint" in msg:
                                 self.checkpoint = (msg["step"], decode_array(msg["checkpoint"]))
                             if "report" in msg:
@@ -292,7 +297,7 @@ class PartitionRuntime:
             last = [line for line in (exit.log_tail if exit is not None else "").splitlines() if line.strip()]
             why += f"; its log ends: {last[-1].strip()}" if last else ""
             at = f" after step {steps[dead[0]] + 1} of {total}" if steps[dead[0]] >= 0 else ""
-            self._fail(f"{self._device(names, dead[0])} died ({why}){at}", dead[0])
+            self._fail(f"{self._device(names, dead[0])} died ({why}){at}", dead[0], "died")
 
     def _hung(self, names, steps, labels, results) -> None:
         waiting = [r for r in range(self.size) if r not in results]
@@ -300,11 +305,11 @@ class PartitionRuntime:
         late = [r for r in waiting if steps[r] == behind]
         last = f"its last step was {labels[late[0]]!r}" if behind >= 0 else "it finished no step"
         self._fail(f"{', '.join(self._device(names, r) for r in late)} did not answer within the run's "
-                   f"deadline; {last}", late[0])
+                   f"deadline; {last}", late[0], "hung")
 
-    def _fail(self, message: str, rank: int | None = None):
+    def _fail(self, message: str, rank: int | None = None, kind: str = "failed"):
         self.close()
-        raise RunFailed(f"{message}; every worker process of the run was stopped", rank)
+        raise RunFailed(f"{message}; every worker process of the run was stopped", rank, kind=kind)
 
     def merge(self, results: dict[int, dict], name: str) -> tuple[Timeline, float]:
         """Every rank's timeline on the parent's clock, and where it starts on ``time.perf_counter()``."""
