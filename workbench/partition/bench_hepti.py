@@ -454,9 +454,9 @@ def fault_table(runs: Runs) -> list[dict]:
         marks = [s for s in run.timeline.spans if s.label.startswith("fault:")]
         if not marks:
             continue
-        mark = marks[0].start                         # on the run's clock (from just after it was called)
+        mark = marks[0].start                         # on the run's clock (0 at the primary's first report)
         after = [s for s in run.timeline.spans if s.start > mark and not s.label.startswith("fault:")]
-        cut = [t - called for t in stamps if t - called <= mark]
+        cut = [t - run.started_at for t in stamps if t - run.started_at <= mark]
         if cut:                                      # the last progress report before the fault killed the device
             detection.append(mark - cut[-1])
             before_kill.append(cut[-1] - cut[0])

@@ -272,6 +272,7 @@ class HeptiRun:
     latency_s: float                        # inference time on the primary: runs a fault cut short, then the last
                                             # run's (process restarts apart, which the timeline shows)
     counts: tuple[tuple[dict, ...], ...]    # per segment's ranks, their collectives
+    started_at: float = 0.0                 # time.perf_counter() at the measured timeline's 0 (the primary's first report)
 
     def switches(self) -> list[Decision]:
         return [d for d in self.decisions if d.changed not in ("", "first")]
@@ -360,7 +361,8 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
             lost_names.append(lost)
             kill_at = None
             continue
-        shift = origin - (t_zero if t_zero is not None else origin)
+        t_zero = t_zero if t_zero is not None else origin
+        shift = origin - t_zero
         spans.extend(replace(s, start=s.start + shift, end=s.end + shift, lane=lane_of[names[s.rank]])
                      for s in timeline.spans)
         resumed = _decisions(results[0]["decisions"])
@@ -372,7 +374,8 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
         measured = Timeline(tuple(sorted(spans, key=lambda s: s.start)), "measured", name="hepti measured")
         return HeptiRun(partition=first, hidden=np.asarray(decode(results[0]["hidden"])),
                         logits=np.asarray(decode(results[0]["logits"])), timeline=measured, predicted=predicted,
-                        decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts))
+                        decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts),
+                        started_at=t_zero)
 
 
 def _decisions(raw: Sequence[dict]) -> list[Decision]:
