@@ -439,8 +439,9 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
             while n < len(by_link) + 1:
                 trial = [i for i in taking if i not in by_link[:n]]
                 tried = solve(trial)
-                if tried is not None and tried[1] < best * (1 - 1e-9):
-                    best, best_set = tried[1], trial
+                if tried is None or tried[1] >= best * (1 - 1e-9):
+                    break                       # leaving out more would not help either: one solve in the usual case
+                best, best_set = tried[1], trial
                 n *= 2
             for i in taking:
                 if i not in best_set:
