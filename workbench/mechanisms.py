@@ -23,6 +23,7 @@ REGISTERED: tuple[str, ...] = (
     "workbench.elastic.mechanism",
     "workbench.kvcache.mechanism",
     "workbench.partition.mechanism",
+    "workbench.hepti.mechanism",
 )
 """Modules that define a ``MECHANISM``; the one line a new mechanism adds."""
 
