@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
             server.configure(kinds.add_parser(server.name, help=server.help))
 
     for mechanism in mechanisms():
+        if not mechanism.commands:
+            continue                            # a mechanism that brings a page only (its engine's commands live elsewhere)
         group = sub.add_parser(mechanism.name, help=mechanism.title)
         commands = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
         for command in mechanism.commands:

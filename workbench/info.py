@@ -64,8 +64,10 @@ def print_info(preset: str, as_json: bool = False) -> None:
     for name, t in info["tasks"].items():
         print(f"task       {name:<9} {t['title']} ({len(t['labels'])} classes)")
     for name, m in info["mechanisms"].items():
-        print(f"mechanism  {name:<9} {m['title']}: `workbench {name} {{{','.join(m['commands'])}}}`, "
-              f"bench {', '.join(m['benchmarks'])}, page {m['dashboard']}")
+        parts = [f"`workbench {name} {{{','.join(m['commands'])}}}`"] if m["commands"] else []
+        parts += [f"bench {', '.join(m['benchmarks'])}"] if m["benchmarks"] else []
+        parts += [f"page {m['dashboard']}"] if m["dashboard"] else []
+        print(f"mechanism  {name:<9} {m['title']}: {', '.join(parts)}")
         for line in m["summary"]:
             print(f"{name:<10} {line}")
     for title in info["planned"]:

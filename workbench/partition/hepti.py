@@ -365,6 +365,9 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     K = len(devices)
     reasons: list[str] = []
     names = [d.name for d in devices]
+    if devices[0].memory_bytes <= 0:
+        raise WorkbenchError(f"the primary {devices[0].name!r} has no free memory: it always takes part and must hold "
+                             "its share of the weights; give it memory or make another device the primary")
     taking = [0] + [i for i in range(1, K) if devices[i].memory_bytes > 0]
     for i in range(1, K):
         if i not in taking:

@@ -243,8 +243,9 @@ def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[De
                     break
     if not why:
         return None, "", None
-    partition = hepti_partition(devices_now, shape, deadline_s, num_layers=num_layers, mode=mode,
-                                fixed_shares=fixed_shares)
+    # the deadline is checked when the run is planned; a later decision must carry on whatever it costs
+    partition = hepti_partition(devices_now, shape, deadline_s if previous is None else math.inf,
+                                num_layers=num_layers, mode=mode, fixed_shares=fixed_shares)
     return split_of(partition, list(ranks), shape), why, partition
 
 
