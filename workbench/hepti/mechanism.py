@@ -1,4 +1,4 @@
-"""What Hepti (heterogeneous partitioning) brings to the workbench: its dashboard.
+"""What Hepti (heterogeneous partitioning) brings to the workbench: its dashboard, lab and evaluation.
 
 Hepti's engine lives in :mod:`workbench.partition` (:mod:`~workbench.partition.hepti`,
 :mod:`~workbench.partition.hepti_run`) beside Voltage's, and so do its command (`workbench partition hepti`)
@@ -7,7 +7,7 @@ Nothing to prepare: the shipped encoder is read from its package.
 """
 from __future__ import annotations
 
-from workbench.mechanisms import Dashboard, Mechanism
+from workbench.mechanisms import Dashboard, Mechanism, Notebook
 
 MECHANISM = Mechanism(
     name="hepti",
@@ -22,4 +22,9 @@ MECHANISM = Mechanism(
                 "(predicted, and measured on real processes)",
         probe_control="Sequence length", probe_figure="breakdown",
         panel="workbench.ui.hepti:HeptiPanel"),
+    notebooks=(
+        Notebook(path="labs/hepti_lab.ipynb", title="Heterogeneous partitioning: a teaching lab", kind="lab"),
+        Notebook(path="hepti_evaluation.ipynb", title="Heterogeneous partitioning beside the paper",
+                 kind="evaluation"),
+    ),
 )
