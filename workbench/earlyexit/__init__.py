@@ -1,0 +1,13 @@
+"""Early-exit models served the E3 way: split the layers where the batch shrinks, replicate each split so that
+its batch stays full, pipeline the splits over (possibly mixed) GPUs.
+
+The public names are importable from here, each loaded on first use; the optimizer needs only NumPy.
+"""
+from workbench.lazy import lazy_exports
+
+_EXPORTS = {
+    "optimize_splits": "optimizer", "brute_force_splits": "optimizer", "SplitPlan": "optimizer",
+    "bert_problem": "optimizer", "time_optimizer": "optimizer",
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

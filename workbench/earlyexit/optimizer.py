@@ -1,0 +1,944 @@
+"""E3's split optimizer: where to cut an early-exit model, how many replicas of which GPU type each split gets.
+
+The paper (E3, SOSP '24, §3.2) prints its recurrence garbled; this module implements its stated intent: choose
+split points, per-split replica counts and GPU types so that every request meets ``SLO x (1 - slack)``, the GPUs
+of each type used stay within the counts given, the cost stays within ``alpha x`` a baseline's, and goodput is
+the largest possible.
+
+The model (one pipeline cycle)
+------------------------------
+- Every cycle the pipeline takes in ``batch_size`` samples (B). ``batch_profile[k]`` is the fraction of them still
+  present after layer k's exit ramp, so layer k sees ``f_k = batch_profile[k-1]`` of them (``f_0 = 1``).
+- A split of layers ``[s, e)`` with ``r`` replicas of one GPU type shares the ``B f_s`` samples it receives
+  evenly: a replica's batch at layer k is ``ceil(B f_k / r)`` (the samples that exited earlier, within the split
+  too, have left; an expected share rounds up to a whole sample). ``batch_sizes`` reports it at the split's
+  first layer: the batch a replica is served with.
+- A replica's compute time for the split, its *stage time*, is the sum over its layers of
+  ``layer_latency(k, ceil(B f_k / r), gpu_type)``; its replicas run in parallel, so the split handles B input
+  samples per stage time: its throughput is ``replicas x batch / stage time`` samples, ``B / stage time`` in
+  input samples per second.
+- Between consecutive splits the survivors' activations move in ``transfer_s`` seconds (a number, or
+  ``transfer_s(boundary, batch)`` for the ``ceil(B f_boundary)`` samples crossing into the split that starts at
+  layer ``boundary``); a transfer is a pipeline stage of its own, with throughput ``B / transfer seconds``.
+- Pipelined (the default), the stages overlap: the *cycle time* is the largest stage or transfer time, and
+  goodput = ``B / cycle`` = the smallest throughput of any split or transfer, in input samples per second. Not
+  pipelined, a batch goes through every stage before the next enters: the cycle is their sum.
+- A request's latency is the sum of the stage and transfer times along its path; the worst case, a request
+  that reaches the last layer, is the sum over all of them. A plan counts only if that worst case is within the
+  budget ``SLO x (1 - slack)``: then every request meets the SLO. (Requests that exit early are faster; input
+  batching delay and queueing are outside this model.)
+- A split has at least one replica and at most as many as samples it receives per cycle (``floor(B f_s)``,
+  at least 1): a replica with less than one sample per cycle would idle.
+- Cost is the per-second price of the GPUs a plan uses (``prices``); with ``alpha`` a plan may cost at most
+  ``alpha x baseline_cost_per_s`` (by default the price of all the GPUs given).
+
+Among plans with the same goodput the optimizer prefers the lowest cost, then the fewest GPUs, then the lowest
+worst-case latency; :func:`brute_force_splits` enumerates every plan and breaks ties the same way.
+
+E3's own example, a batch of 16 on each of two replicas of the first split whose halves merge into one batch of
+16 for the second, is ``batch_size=32`` with ``replicas == [2, 1]`` and ``batch_sizes == [16, 16]``. The last
+entry of ``batch_profile`` only has to be valid: every sample leaves after the last layer.
+
+The dynamic program
+-------------------
+Labels over (layer boundary, GPUs used per type): a label at boundary e is a way to run layers ``[0, e)``, kept
+only when no other label at e uses no more GPUs of any type and has no more latency (a dense box over the
+used-GPU vectors finds the dominated ones with a running minimum along each type's axis). Pipelined, the
+smallest feasible cycle is searched for among the candidate cycle times (every stage and transfer time within
+the budget), upwards in growing steps from two lower bounds (the smallest cycle, and the smallest at which some
+plan meets the budget, with every GPU type unlimited), then by bisection: first each split gets only the fewest
+replicas that meet the cycle and latency is not tracked (do the GPUs and the cost bound suffice? the busiest
+type's count is then the value in a box over the others), then every replica count with latency tracked (does
+every request meet the SLO too?); that pass at the smallest feasible cycle also breaks the ties. Not pipelined,
+one pass with every replica count minimises the latency, which is the cycle. Labels are kept sorted by latency,
+so an option is tried only with those that can still meet the budget; a replica count no better than a smaller
+one is never tried; lower bounds on the latency, GPUs and cost still to come drop labels that cannot complete.
+The box has ``prod(count + 1)`` cells over the GPU types; more than ``MAX_CELLS`` is refused as bad input.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+_EPS = 1e-9          # slack for rounding when a share of samples is rounded to a whole sample
+_TOL = 1e-9          # relative slack of the lower bounds that prune labels (they sum in another order)
+
+MAX_CELLS = 1 << 22   # the largest box of GPUs-used-per-type vectors (product of count + 1 over the types)
+
+LayerLatency = Callable[[int, int, str], float]
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """The optimizer's answer: splits, their replicas and GPU types, and why.
+
+    ``splits`` are ``(start, end)`` layer ranges (end exclusive) covering every layer; ``replicas``,
+    ``gpu_types``, ``batch_sizes`` (a replica's batch at the split's first layer) and ``stage_s`` (a replica's
+    compute time for its batch) are per split; ``transfers_s`` per boundary between consecutive splits.
+    ``goodput`` is in input samples per second (0 for an empty plan, whose ``reason`` says why there is none).
+    ``binding`` names what sets the cycle; ``reason`` says why this plan; ``table`` is the dynamic program per
+    boundary; ``probes`` the cycle times it tried and whether a plan met each. ``bottlenecks`` lists what sets
+    the cycle as ("compute", split index) or ("transfer", index of the split it feeds) (pipelined only)."""
+    splits: list[tuple[int, int]]
+    replicas: list[int]
+    gpu_types: list[str]
+    batch_sizes: list[int]
+    goodput: float
+    stage_s: list[float] = field(default_factory=list)
+    transfers_s: list[float] = field(default_factory=list)
+    cycle_s: float = math.inf
+    latency_s: float = math.inf
+    budget_s: float = 0.0
+    cost_per_s: float = 0.0
+    cost_limit_per_s: float = math.inf
+    gpus_used: dict[str, int] = field(default_factory=dict)
+    batch_size: int = 0
+    pipelined: bool = True
+    binding: str = ""
+    bottlenecks: list[tuple[str, int]] = field(default_factory=list)
+    reason: str = ""
+    unsplit: dict | None = None
+    table: list[dict] = field(default_factory=list)
+    probes: list[dict] = field(default_factory=list)
+    solve_s: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.splits)
+
+    @property
+    def objective(self) -> tuple[float, float, int, float]:
+        """What the optimizer minimises, in order: cycle (the inverse of goodput), cost, GPUs, worst-case latency."""
+        return (self.cycle_s, self.cost_per_s, sum(self.gpus_used.values()), self.latency_s)
+
+    def throughputs(self) -> list[float]:
+        """Each split's throughput in input samples per second (``B / stage time``), then each transfer's."""
+        out = [self.batch_size / t if t > 0 else math.inf for t in self.stage_s]
+        return out + [self.batch_size / t if t > 0 else math.inf for t in self.transfers_s]
+
+    def rows(self) -> list[dict]:
+        """One row per split, for a table."""
+        tput = self.throughputs()
+        return [{"split": i + 1, "layers": _layers(s, e), "gpu_type": g, "replicas": r, "batch": b,
+                 "stage_ms": 1e3 * t, "throughput": tput[i],
+                 "transfer_in_ms": 1e3 * self.transfers_s[i - 1] if i else 0.0}
+                for i, ((s, e), g, r, b, t) in enumerate(zip(self.splits, self.gpu_types, self.replicas,
+                                                              self.batch_sizes, self.stage_s))]
+
+    def explain(self) -> str:
+        """A few lines a dashboard can show: the plan, what binds it, why it was chosen."""
+        if not self.splits:
+            return f"no plan: {self.reason}"
+        lines = [f"{len(self.splits)} split(s), goodput {self.goodput:,.4g} samples/s, cycle {_ms(self.cycle_s)}, "
+                 f"worst-case latency {_ms(self.latency_s)} of {_ms(self.budget_s)}"]
+        for row in self.rows():
+            lines.append(f"  split {row['split']}: {row['layers']} on {row['replicas']} x {row['gpu_type']}, "
+                         f"batch {row['batch']}, {_ms(row['stage_ms'] / 1e3)}"
+                         + (f" (after a {_ms(row['transfer_in_ms'] / 1e3)} transfer)" if row["split"] > 1 else ""))
+        lines.append(f"binding: {self.binding}")
+        lines.append(f"why: {self.reason}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"splits": [list(s) for s in self.splits], "replicas": list(self.replicas),
+                "gpu_types": list(self.gpu_types), "batch_sizes": list(self.batch_sizes), "goodput": self.goodput,
+                "stage_s": list(self.stage_s), "transfers_s": list(self.transfers_s), "cycle_s": self.cycle_s,
+                "latency_s": self.latency_s, "budget_s": self.budget_s, "cost_per_s": self.cost_per_s,
+                "cost_limit_per_s": self.cost_limit_per_s, "gpus_used": dict(self.gpus_used),
+                "batch_size": self.batch_size, "pipelined": self.pipelined, "binding": self.binding,
+                "bottlenecks": [list(b) for b in self.bottlenecks],
+                "reason": self.reason, "unsplit": self.unsplit, "table": list(self.table),
+                "probes": list(self.probes), "solve_s": self.solve_s}
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+def _real(name: str, value, *, low: float | None = None, low_open: bool = False, high: float | None = None,
+          high_open: bool = False, fix: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise WorkbenchError(f"{name} must be a finite number, got {value!r}{fix}")
+    v = float(value)
+    if low is not None and (v <= low if low_open else v < low):
+        raise WorkbenchError(f"{name} must be {'>' if low_open else '>='} {low:g}, got {value!r}{fix}")
+    if high is not None and (v >= high if high_open else v > high):
+        raise WorkbenchError(f"{name} must be {'<' if high_open else '<='} {high:g}, got {value!r}{fix}")
+    return v
+
+
+def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
+              prices, alpha, baseline_cost_per_s):
+    if not callable(layer_latency):
+        raise WorkbenchError(f"layer_latency must be a function (layer, batch, gpu_type) -> seconds, "
+                             f"got {type(layer_latency).__name__}")
+    if isinstance(batch_profile, (str, bytes, Mapping)) or not isinstance(batch_profile, (Sequence, np.ndarray)):
+        raise WorkbenchError("batch_profile must be a sequence: the fraction of the batch left after each layer's "
+                             f"exit ramp, one entry per layer; got {type(batch_profile).__name__}")
+    profile = list(np.asarray(batch_profile, dtype=object).ravel()) if isinstance(batch_profile, np.ndarray) \
+        else list(batch_profile)
+    if not profile:
+        raise WorkbenchError("batch_profile is empty: give one entry per layer (the fraction of the batch left "
+                             "after that layer's exit ramp)")
+    if num_layers is not None:
+        if isinstance(num_layers, bool) or not isinstance(num_layers, Integral) or num_layers < 1:
+            raise WorkbenchError(f"num_layers must be a positive integer, got {num_layers!r}")
+        if len(profile) != num_layers:
+            raise WorkbenchError(
+                f"batch_profile has {len(profile)} entries but the model has {num_layers} layers: give one entry "
+                f"per layer, the fraction of the batch left after that layer's exit ramp "
+                f"({'drop the extra ones' if len(profile) > num_layers else 'add the missing ones'})")
+    fracs = []
+    for k, p in enumerate(profile):
+        if isinstance(p, bool) or not isinstance(p, Real) or not math.isfinite(float(p)):
+            raise WorkbenchError(f"batch_profile[{k}] must be a number in [0, 1], got {p!r}")
+        if not 0.0 <= float(p) <= 1.0:
+            raise WorkbenchError(f"batch_profile[{k}] = {p!r} is outside [0, 1]: it is the fraction of the input "
+                                 "batch still present after that layer's exit ramp")
+        if fracs and float(p) > fracs[-1]:
+            raise WorkbenchError(f"batch_profile increases at layer {k} ({fracs[-1]!r} -> {p!r}): samples that "
+                                 "exited do not come back, so it must be non-increasing")
+        fracs.append(float(p))
+    if not isinstance(gpus, Mapping):
+        raise WorkbenchError(f"gpus must be a mapping gpu_type -> count, got {type(gpus).__name__}")
+    counts = {}
+    for name, n in gpus.items():
+        if not isinstance(name, str) or not name:
+            raise WorkbenchError(f"GPU types must be named by non-empty strings, got {name!r}")
+        if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
+            raise WorkbenchError(f"gpus[{name!r}] must be a whole number >= 0, got {n!r}")
+        counts[name] = int(n)
+    cells = math.prod(n + 1 for n in counts.values())
+    if cells > MAX_CELLS:
+        raise WorkbenchError(f"gpus {counts} make {cells:,} combinations of GPUs used per type, more than the "
+                             f"{MAX_CELLS:,} the exact optimizer tabulates; group similar types or give fewer GPUs "
+                             "of a type")
+    if sum(counts.values()) == 0:
+        raise WorkbenchError("no GPUs: gpus gives none of any type"
+                             + (f" ({', '.join(f'{k}: 0' for k in counts)})" if counts else "")
+                             + "; give at least one, e.g. {'v100': 4}")
+    slo = _real("slo_s", slo_s, low=0.0, low_open=True, fix=" (the latency SLO in seconds)")
+    if not isinstance(pipelined, bool):
+        raise WorkbenchError(f"pipelined must be True or False, got {pipelined!r}")
+    if not callable(transfer_s):
+        _real("transfer_s", transfer_s, low=0.0, fix=" (seconds to move a split's output to the next split; "
+                                                    "it cannot be negative)")
+    sl = _real("slack", slack, low=0.0, high=1.0, high_open=True,
+               fix=" (the fraction of the SLO kept in reserve; in [0, 1))")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
+        raise WorkbenchError(f"batch_size must be a whole number >= 1 (the batch the first split receives per "
+                             f"cycle), got {batch_size!r}")
+    used = [g for g, n in counts.items() if n > 0]
+    price = None
+    if prices is not None:
+        if not isinstance(prices, Mapping):
+            raise WorkbenchError(f"prices must be a mapping gpu_type -> dollars per second, got {type(prices).__name__}")
+        missing = [g for g in used if g not in prices]
+        if missing:
+            raise WorkbenchError(f"prices has no price for {', '.join(map(repr, missing))}: give every GPU type "
+                                 "in gpus a price per second (e.g. workbench.devices.PRESETS[name].price_per_s)")
+        price = {g: _real(f"prices[{g!r}]", prices[g], low=0.0) for g in used}
+    a = None
+    if alpha is not None:
+        a = _real("alpha", alpha, low=0.0, low_open=True, fix=" (the cost multiplier over the baseline)")
+        if price is None:
+            raise WorkbenchError("alpha bounds the cost, which needs prices: give prices={gpu_type: dollars per "
+                                 "second} too")
+    base = None
+    if baseline_cost_per_s is not None:
+        base = _real("baseline_cost_per_s", baseline_cost_per_s, low=0.0, low_open=True)
+        if a is None:
+            raise WorkbenchError("baseline_cost_per_s sets a bound only with alpha: give alpha too "
+                                 "(cost <= alpha x baseline_cost_per_s)")
+    return fracs, counts, slo, sl, int(batch_size), price, a, base
+
+
+# ------------------------------------------------------------------------------------------------- tables
+
+class _Problem:
+    """The validated instance and its tables: every split's stage time for every type and replica count."""
+
+    def __init__(self, layer_latency, fracs, counts, slo, pipelined, transfer_s, slack, batch_size, price, alpha,
+                 baseline):
+        self.L = L = len(fracs)
+        self.fracs = fracs
+        self.f_in = np.array([1.0] + fracs[:-1])                    # fraction of the batch entering layer k
+        self.types = [g for g, n in counts.items() if n > 0]
+        self.all_counts = dict(counts)
+        self.counts = np.array([counts[g] for g in self.types], dtype=np.int64)
+        self.G = G = len(self.types)
+        self.B = B = batch_size
+        self.slo, self.slack, self.pipelined = slo, slack, pipelined
+        self.budget = slo * (1.0 - slack)
+        self.priced = price is not None
+        self.prices = np.array([price[g] for g in self.types] if price else [0.0] * G, dtype=np.float64)
+        if alpha is None:
+            self.cost_limit = math.inf
+            self.baseline = None
+        else:
+            self.baseline = baseline if baseline is not None else self.cost_of(self.counts)
+            self.cost_limit = alpha * self.baseline * (1.0 + _TOL)
+        self.alpha = alpha
+
+        # replicas: at least 1, at most the samples a split receives per cycle and the GPUs of its type
+        received = np.floor(B * self.f_in + _EPS).astype(np.int64)
+        self.cap = np.minimum(self.counts[None, :], np.maximum(1, received)[:, None])       # (L, G)
+        self.R = R = int(self.cap.max())
+        rr = np.arange(1, R + 1)
+        share = B * self.f_in[:, None] / rr[None, :]                                          # (L, R)
+        self.batch = np.maximum(0, np.ceil(share - _EPS)).astype(np.int64)                   # a replica's batch
+        memo: dict[tuple[int, int, int], float] = {}
+        lat = np.zeros((G, R, L))
+        for k in range(L):
+            for g in range(G):
+                for ri in range(R):
+                    b = int(self.batch[k, ri])
+                    if b == 0:
+                        continue
+                    key = (k, b, g)
+                    if key not in memo:
+                        memo[key] = _call_latency(layer_latency, k, b, self.types[g], L)
+                    lat[g, ri, k] = memo[key]
+        self.lat = lat
+        T = np.full((L + 1, L + 1, G, R), np.inf)
+        for s in range(L):
+            acc = np.zeros((G, R))
+            for e in range(s + 1, L + 1):
+                acc = acc + lat[:, :, e - 1]
+                T[s, e] = acc
+        valid = rr[None, None, :] <= self.cap[:, :, None]                                     # (L, G, R)
+        T[:L] = np.where(valid[:, None], T[:L], np.inf)
+        self.T = T
+        x = np.zeros(L + 1)
+        for s in range(1, L):
+            crossing = int(max(0, math.ceil(B * self.f_in[s] - _EPS)))
+            x[s] = _call_transfer(transfer_s, s, crossing)
+        self.x = x
+        self.E = x[:, None, None, None] + T                          # latency edge: the transfer in, then compute
+        self.E[0] = T[0]
+        self.C = np.maximum(T, x[:, None, None, None])               # the edge's share of the cycle
+        self.C[0] = T[0]
+        # more replicas that are no faster than fewer of the same type only waste GPUs (the latency x + T and
+        # the cycle max(T, x) of a split both follow its stage time T)
+        dominated = np.zeros(T.shape, dtype=bool)
+        dominated[..., 1:] = T[..., 1:] >= np.minimum.accumulate(T, axis=3)[..., :-1]
+        self.useful = np.isfinite(T) & ~dominated
+        # the box of used-GPU vectors
+        self.shape = tuple(int(n) + 1 for n in self.counts)
+        self.size = int(np.prod(self.shape))
+        self.stride = np.array([int(np.prod(self.shape[g + 1:])) for g in range(G)], dtype=np.int64)
+        self.U = np.stack(np.unravel_index(np.arange(self.size), self.shape), axis=1).astype(np.int64)  # (size, G)
+        self.gpus_box = self.U.sum(axis=1)
+        self.cost_box = self.cost_of(self.U)
+        self.total = int(self.counts.sum())
+        self.rr = rr
+        self.rep_cost = rr[None, :] * self.prices[:, None]                 # (G, R): r replicas of type g
+        # without latency: a box over the other types, the busiest type's count as the value to minimise
+        v = int(np.argmax(self.counts))
+        rest = [g for g in range(G) if g != v]
+        self.rshape = tuple(self.shape[g] for g in rest)
+        rstride = np.array([int(np.prod(self.rshape[i + 1:])) for i in range(len(rest))], dtype=np.int64)
+        self.rkey = (self.U[:, rest] * rstride).sum(axis=1) if rest else np.zeros(self.size, np.int64)
+        self.rval = self.U[:, v].astype(np.float64)
+
+    def variant(self, **changes) -> _Problem:
+        """The same tables under other settings (``budget``, ``cost_limit``, ``pipelined``)."""
+        other = object.__new__(_Problem)
+        other.__dict__.update(self.__dict__, **changes)
+        return other
+
+    def cost_of(self, u) -> np.ndarray | float:
+        """Dollars per second of used-GPU vector(s) ``u``, summed type by type in one fixed order."""
+        u = np.asarray(u)
+        cost = np.zeros(u.shape[:-1]) if u.ndim > 1 else 0.0
+        for g in range(self.G):
+            cost = cost + u[..., g] * self.prices[g]
+        return cost if u.ndim > 1 else float(cost)
+
+    # the key of a plan, computed the same way for the dynamic program and brute force
+    def evaluate(self, plan: Sequence[tuple[int, int, int, int]]) -> tuple[float, float, int, float, np.ndarray]:
+        """(cycle, cost, GPUs, latency, used) of a plan given as (start, end, type index, replicas)."""
+        lam, cyc = 0.0, 0.0
+        used = np.zeros(self.G, dtype=np.int64)
+        for s, e, g, r in plan:
+            lam = lam + float(self.E[s, e, g, r - 1])
+            cyc = max(cyc, float(self.C[s, e, g, r - 1]))
+            used[g] += r
+        cycle = cyc if self.pipelined else lam
+        return cycle, self.cost_of(used), int(used.sum()), lam, used
+
+    def feasible(self, lam: float, cost: float, used) -> bool:
+        return lam <= self.budget and cost <= self.cost_limit and bool(np.all(np.asarray(used) <= self.counts))
+
+
+def _call_latency(fn, k: int, b: int, gpu: str, L: int) -> float:
+    try:
+        v = fn(k, b, gpu)
+    except Exception as exc:                                           # the user's function: name the call
+        hint = (f"; does the model have {L} layers, as batch_profile's {L} entries say?"
+                if isinstance(exc, (IndexError, KeyError)) else "")
+        raise WorkbenchError(f"layer_latency({k}, {b}, {gpu!r}) raised {type(exc).__name__}: {exc}{hint}") from exc
+    if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(float(v)) or not float(v) > 0:
+        raise WorkbenchError(f"layer_latency({k}, {b}, {gpu!r}) returned {v!r}: it must be a positive, finite "
+                             "number of seconds (a layer on a non-empty batch takes some time)")
+    return float(v)
+
+
+def _call_transfer(fn, boundary: int, batch: int) -> float:
+    if not callable(fn):
+        return float(fn)
+    try:
+        v = fn(boundary, batch)
+    except Exception as exc:
+        raise WorkbenchError(f"transfer_s({boundary}, {batch}) raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(float(v)) or float(v) < 0:
+        raise WorkbenchError(f"transfer_s({boundary}, {batch}) returned {v!r}: it must be a finite number of "
+                             "seconds >= 0")
+    return float(v)
+
+
+# ------------------------------------------------------------------------------------------ dynamic program
+
+@dataclass
+class _Result:
+    plan: list[tuple[int, int, int, int]] | None      # (start, end, type index, replicas)
+    labels: list[int]                                 # labels kept per boundary
+    best_lat: list[float]
+    fewest: list[int]
+    min_cycle: float = math.inf                       # the smallest cycle among the plans found
+
+
+@functools.lru_cache(maxsize=64)
+def _box_steps(shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """Index pairs for running minima along each axis of a box (large boxes: a loop over slices beats
+    ``np.minimum.accumulate`` on non-contiguous axes) and for the cells one step below along each axis."""
+    run = []
+    for ax, n in enumerate(shape):
+        for i in range(1, n):
+            run.append(((slice(None),) * ax + (i,), (slice(None),) * ax + (i - 1,)))
+    step = tuple(((slice(None),) * ax + (slice(1, None),), (slice(None),) * ax + (slice(None, -1),))
+                 for ax, n in enumerate(shape) if n > 1)
+    return tuple(run), step
+
+
+def _pareto(shape: tuple[int, ...], key: np.ndarray, val: np.ndarray) -> np.ndarray:
+    """The candidates to keep: for each box cell ``key`` the one with the least ``val``, unless a cell below it
+    (no larger along any axis, not the same) has a ``val`` no larger. A running minimum along each axis of the
+    box gives every cell the least value below it."""
+    size = int(np.prod(shape)) if shape else 1
+    V = np.full(size, np.inf)
+    np.minimum.at(V, key, val)
+    best = V[key]
+    if shape:
+        D = V.reshape(shape).copy()
+        run, step = _box_steps(shape)
+        if size <= 4096 or len(shape) == 1:
+            for ax in range(len(shape)):
+                np.minimum.accumulate(D, axis=ax, out=D)
+        else:
+            for a, b in run:
+                np.minimum(D[a], D[b], out=D[a])
+        M = np.full(shape, np.inf)
+        for a, b in step:
+            np.minimum(M[a], D[b], out=M[a])
+        win = np.nonzero((val == best) & (best < M.ravel()[key]))[0]
+    else:
+        win = np.nonzero(val == best)[0]
+    ptr = np.full(size, -1, np.int64)
+    ptr[key[win]] = win                                        # one candidate per cell
+    return ptr[ptr >= 0]
+
+
+def _dp(P: _Problem, tau: float, mode: str) -> _Result:
+    """Labels over (boundary, GPUs used per type) with every split's stage and transfer within ``tau``.
+
+    ``mode`` "resources": each split gets only the fewest replicas that meet ``tau`` and latency is not tracked
+    (do the GPUs and the cost bound suffice?); the plan returned is the one with the smallest cycle found.
+    "full": every replica count, latency tracked; the plan returned is the best by cost, then GPUs, then
+    latency (not pipelined: by latency, then cost, then GPUs)."""
+    L = P.L
+    fits = P.C <= tau                                                          # (L+1, L+1, G, R); inf: invalid
+    track = mode == "full"
+    allowed = fits & P.useful if track else fits & (np.cumsum(fits, axis=3) == 1)   # or the fewest replicas only
+    rr = P.rr
+    lb_lat = np.zeros(L + 1)                   # lower bounds on what finishing from each boundary takes
+    min_gpus = np.zeros(L + 1)
+    min_cost = np.zeros(L + 1)
+    lat_fit = np.where(fits, P.E, np.inf)
+    gpus_fit = np.where(allowed, rr[None, None, None, :].astype(np.float64), np.inf)
+    cost_fit = np.where(allowed, P.rep_cost[None, None], np.inf)
+    for s in range(L - 1, -1, -1):
+        if track:
+            lb_lat[s] = np.min(lat_fit[s, s + 1:] + lb_lat[s + 1:, None, None])
+        min_gpus[s] = np.min(gpus_fit[s, s + 1:] + min_gpus[s + 1:, None, None])
+        min_cost[s] = np.min(cost_fit[s, s + 1:] + min_cost[s + 1:, None, None])
+    stats = _Result(None, [1] + [0] * L, [0.0] + [math.inf] * L, [0] * (L + 1))
+    lat_cap = P.budget * (1 + _TOL) + 1e-300
+    cost_cap = P.cost_limit * (1 + _TOL)
+    if (track and lb_lat[0] > lat_cap) or min_gpus[0] > P.total or min_cost[0] > cost_cap:
+        return stats
+
+    oe, os_, og, orr = np.nonzero(allowed.transpose(1, 0, 2, 3))             # sorted by end, then start
+    ev = P.E[os_, oe, og, orr] if track else np.zeros(oe.size)
+    oc = P.C[os_, oe, og, orr]
+    orr = orr + 1
+    ostep = orr * P.stride[og]
+    bounds = np.searchsorted(oe, np.arange(L + 2))
+    cap = 1024
+    all_idx = np.zeros(cap, np.int64)           # every boundary's labels one after another
+    all_lam = np.zeros(cap)
+    all_cyc = np.zeros(cap)
+    all_key = np.zeros(cap)                     # boundary x spread + latency: sorted, for searching
+    spread = 4.0 * lat_cap + 1.0 if math.isfinite(lat_cap) else 0.0
+    bounded = math.isfinite(P.cost_limit)
+    offsets = np.zeros(L + 2, np.int64)
+    offsets[1] = 1
+    counts = np.zeros(L + 1, np.int64)
+    counts[0] = 1
+    back: list[tuple[np.ndarray, ...] | None] = [None] * (L + 1)
+    for e in range(1, L + 1):
+        offsets[e + 1] = offsets[e]
+        lo, hi = bounds[e], bounds[e + 1]
+        s_o = os_[lo:hi]
+        if track and spread:    # labels are sorted by latency: the ones that can still meet the budget come first
+            room = (lat_cap - lb_lat[e]) - ev[lo:hi]
+            k = np.searchsorted(all_key[:offsets[e]], s_o * spread + room, side="right") - offsets[s_o]
+            k = np.minimum(np.maximum(k, 0), counts[s_o])
+        else:
+            k = counts[s_o]
+        live = np.nonzero(k)[0]
+        if live.size == 0:
+            continue
+        k = k[live]
+        total = int(k.sum())
+        opt = np.repeat(lo + live, k)                                            # option of each candidate
+        rows = offsets[os_[opt]] + np.arange(total) - np.repeat(np.cumsum(k) - k, k)
+        parent = all_idx[rows]
+        go, ro = og[opt], orr[opt]
+        ok = P.U[parent, go] + ro <= P.counts[go]
+        if not ok.all():
+            sel = np.nonzero(ok)[0]
+            parent, opt, rows = parent[sel], opt[sel], rows[sel]
+        cand = parent + ostep[opt]
+        ok = P.gpus_box[cand] + min_gpus[e] <= P.total
+        if bounded:
+            ok &= P.cost_box[cand] + min_cost[e] <= cost_cap
+        if not ok.all():
+            sel = np.nonzero(ok)[0]
+            cand, opt, rows = cand[sel], opt[sel], rows[sel]
+        if cand.size == 0:
+            continue
+        lam = all_lam[rows] + ev[opt]
+        if track:                   # on the smallest box that holds the candidates
+            u = P.U[cand]
+            low = u.min(axis=0)
+            sub = tuple(int(n) for n in u.max(axis=0) - low + 1)
+            substride = np.array([int(np.prod(sub[g + 1:])) for g in range(len(sub))], dtype=np.int64)
+            who = _pareto(sub, (u - low) @ substride, lam)
+            who = who[np.argsort(lam[who], kind="stable")]
+        else:                       # latency not tracked: the busiest type's count is the value, a smaller box
+            who = _pareto(P.rshape, P.rkey[cand], P.rval[cand])
+        n = who.size
+        o, r_ = opt[who], rows[who]
+        s_par = os_[o]
+        back[e] = (s_par, r_ - offsets[s_par], og[o], orr[o])
+        start = offsets[e]
+        if start + n > cap:
+            cap = max(2 * cap, start + n)
+            all_idx, all_lam, all_cyc, all_key = (np.resize(a, cap) for a in (all_idx, all_lam, all_cyc, all_key))
+        all_idx[start:start + n] = cand[who]
+        all_lam[start:start + n] = lam[who]
+        all_key[start:start + n] = e * spread + lam[who]
+        all_cyc[start:start + n] = np.maximum(all_cyc[r_], oc[o])
+        counts[e] = n
+        offsets[e + 1] = start + n
+        stats.labels[e] = n
+        stats.best_lat[e] = float(lam[who].min()) if track else 0.0
+        stats.fewest[e] = int(P.gpus_box[cand[who]].min())
+    if counts[L] == 0:
+        return stats
+    at = slice(offsets[L], offsets[L + 1])
+    cells, lam, cyc = all_idx[at], all_lam[at], all_cyc[at]
+    cost = P.cost_box[cells]
+    ok = cost <= P.cost_limit
+    if track:
+        ok &= lam <= P.budget
+    idx = np.nonzero(ok)[0]
+    if idx.size == 0:
+        return stats
+    stats.min_cycle = float(cyc[idx].min())
+    gp = P.gpus_box[cells[idx]]
+    if not track:
+        keys = (gp, cost[idx], cyc[idx])
+    elif P.pipelined:
+        keys = (lam[idx], gp, cost[idx])
+    else:
+        keys = (gp, cost[idx], lam[idx])
+    j = int(idx[np.lexsort(keys)[0]])
+    plan = []
+    e = L
+    while e > 0:
+        s_par, j_par, g_par, r_par = back[e]
+        plan.append((int(s_par[j]), e, int(g_par[j]), int(r_par[j])))
+        e, j = int(s_par[j]), int(j_par[j])
+    stats.plan = plan[::-1]
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------- search
+
+def _bottleneck_floor(P: _Problem) -> float:
+    """The smallest cycle any plan could have with every GPU type unlimited (a lower bound)."""
+    lbc = np.zeros(P.L + 1)
+    for s in range(P.L - 1, -1, -1):
+        lbc[s] = np.min(np.maximum(P.C[s, s + 1:], lbc[s + 1:, None, None]))
+    return float(lbc[0])
+
+
+def _latency_floor(P: _Problem, cands: np.ndarray) -> int:
+    """The index of the smallest candidate cycle at which some plan, with every GPU type unlimited, meets the
+    latency budget (a lower bound; ``cands.size`` when none does)."""
+    def fastest(tau: float) -> float:
+        lat = np.where(P.C <= tau, P.E, np.inf)
+        lb = np.zeros(P.L + 1)
+        for s in range(P.L - 1, -1, -1):
+            lb[s] = np.min(lat[s, s + 1:] + lb[s + 1:, None, None])
+        return lb[0]
+
+    lo, hi = 0, cands.size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fastest(float(cands[mid])) <= P.budget * (1 + _TOL):     # summed in another order: some slack
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _solve(P: _Problem) -> tuple[list | None, list[dict], _Result | None]:
+    """The best plan as (start, end, type index, replicas) tuples, the probes tried and the final DP's table."""
+    if not P.pipelined:
+        res = _dp(P, math.inf, "full")
+        return res.plan, [{"cycle_s": math.inf, "check": "full", "feasible": res.plan is not None}], res
+    C = P.C[np.isfinite(P.C)]
+    cands = np.unique(C[C <= P.budget])                  # a stage or transfer over the budget breaks the SLO
+    cands = cands[cands >= _bottleneck_floor(P)]
+    cands = cands[_latency_floor(P, cands):]
+    probes: list[dict] = []
+    memo: dict[tuple[int, str], _Result] = {}
+
+    def run(i: int, mode: str) -> _Result:
+        if (i, mode) not in memo:
+            memo[i, mode] = _dp(P, float(cands[i]), mode)
+            probes.append({"cycle_s": float(cands[i]), "check": mode, "feasible": memo[i, mode].plan is not None})
+        return memo[i, mode]
+
+    def smallest(lo: int, mode: str) -> int | None:
+        """The smallest index from ``lo`` on at which ``mode`` finds a plan (None: none up to the last). The
+        answer is usually near the lower bounds: search upwards in growing steps, then bisect; a plan found
+        at a cycle has a cycle of its own, perhaps smaller, which narrows the search at once."""
+        last = cands.size - 1
+        if run(lo, mode).plan is not None:
+            return lo
+        step, hi = 0.02, None
+        while hi is None:                                    # lo: none
+            j = min(last, max(lo + 1, int(np.searchsorted(cands, cands[lo] * (1 + step)))))
+            res = run(j, mode)
+            if res.plan is not None:
+                hi = min(j, int(np.searchsorted(cands, res.min_cycle)))
+            elif j == last:
+                return None
+            else:
+                lo, step = j, 2 * step
+        while hi - lo > 1:                                   # lo: none, hi: one
+            mid = (lo + hi) // 2
+            res = run(mid, mode)
+            if res.plan is None:
+                lo = mid
+            else:
+                hi = min(mid, int(np.searchsorted(cands, res.min_cycle)))
+        return hi
+
+    if cands.size == 0:
+        return None, probes, None
+    i = smallest(0, "resources")                            # the smallest cycle at which the GPUs (and cost) do
+    if i is None:
+        return None, probes, memo[cands.size - 1, "resources"]
+    j = smallest(i, "full")                                 # then at which every request also meets the SLO
+    if j is None:
+        return None, probes, memo[cands.size - 1, "full"]
+    final = run(j, "full")
+    return final.plan, probes, final
+
+
+def _best_unsplit(P: _Problem) -> tuple | None:
+    """The best plan with a single split (data parallel replicas of the whole model), or None."""
+    best = None
+    for g in range(P.G):
+        for r in range(1, int(P.cap[0, g]) + 1):
+            cycle, cost, gpus, lam, used = P.evaluate([(0, P.L, g, r)])
+            if P.feasible(lam, cost, used):
+                key = (cycle, cost, gpus, lam)
+                if best is None or key < best[0]:
+                    best = (key, g, r)
+    return best
+
+
+def _brute(P: _Problem) -> tuple[list | None, int]:
+    L, G = P.L, P.G
+    best: list = [None, None]
+    seen = [0]
+
+    def rec(s: int, used: list[int], plan: list):
+        if s == L:
+            seen[0] += 1
+            cycle, cost, gpus, lam, u = P.evaluate(plan)
+            if P.feasible(lam, cost, u):
+                key = (cycle, cost, gpus, lam)
+                if best[0] is None or key < best[0]:
+                    best[0], best[1] = key, list(plan)
+            return
+        for e in range(s + 1, L + 1):
+            for g in range(G):
+                for r in range(1, int(P.cap[s, g]) + 1):
+                    if used[g] + r > P.counts[g]:
+                        break
+                    used[g] += r
+                    plan.append((s, e, g, r))
+                    rec(e, used, plan)
+                    plan.pop()
+                    used[g] -= r
+
+    rec(0, [0] * G, [])
+    return best[1], seen[0]
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+
+def _ms(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{1e3 * seconds:.3g} ms"
+
+
+def _empty_reason(P: _Problem) -> str:
+    budget = (f"the budget is {_ms(P.budget)} (SLO {_ms(P.slo)} less {100 * P.slack:g}% slack)")
+    free = np.zeros(P.L + 1)                       # the lowest latency with every type unlimited
+    for s in range(P.L - 1, -1, -1):
+        free[s] = np.min(P.E[s, s + 1:] + free[s + 1:, None, None])
+    if free[0] > P.budget * (1 + _TOL):
+        return (f"no plan meets the SLO: even with every split on its fastest GPU type at the most replicas, a "
+                f"request that reaches the last layer takes at least {_ms(free[0])}, and {budget}; raise the SLO, "
+                f"lower the slack or the batch size ({P.B}), or give faster GPUs")
+    unbounded = P.variant(cost_limit=math.inf, pipelined=False, budget=math.inf)   # the lowest latency
+    fastest = _dp(unbounded, math.inf, "full")
+    lam = P.evaluate(fastest.plan)[3] if fastest.plan else math.inf
+    if lam > P.budget:
+        return (f"no plan meets the SLO with the GPUs given ({_counts(P)}): the lowest worst-case latency they "
+                f"allow is {_ms(lam)}, and {budget}; give more or faster GPUs or a smaller batch ({P.B})")
+    if P.alpha is None:                                          # (not reached: the fastest plan would do)
+        return f"no plan meets the SLO with the GPUs given ({_counts(P)}), and {budget}"
+    cheapest = P.variant(cost_limit=math.inf, pipelined=True)     # at any cycle, the cheapest within the SLO
+    plan = _dp(cheapest, math.inf, "full").plan
+    cost = cheapest.evaluate(plan)[1] if plan else math.inf
+    return (f"no plan meets the cost bound: the cheapest plan that meets the SLO with these GPUs costs "
+            f"${cost:.4g}/s, above alpha x baseline = {P.alpha:g} x ${P.baseline:.4g}/s; raise alpha or give "
+            f"cheaper GPUs")
+
+
+def _counts(P: _Problem) -> str:
+    return ", ".join(f"{n} x {g}" for g, n in P.all_counts.items() if n)
+
+
+def _build(P: _Problem, plan: list | None, probes: list[dict], res: _Result | None, started: float) -> SplitPlan:
+    table = []
+    if res is not None:
+        for e in range(P.L + 1):
+            table.append({"boundary": e, "fraction_in": float(P.f_in[e]) if e < P.L else float(P.fracs[-1]),
+                          "labels": int(res.labels[e]), "best_latency_s": float(res.best_lat[e]),
+                          "fewest_gpus": int(res.fewest[e])})
+    unsplit = _best_unsplit(P)
+    unsplit_d = None
+    if unsplit is not None:
+        (cyc, cost, gpus, lam), g, r = unsplit
+        unsplit_d = {"gpu_type": P.types[g], "replicas": r, "batch": int(P.batch[0, r - 1]), "cycle_s": cyc,
+                     "latency_s": lam, "goodput": P.B / cyc, "cost_per_s": cost}
+    common = dict(budget_s=P.budget, cost_limit_per_s=P.cost_limit / (1 + _TOL),
+                  batch_size=P.B, pipelined=P.pipelined, unsplit=unsplit_d, table=table, probes=probes)
+    if plan is None:
+        return SplitPlan([], [], [], [], 0.0, reason=_empty_reason(P), solve_s=time.perf_counter() - started,
+                         **common)
+    cycle, cost, gpus, lam, used = P.evaluate(plan)
+    splits = [(s, e) for s, e, _, _ in plan]
+    replicas = [r for *_, r in plan]
+    types = [P.types[g] for _, _, g, _ in plan]
+    batches = [int(P.batch[s, r - 1]) for s, _, _, r in plan]
+    stages = [float(P.T[s, e, g, r - 1]) for s, e, g, r in plan]
+    transfers = [float(P.x[s]) for s, *_ in plan[1:]]
+    goodput = P.B / cycle
+    bottlenecks = _bottlenecks(P, stages, transfers, cycle)
+    binding = _binding(P, splits, bottlenecks, cycle)
+    reason = _reason(P, plan, batches, cycle, lam, cost, goodput, unsplit_d)
+    return SplitPlan(splits, replicas, types, batches, goodput, stage_s=stages, transfers_s=transfers, cycle_s=cycle,
+                     latency_s=lam, cost_per_s=cost, gpus_used={t: int(n) for t, n in zip(P.types, used) if n},
+                     binding=binding, bottlenecks=bottlenecks, reason=reason,
+                     solve_s=time.perf_counter() - started, **common)
+
+
+def _layers(s: int, e: int) -> str:
+    return f"layer {s}" if e == s + 1 else f"layers {s}-{e - 1}"
+
+
+def _bottlenecks(P: _Problem, stages, transfers, cycle) -> list[tuple[str, int]]:
+    if not P.pipelined:
+        return []
+    return ([("compute", i) for i, t in enumerate(stages) if t == cycle]
+            + [("transfer", i + 1) for i, t in enumerate(transfers) if t == cycle])
+
+
+def _binding(P: _Problem, splits, bottlenecks, cycle) -> str:
+    if not P.pipelined:
+        return (f"not pipelined: the cycle ({_ms(cycle)}) is the sum of every split's compute and every transfer; "
+                "the next batch enters when the last split is done")
+    found = [f"split {i + 1}'s compute ({_layers(*splits[i])})" if kind == "compute"
+             else f"the transfer into split {i + 1} (after layer {splits[i][0] - 1})" for kind, i in bottlenecks]
+    return f"{' and '.join(found)} set{'s' if len(found) == 1 else ''} the cycle, {_ms(cycle)}"
+
+
+def _reason(P: _Problem, plan, batches, cycle, lam, cost, goodput, unsplit) -> str:
+    parts = []
+    if len(plan) == 1:
+        s, e, g, r = plan[0]
+        parts.append(f"no cut: the whole model on {r} x {P.types[g]} (a replica's batch {batches[0]}) has the best "
+                     "goodput; no plan with a cut beats it within the SLO, the GPUs and the cost bound"
+                     + (f" (a transfer costs {_ms(float(P.x[1:P.L].max()))})" if P.L > 1 and P.x[1:P.L].max() > 0
+                        else ""))
+    else:
+        cuts = [s for s, *_ in plan[1:]]
+        falls = ", ".join(f"{100 * P.f_in[c]:.3g}% after layer {c - 1}" for c in cuts)
+        parts.append(f"cut after layer(s) {', '.join(str(c - 1) for c in cuts)}, where the batch has fallen to {falls}")
+        reps = "; ".join(f"split {i + 1} ({_layers(s, e)}) on {r} x {P.types[g]} at {b} per replica"
+                         for i, ((s, e, g, r), b) in enumerate(zip(plan, batches)))
+        parts.append(f"replicas keep each split's batch and time in step: {reps}")
+    parts.append(f"worst-case latency {_ms(lam)} within the {_ms(P.budget)} budget")
+    if P.priced:
+        parts.append(f"cost ${cost:.4g}/s" + (f" of at most ${P.cost_limit / (1 + _TOL):.4g}/s"
+                                              if math.isfinite(P.cost_limit) else ""))
+    if unsplit is None:
+        parts.append("no unsplit plan (data-parallel replicas of the whole model) meets the SLO")
+    elif len(plan) > 1:
+        parts.append(f"{goodput / unsplit['goodput']:.3g}x the goodput of the best unsplit plan "
+                     f"({unsplit['replicas']} x {unsplit['gpu_type']}: {unsplit['goodput']:,.4g} samples/s)")
+    return "; ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------- public
+
+def _problem(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
+             prices, alpha, baseline_cost_per_s) -> _Problem:
+    fracs, counts, slo, sl, b, price, a, base = _validate(layer_latency, batch_profile, gpus, slo_s, pipelined,
+                                                          transfer_s, slack, batch_size, num_layers, prices, alpha,
+                                                          baseline_cost_per_s)
+    return _Problem(layer_latency, fracs, counts, slo, pipelined, transfer_s, sl, b, price, a, base)
+
+
+def optimize_splits(layer_latency: LayerLatency, batch_profile: Sequence[float], gpus: Mapping[str, int],
+                    slo_s: float, pipelined: bool = True, transfer_s: float | Callable[[int, int], float] = 0.0,
+                    slack: float = 0.2, *, batch_size: int = 16, num_layers: int | None = None,
+                    prices: Mapping[str, float] | None = None, alpha: float | None = None,
+                    baseline_cost_per_s: float | None = None) -> SplitPlan:
+    """The plan with the highest goodput whose every request meets ``slo_s x (1 - slack)`` (see the module's
+    docstring for the model).
+
+    ``layer_latency(layer, batch, gpu_type)``: seconds for one replica to run ``layer`` on ``batch`` samples
+    (called with whole batches >= 1, each once). ``batch_profile[k]``: the fraction of the input batch still
+    present after layer k's exit ramp (non-increasing, in [0, 1], one entry per layer; ``num_layers``, when
+    given, checks its length). ``gpus``: gpu_type -> count. ``batch_size``: the samples the first split
+    receives per cycle. ``transfer_s``: seconds between consecutive splits, or ``transfer_s(boundary, batch)``.
+    ``prices``: gpu_type -> dollars per second (e.g. ``workbench.devices.PRESETS[t].price_per_s``);
+    ``alpha``: plans may cost at most ``alpha x baseline_cost_per_s`` (default: the price of all ``gpus``).
+
+    Returns a :class:`SplitPlan`; when no plan meets the SLO (or the cost bound) it has no splits, goodput 0
+    and a ``reason``. Bad input raises :class:`~workbench.errors.WorkbenchError` before any work."""
+    started = time.perf_counter()
+    P = _problem(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
+                 prices, alpha, baseline_cost_per_s)
+    plan, probes, res = _solve(P)
+    return _build(P, plan, probes, res, started)
+
+
+def brute_force_splits(layer_latency: LayerLatency, batch_profile: Sequence[float], gpus: Mapping[str, int],
+                       slo_s: float, pipelined: bool = True, transfer_s: float | Callable[[int, int], float] = 0.0,
+                       slack: float = 0.2, *, batch_size: int = 16, num_layers: int | None = None,
+                       prices: Mapping[str, float] | None = None, alpha: float | None = None,
+                       baseline_cost_per_s: float | None = None) -> SplitPlan:
+    """:func:`optimize_splits` by enumerating every plan (every cut, type and replica count): the same model,
+    objective and tie-breaking, for checking the dynamic program on small cases (it grows exponentially)."""
+    started = time.perf_counter()
+    P = _problem(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
+                 prices, alpha, baseline_cost_per_s)
+    plan, seen = _brute(P)
+    return _build(P, plan, [{"cycle_s": math.nan, "check": f"brute force over {seen} plans",
+                             "feasible": plan is not None}], None, started)
+
+
+# ------------------------------------------------------------------------------------------- benchmarking
+
+BERT_SHAPES = {"bert-base": ((768, 12, 3072, 128), 12), "bert-large": ((1024, 16, 4096, 128), 24)}
+CLUSTERS = {"homogeneous": {"v100": 16}, "heterogeneous": {"v100": 6, "p100": 8, "k80": 15, "a6000": 17}}
+
+
+def bert_problem(model: str = "bert-base", cluster: str | Mapping[str, int] = "heterogeneous", *,
+                 batch_size: int = 16, slo_s: float = 0.1, easy: float = 0.8, priced: bool = True) -> dict:
+    """Keyword arguments for :func:`optimize_splits` on a BERT-shaped problem: the E3 GPU presets'
+    ``layer_compute_s`` (all heads, the model's layer shape) as the latency, transfers of the crossing
+    activations (fp32, sequence x hidden per sample) over the presets' 10 Gbps links, and an exit profile where
+    ``easy`` of the inputs leave along the first half of the model (three quarters of them by a quarter of it)
+    and the rest run to the end. The GPU presets are read here, not in the optimizer."""
+    from workbench.devices import PRESETS, LayerShape             # only the benchmark needs the presets
+
+    if model not in BERT_SHAPES:
+        raise WorkbenchError(f"unknown model {model!r}; known: {', '.join(BERT_SHAPES)}")
+    dims, layers = BERT_SHAPES[model]
+    shape = LayerShape(*dims)
+    gpus = dict(CLUSTERS[cluster]) if isinstance(cluster, str) else dict(cluster)
+
+    def layer_latency(layer: int, batch: int, gpu: str) -> float:
+        return PRESETS[gpu].layer_compute_s(m=shape.heads, shape=shape, batch=batch)
+
+    link = PRESETS["v100"]
+
+    def transfer_s(boundary: int, batch: int) -> float:
+        return link.send_s(batch * shape.seq_len * shape.hidden * 4) if batch else 0.0
+
+    half = layers / 4
+    profile = [(1 - easy) + easy * max(0.0, 1 - (k + 1) / (2 * half)) ** 2 for k in range(layers)]
+    kwargs = dict(layer_latency=layer_latency, batch_profile=profile, gpus=gpus, slo_s=slo_s, transfer_s=transfer_s,
+                  batch_size=batch_size, num_layers=layers)
+    if priced:
+        kwargs["prices"] = {g: PRESETS[g].price_per_s for g in gpus}
+    return kwargs
+
+
+def time_optimizer(repeats: int = 5, models: Sequence[str] = ("bert-base", "bert-large"),
+                   clusters: Sequence[str] = ("homogeneous", "heterogeneous"), **problem) -> list[dict]:
+    """Median wall time of :func:`optimize_splits` on each BERT-shaped problem (:func:`bert_problem`), with the
+    plan it finds; ``problem``: more :func:`bert_problem` arguments (batch_size, slo_s, ...)."""
+    rows = []
+    for model in models:
+        for cluster in clusters:
+            kwargs = bert_problem(model, cluster, **problem)
+            times, plan = [], None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                plan = optimize_splits(**kwargs)
+                times.append(time.perf_counter() - t0)
+            rows.append({"model": model, "cluster": cluster, "gpus": sum(kwargs["gpus"].values()),
+                         "types": len(kwargs["gpus"]), "median_s": statistics.median(times), "min_s": min(times),
+                         "splits": plan.splits, "replicas": plan.replicas, "gpu_types": plan.gpu_types,
+                         "goodput": plan.goodput, "probes": len(plan.probes)})
+    return rows
