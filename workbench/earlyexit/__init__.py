@@ -1,13 +1,17 @@
 """Early-exit models served the E3 way: split the layers where the batch shrinks, replicate each split so that
 its batch stays full, pipeline the splits over (possibly mixed) GPUs.
 
-The public names are importable from here, each loaded on first use; the optimizer needs only NumPy.
+The public names are importable from here, each loaded on first use; the optimizer needs only NumPy, the batch
+profiles statsmodels, the simulator SimPy. Not registered as a mechanism yet: the exit ramps, the real serving
+on Ray Serve, the page and the notebooks are still to come.
 """
 from workbench.lazy import lazy_exports
 
 _EXPORTS = {
     "optimize_splits": "optimizer", "brute_force_splits": "optimizer", "SplitPlan": "optimizer",
     "bert_problem": "optimizer", "time_optimizer": "optimizer",
+    "BatchProfile": "batchprofile", "BatchProfileEstimator": "batchprofile", "split_windows": "batchprofile",
+    "simulate": "simulator", "simulate_plan": "simulator", "ArrivalProcess": "simulator",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
