@@ -224,8 +224,10 @@ def test_the_host_is_measured_once_and_cached(decoder, tmp_cache, monkeypatch):
 @pytest.mark.parametrize("bits", [8, 4, 2])
 def test_a_chunk_read_back_and_the_same_chunk_recomputed_hold_the_same_codes(decoder, prefilled, tmp_path, bits):
     """Whatever equation 4 decides, the context holds the same values: chunk 0 (whose K/V depend on its own
-    tokens only) swapped out at ``bits`` comes back with identical codes and channel scales whether it is
-    read or recomputed, and the next tokens are the same."""
+    tokens only) swapped out at ``bits`` comes back with the same codes and channel scales whether it is
+    read or recomputed, and the next tokens are the same. "The same" to float precision: a 16-token recompute
+    and the 128-token prefill run different BLAS kernels on some CPUs, so a scale may differ in its last
+    float16 place and a value on a rounding boundary by one code (seen: 0.014 % of the 8-bit codes)."""
     from workbench.kvcache.engine import run_call
 
     loaded = {}
@@ -238,7 +240,11 @@ def test_a_chunk_read_back_and_the_same_chunk_recomputed_hold_the_same_codes(dec
         loaded[route] = kv
     read, recomputed = loaded["read"].chunks[0], loaded["recompute"].chunks[0]
     assert read.bits == recomputed.bits == bits
-    assert np.array_equal(read.payload, recomputed.payload)
-    assert np.array_equal(read.low, recomputed.low) and np.array_equal(read.step, recomputed.step)
+    np.testing.assert_allclose(read.low.astype(np.float32), recomputed.low.astype(np.float32), rtol=2e-3, atol=1e-3)
+    np.testing.assert_allclose(read.step.astype(np.float32), recomputed.step.astype(np.float32), rtol=2e-3, atol=1e-4)
+    codes_read = np.unpackbits(read.payload) if bits < 8 else read.payload
+    codes_again = np.unpackbits(recomputed.payload) if bits < 8 else recomputed.payload
+    assert np.mean(codes_read != codes_again) < 1e-3                      # a handful of rounding-boundary values
+    assert read.payload.shape == recomputed.payload.shape
     follow = [1, 2, 3]
     assert run_call(decoder, loaded["read"], follow, 4).output_ids == run_call(decoder, loaded["recompute"], follow, 4).output_ids
