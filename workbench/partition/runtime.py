@@ -18,6 +18,7 @@ import json
 import math
 import os
 import selectors
+import signal
 import socket
 import sys
 import tempfile
@@ -290,6 +291,11 @@ class PartitionRuntime:
             if dead or time.monotonic() >= end:
                 break
             time.sleep(0.05)
+        if len(dead) > 1:
+            time.sleep(0.2)                     # let the others' ends show, then name the cause, not a consequence:
+            codes = self.group.poll() if self.group is not None else codes
+            # gloo aborts (SIGABRT) or fails the peers of a rank that was killed; a kill or a crash of its own comes first
+            dead = sorted(dead, key=lambda r: (codes[r] == -signal.SIGABRT, codes[r] is not None and codes[r] >= 0, r))
         if dead:
             exits = self.group.exits if self.group is not None else []
             exit = exits[dead[0]] if exits else None
