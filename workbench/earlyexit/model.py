@@ -210,4 +210,5 @@ def untrained_model(num_classes: int = 2, seed: int = 0, threshold: float = DEFA
     torch.manual_seed(seed)
     model = EarlyExitModel(encoder.cfg, num_classes, threshold=threshold)
     model.encoder.load_state_dict(encoder.state_dict())
+    model.requires_grad_(False)
     return model.eval()

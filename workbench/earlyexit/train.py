@@ -20,12 +20,12 @@ from workbench.earlyexit.model import EarlyExitModel, exits_from_entropies
 from workbench.presets import check_preset
 from workbench.progress import progress_bar
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 def thresholds(num_classes: int, steps: int = 20) -> tuple[float, ...]:
     """Entropy thresholds (nats) from 0 (nobody exits early) to ln(classes) (everyone leaves at the first ramp)."""
-    top = float(np.log(num_classes))
-    return tuple(round(top * i / steps, 4) for i in range(steps + 1))
+    top = float(np.ceil(np.log(num_classes) * 1e4) / 1e4)
+    return tuple(round(top * i / steps, 4) if i < steps else top for i in range(steps + 1))
 
 
 @dataclass(frozen=True, kw_only=True)
