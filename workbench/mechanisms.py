@@ -24,6 +24,7 @@ REGISTERED: tuple[str, ...] = (
     "workbench.kvcache.mechanism",
     "workbench.partition.mechanism",
     "workbench.hepti.mechanism",
+    "workbench.earlyexit.mechanism",
 )
 """Modules that define a ``MECHANISM``; the one line a new mechanism adds."""
 

@@ -1,0 +1,116 @@
+"""A real E3 run on this machine, end to end: the trained model, a plan for CPU replicas, Ray Serve, the check.
+
+:func:`real_run` plans for ``replicas`` CPU replicas with the host's measured layer profile, draws a workload of
+the chosen easy:hard mix from the dev set (every request padded to the task's length, so a request's result
+does not depend on who it is batched with), serves it on Ray Serve, simulates the same plan on the same
+arrivals and exits (:func:`~workbench.earlyexit.evaluation.validate_simulator`), and runs the same requests
+through the model in one process: the served labels and exit layers must equal those. The page's
+"Run for real", ``workbench earlyexit serve`` and the benchmark all come here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from workbench.errors import WorkbenchError
+
+
+@dataclass(frozen=True)
+class RealRun:
+    plan: object                      # SplitPlan for the "host" replicas
+    validation: object                # evaluation.Validation: served vs simulated
+    equal: bool                       # every request's label and exit layer equal the one-process model's
+    mismatches: int
+    max_logit_diff: float
+    pattern: str
+    rate: float
+
+    @property
+    def served(self):
+        return self.validation.real
+
+    @property
+    def simulated(self):
+        return self.validation.sim
+
+    def summary(self) -> dict:
+        v, s = self.validation, self.served
+        return {"plan": self.plan.to_dict(), "pattern": self.pattern, "rate": self.rate, "requests": len(s.requests),
+                "served": {"goodput": s.goodput, "p50_latency_ms": 1e3 * s.p50_latency_s,
+                           "p95_latency_ms": 1e3 * s.p95_latency_s, "met_slo": s.met,
+                           "batch_counts": [dict(c) for c in s.batch_counts], "deploy_s": s.deploy_s},
+                "simulated": {"goodput": self.simulated.goodput, "p50_latency_ms": 1e3 * self.simulated.p50_latency_s,
+                              "p95_latency_ms": 1e3 * self.simulated.p95_latency_s},
+                "errors": {"goodput": v.goodput_error, "p50": v.p50_error, "p95": v.p95_error},
+                "note": v.note, "equal_to_one_process": self.equal, "mismatches": self.mismatches,
+                "max_logit_diff": self.max_logit_diff}
+
+    def lines(self) -> list[str]:
+        d = self.summary()
+        sv, sm, err = d["served"], d["simulated"], d["errors"]
+        out = [f"served {d['requests']} {self.pattern} requests at {self.rate:.1f}/s on Ray Serve: goodput "
+               f"{sv['goodput']:.1f}/s, p50 {sv['p50_latency_ms']:.1f} ms, p95 {sv['p95_latency_ms']:.1f} ms, "
+               f"{sv['met_slo']} met the SLO (deployed in {sv['deploy_s']:.1f} s)",
+               f"simulated (same plan, arrivals and exits): goodput {sm['goodput']:.1f}/s, p50 "
+               f"{sm['p50_latency_ms']:.1f} ms, p95 {sm['p95_latency_ms']:.1f} ms",
+               f"simulator error: goodput {100 * err['goodput']:+.1f}%, p50 {100 * err['p50']:+.1f}%, "
+               f"p95 {100 * err['p95']:+.1f}%",
+               "batches served per split: " + "; ".join(
+                   f"split {i + 1}: " + ", ".join(f"{n} x {b}" for b, n in sorted(c.items()))
+                   for i, c in enumerate(sv["batch_counts"])),
+               ("outputs equal the model run in one process, request by request" if self.equal else
+                f"{self.mismatches} requests differ from the model run in one process")]
+        if d["note"]:
+            out.append(f"note: {d['note']}")
+        return out
+
+
+def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4, slo_s: float = 1.0,
+             batch_size: int = 4, easy: float = 0.8, threshold: float = 0.4, pattern: str = "poisson",
+             rate: float | None = None, requests: int = 64, seed: int = 0, address: str | None = None,
+             num_cpus: float = 2, progress: Callable[[int, int], None] | None = None) -> RealRun:
+    """Plan, serve, simulate and check one run (see the module docstring); ``rate`` defaults to 80 % of the
+    plan's goodput. Bad input raises before Ray starts; a plan no replica count meets raises with the reason."""
+    import torch
+
+    from workbench.data import load_task, task_spec
+    from workbench.earlyexit.artifacts import load_model, mix_rows
+    from workbench.earlyexit.evaluation import validate_simulator
+    from workbench.earlyexit.scenario import Scenario
+    from workbench.earlyexit.serve import Workload
+    from workbench.earlyexit.simulator import PATTERNS, ArrivalProcess
+    from workbench.models.tokenizer import encoder_tokenizer
+
+    if pattern not in PATTERNS:
+        raise WorkbenchError(f"unknown arrival pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    if not (isinstance(requests, int) and 1 <= requests <= 10_000):
+        raise WorkbenchError(f"a real run serves 1..10000 requests, got {requests!r}")
+    sc = Scenario(model="encoder", task=task, preset=preset, gpus={"host": replicas}, slo_s=slo_s,
+                  batch_size=batch_size, easy=easy, threshold=threshold)
+    if rate is not None and not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
+        raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
+    prepared = load_model(task, preset)
+    model = prepared.model.configure(threshold=threshold, disabled=())
+    plan = sc.optimize()
+    if not plan:
+        raise WorkbenchError(f"no plan for {replicas} CPU replicas: {plan.reason}")
+    rate = float(rate if rate is not None else 0.8 * plan.goodput)
+
+    dev = load_task(task).dev
+    index = {i: j for j, i in enumerate(dev.ids)}
+    rows = mix_rows(prepared.record, easy, requests, seed)
+    texts = [dev.texts[index[prepared.record.dev_ids[r]]] for r in rows]
+    ids, mask = encoder_tokenizer(task_spec(task).max_length)(texts, pad_to=task_spec(task).max_length)
+    workload = Workload.from_arrivals(ids, mask, ArrivalProcess(pattern, rate, count=requests), seed=seed)
+
+    host = sc.layer_profiles()["host"]
+    validation = validate_simulator(model, plan, workload, host, slo_s, slack=sc.slack, address=address,
+                                    num_cpus=num_cpus, progress=progress)
+    with torch.no_grad():
+        one = model(workload.ids, workload.mask)
+    served = validation.real
+    same = (served.labels == one.labels) & (served.exit_layers == one.exit_layers)
+    diff = float((served.logits - one.logits).abs().max()) if served.logits is not None else float("nan")
+    return RealRun(plan, validation, bool(same.all()), int((~same).sum()), diff, pattern, rate)

@@ -1,0 +1,183 @@
+"""The knobs of an E3 study turned into the optimizer's and the simulator's inputs, in one place.
+
+A :class:`Scenario` is what the page, the commands and the notebooks set: the model (the shipped encoder
+with its trained ramps, or BERT-BASE/-LARGE's shape), GPUs per type, SLO, input batch size, easy:hard mix,
+exit threshold, disabled ramps, slack and pipelining. From it come the batch profile (the trained ramps'
+real exits on a workload of that mix; for the BERT shapes, which have no trained ramps here, a profile of
+the same mix drawn like the shipped model's), the layer latencies (E3's GPU presets, estimates; or the host's
+measured profile for a real run), the transfers between splits, E3's plan and its simulation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from workbench.earlyexit.batchprofile import BatchProfile
+from workbench.errors import WorkbenchError
+
+MODELS = ("encoder", "bert-base", "bert-large")
+MAX_GPUS_PER_TYPE = 64
+MAX_SLO_S = 60.0
+MAX_BATCH = 64
+LINK_DEVICE = "v100"
+"""Whose link carries the activations between splits (the presets' 10 Gbit/s network)."""
+
+
+def parse_gpus(text: str | Mapping[str, int]) -> dict[str, int]:
+    """``"v100=6,p100=8"`` (or a mapping) -> {type: count}, each type one of E3's presets, counts 0..64."""
+    from workbench.devices import PRESETS
+
+    known = [n for n, p in PRESETS.items() if p.paper == "e3"] + ["host"]
+    if isinstance(text, Mapping):
+        items = list(text.items())
+    else:
+        items = []
+        for part in filter(None, (p.strip() for p in str(text).split(","))):
+            name, sep, count = part.partition("=")
+            if not sep:
+                raise WorkbenchError(f"GPUs are given as TYPE=COUNT pairs (e.g. v100=6,p100=8), got {part!r}")
+            items.append((name.strip(), count.strip()))
+    out: dict[str, int] = {}
+    for name, count in items:
+        if name not in known:
+            raise WorkbenchError(f"unknown GPU type {name!r}; E3's: {', '.join(known)}")
+        try:
+            n = int(count)
+            ok = str(count).strip() == str(n) if isinstance(count, str) else n == count
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or not 0 <= n <= MAX_GPUS_PER_TYPE:
+            raise WorkbenchError(f"the count of {name} GPUs is a whole number in 0..{MAX_GPUS_PER_TYPE}, got {count!r}")
+        out[name] = out.get(name, 0) + n
+    if sum(out.values()) == 0:
+        raise WorkbenchError("no GPUs: give at least one (e.g. v100=4); a plan needs somewhere to run")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    model: str = "encoder"
+    task: str = "sentiment"
+    preset: str = "full"
+    gpus: Mapping[str, int] = field(default_factory=lambda: {"v100": 4})
+    slo_s: float = 0.05
+    batch_size: int = 16
+    easy: float = 0.8
+    threshold: float = 0.4
+    disabled: tuple[int, ...] = ()
+    slack: float = 0.2
+    pipelined: bool = True
+    disable_inside: bool = False       # E3 §3.4: switch off the ramps inside each split of the plan
+
+    def __post_init__(self):
+        from workbench.earlyexit.artifacts import check_easy_fraction
+        from workbench.earlyexit.model import check_threshold
+
+        if self.model not in MODELS:
+            raise WorkbenchError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        object.__setattr__(self, "gpus", parse_gpus(self.gpus))
+        if not (isinstance(self.slo_s, (int, float)) and 0 < self.slo_s <= MAX_SLO_S):
+            raise WorkbenchError(f"the SLO is a latency in (0, {1e3 * MAX_SLO_S:g}] ms, got {1e3 * self.slo_s:g} ms")
+        if not (isinstance(self.batch_size, int) and 1 <= self.batch_size <= MAX_BATCH):
+            raise WorkbenchError(f"the input batch size is a whole number in 1..{MAX_BATCH}, got {self.batch_size!r}")
+        if not (isinstance(self.slack, (int, float)) and 0 <= self.slack < 1):
+            raise WorkbenchError(f"the slack is a share of the SLO in [0, 1), got {self.slack!r}")
+        check_easy_fraction(self.easy)
+        check_threshold(self.threshold)
+
+    def with_(self, **changes) -> Scenario:
+        return replace(self, **changes)
+
+    @property
+    def num_layers(self) -> int:
+        from workbench.earlyexit.profiles import model_shape
+
+        return model_shape(self.model)[1]
+
+    # ------------------------------------------------------------------ inputs
+
+    def record(self):
+        from workbench.earlyexit.artifacts import load_record
+
+        return load_record(self.task, self.preset)
+
+    def profile(self, n: int = 2048, seed: int = 0) -> BatchProfile:
+        """The batch profile of this mix: the trained ramps' exits on it (the encoder), or, for a BERT shape,
+        the encoder's profile stretched over its layers (the share left after layer k of L is the encoder's
+        after the same fraction of its depth)."""
+        from workbench.earlyexit.artifacts import mix_profile
+
+        base = mix_profile(self.record(), self.easy, self.threshold, self.disabled, n=n, seed=seed)
+        L = self.num_layers
+        if L == base.num_layers:
+            return base
+        own = base.num_layers
+        left = [base.remaining[min(own - 1, math.floor((k + 1) * own / L) - 1)] if (k + 1) * own >= L else 1.0
+                for k in range(L)]
+        left[-1] = 0.0
+        return BatchProfile.nearest(left)
+
+    def layer_profiles(self) -> dict:
+        from workbench.earlyexit.profiles import gpu_profiles, host_layer_profile
+
+        out = gpu_profiles([g for g in self.gpus if g != "host"], self.model)
+        if "host" in self.gpus:
+            out["host"] = host_layer_profile(task=self.task)
+        return out
+
+    def layer_latency(self, disabled=None):
+        from workbench.earlyexit.profiles import latency_by_type
+
+        off = set(self.disabled if disabled is None else disabled)
+        return latency_by_type(self.layer_profiles(), ramps=[k for k in range(self.num_layers) if k not in off])
+
+    def transfer_s(self):
+        from workbench.devices import PRESETS
+        from workbench.earlyexit.profiles import model_shape
+
+        shape = model_shape(self.model)[0]
+        link = PRESETS[LINK_DEVICE]
+        per_sample = shape.seq_len * shape.hidden * 4
+
+        def transfer(boundary: int, batch: int) -> float:
+            return link.send_s(batch * per_sample) if batch else 0.0
+        return transfer
+
+    # ------------------------------------------------------------------ decisions
+
+    def optimize(self, profile: BatchProfile | None = None):
+        """E3's plan for this scenario (``profile``: plan for another profile, e.g. a forecast); with
+        ``disable_inside`` the ramps inside the plan's splits are then switched off (their samples ride to the
+        split's end) and the plan is made again for the cheaper layers and the later exits."""
+        from workbench.earlyexit.optimizer import optimize_splits
+
+        profile = profile or self.profile()
+        plan = optimize_splits(self.layer_latency(), list(profile.remaining), self.gpus, self.slo_s,
+                               pipelined=self.pipelined, transfer_s=self.transfer_s(), slack=self.slack,
+                               batch_size=self.batch_size, num_layers=self.num_layers)
+        if self.disable_inside and plan:
+            inside = inside_ramps(plan.splits)
+            return self.with_(disabled=tuple(sorted(set(self.disabled) | inside)), disable_inside=False).optimize()
+        return plan
+
+    def simulate(self, plan, *, pattern: str = "poisson", rate: float | None = None, requests: int = 2000,
+                 seed: int = 0, profile: BatchProfile | None = None):
+        """Serve ``requests`` arrivals through ``plan`` in the simulator, exits drawn from this scenario's
+        profile (or ``profile``: the truth when the plan was made for a forecast). ``rate`` defaults to 90 %
+        of the plan's goodput."""
+        from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
+
+        if not plan:
+            raise WorkbenchError(f"nothing to simulate: {plan.reason}")
+        rate = 0.9 * plan.goodput if rate is None else rate
+        if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+            raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
+        return simulate_plan(plan, slo_s=self.slo_s, arrivals=ArrivalProcess(pattern, rate, count=requests),
+                             layer_latency=self.layer_latency(), transfer_s=list(plan.transfers_s) or 0.0,
+                             exits=profile or self.profile(), slack=self.slack, seed=seed, pipelined=self.pipelined)
+
+
+def inside_ramps(splits) -> set[int]:
+    """The ramps strictly inside the splits (every layer but each split's last)."""
+    return {k for s, e in splits for k in range(s, e - 1)}
