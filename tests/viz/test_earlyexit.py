@@ -1,0 +1,116 @@
+"""E3's figures read back against the engine's own numbers: the optimizer's plans (from a hand-made profile and
+GPU latencies, no trained model), the simulator's busy periods, a batch-profile series. Each test says the wrong
+code it catches."""
+import pytest
+
+from workbench.earlyexit.artifacts import SeriesForecast
+from workbench.earlyexit.batchprofile import BatchProfile
+from workbench.earlyexit.optimizer import optimize_splits
+from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
+from workbench.timeline import Span, Timeline
+from workbench.viz.earlyexit import (BUBBLE, SYSTEMS, bubble_timeline, bubbles_figure, goodput_figure, idle_shares,
+                                     plan_figure, profile_figure)
+
+PROFILE = [1.0, 0.9, 0.5, 0.45, 0.4, 0.0]          # half the batch leaves by the third ramp
+
+
+def latency(layer, batch, gpu):
+    return {"v100": 1e-3, "k80": 3e-3}[gpu] * (0.2 + batch / 16)
+
+
+def plan(**kwargs):
+    args = dict(layer_latency=latency, batch_profile=PROFILE, gpus={"v100": 3, "k80": 2}, slo_s=0.05,
+                batch_size=16, num_layers=6)
+    args.update(kwargs)
+    return optimize_splits(**args)
+
+
+def test_plan_bars_are_the_splits_replicas_types_and_batches():
+    """Catches: one bar per split instead of per replica, a split's layers shifted by one (end inclusive),
+    colours not following the GPU type, the cut marked at the wrong layer."""
+    p = plan()
+    assert len(p.splits) >= 2                       # the case tells splits apart
+    fig = plan_figure(p, PROFILE)
+    assert len(fig.data) == len(p.splits)
+    for trace, (start, end), r, gpu, b in zip(fig.data, p.splits, p.replicas, p.gpu_types, p.batch_sizes):
+        assert list(trace.base) == [start] * r and list(trace.x) == [end - start] * r
+        assert len(trace.y) == r and all(text == f"{gpu} · batch {b}" for text in trace.text)
+        assert [row[1:3] for row in trace.customdata] == [[r, b]] * r
+    colors = {t.marker.color for t in fig.data}
+    assert len(colors) == len(set(p.gpu_types))
+    cuts = [s.x0 for s in fig.layout.shapes]
+    assert cuts == [start for start, _ in p.splits[1:]]
+    for note, (start, _) in zip(fig.layout.annotations, p.splits[1:]):
+        assert f"cut after layer {start - 1}, {100 * PROFILE[start - 1]:.3g}% of the batch left" == note.text
+    assert f"goodput {p.goodput:,.0f} samples/s" in fig.layout.title.text
+    assert tuple(fig.layout.xaxis.range) == (0, 6) and fig.layout.xaxis.title.text.startswith("layers")
+
+
+def test_an_empty_plan_draws_its_explanation():
+    """Catches: empty axes (or a crash) when no plan meets the SLO, instead of the optimizer's reason."""
+    p = plan(slo_s=1e-4)
+    assert not p.splits and p.reason
+    fig = plan_figure(p)
+    text = fig.layout.annotations[0].text.replace("<br>", " ")
+    assert "no plan" in text and "raise the SLO" in text and not fig.data
+
+
+def test_bubbles_are_the_gaps_between_a_replicas_batches():
+    """Catches: bubbles taken from another lane, gaps before the first batch or after the last one dropped,
+    queue lanes drawn as replicas, a measured run not overlaid."""
+    spans = [Span("split 0 · replica 0", "compute", 0.001, 0.003), Span("split 0 · replica 0", "compute", 0.005, 0.006),
+             Span("split 1 · replica 0", "compute", 0.004, 0.008), Span("split 0 queue", "queue", 0.0, 0.001)]
+    bubbles = bubble_timeline(Timeline(tuple(spans)), end_s=0.01)
+    gaps = {(s.lane, round(s.start, 6), round(s.end, 6)) for s in bubbles.spans if s.kind == "stall"}
+    assert gaps == {("split 0 · replica 0", 0.0, 0.001), ("split 0 · replica 0", 0.003, 0.005),
+                    ("split 0 · replica 0", 0.006, 0.01), ("split 1 · replica 0", 0.0, 0.004),
+                    ("split 1 · replica 0", 0.008, 0.01)}
+    assert all(s.label == BUBBLE for s in bubbles.spans if s.kind == "stall")
+    assert idle_shares(bubbles) == pytest.approx({"split 0 · replica 0": 0.7, "split 1 · replica 0": 0.6})
+    fig = bubbles_figure(bubbles, bubble_timeline(Timeline(tuple(spans[:2]), "measured"), 0.01), title="t")
+    names = {t.name for t in fig.data}
+    assert {"compute (predicted)", "stall (predicted)", "compute (measured)", "stall (measured)"} <= names
+    compute = next(t for t in fig.data if t.name == "compute (predicted)")
+    assert sorted(compute.base) == pytest.approx([1.0, 4.0, 5.0])           # ms
+    assert fig.layout.xaxis.title.text == "time since the first request (ms)"
+
+
+def test_simulated_bubbles_follow_the_simulators_busy_periods():
+    """Catches: the figure drawn from something other than the simulator's per-replica busy periods."""
+    p = plan()
+    sim = simulate_plan(p, slo_s=0.05, arrivals=ArrivalProcess("uniform", 2000, count=200), layer_latency=latency,
+                        transfer_s=p.transfers_s, exits=BatchProfile(tuple(PROFILE)))
+    bubbles = bubble_timeline(sim.timeline, max_spans=10_000)
+    for replica in sim.replicas:
+        drawn = [(s.start, s.end) for s in bubbles.spans if s.lane == replica.lane and s.kind == "compute"]
+        assert drawn == [(b.start_s, b.end_s) for b in replica.busy]
+        idle = sum(s.duration for s in bubbles.spans if s.lane == replica.lane and s.kind == "stall")
+        assert idle == pytest.approx(bubbles.end - replica.busy_s, abs=1e-9)
+
+
+def test_goodput_lines_are_the_rows_and_a_missing_plan_is_a_cross():
+    """Catches: systems swapped, a zero drawn as a point on the line, the page's batch not marked."""
+    rows = [{"batch": 1, "e3": 100.0, "early_exit": 80.0, "stock": 0.0},
+            {"batch": 4, "e3": 400.0, "early_exit": 250.0, "stock": 200.0}]
+    fig = goodput_figure(rows, batch_size=4)
+    lines = {t.name: list(t.y) for t in fig.data if t.mode == "lines+markers"}
+    assert lines == {SYSTEMS["e3"][0]: [100.0, 400.0], SYSTEMS["early_exit"][0]: [80.0, 250.0],
+                     SYSTEMS["stock"][0]: [None, 200.0]}
+    cross = next(t for t in fig.data if t.mode == "markers")
+    assert list(cross.x) == [1] and list(cross.y) == [0]
+    assert fig.layout.shapes[0].x0 == 4 and "1.60x the early-exit model" in fig.layout.title.text
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.title.text == "goodput (samples/s)"
+
+
+def test_profile_lines_are_the_measured_windows_and_the_forecast():
+    """Catches: fractions drawn instead of samples, the forecast of another window, earlier windows dropped."""
+    measured = tuple(BatchProfile((1.0, f, f / 2, 0.0)) for f in (0.9, 0.8, 0.7))
+    forecast = (None, measured[0], BatchProfile((1.0, 0.75, 0.3, 0.0)))
+    series = SeriesForecast((0.8, 0.7, 0.6), measured, forecast, (None, 0.05, 0.04), ("none", "last", "arima"))
+    fig = profile_figure(series, 16)
+    past, last, ahead = fig.data
+    assert list(past.y) == [16, 14.4, 7.2, 0, None, 16, 12.8, 6.4, 0, None]
+    assert list(last.y) == pytest.approx([16, 11.2, 5.6, 0]) and "window 3" in last.name
+    assert list(ahead.y) == pytest.approx([16, 12, 4.8, 0]) and "optimizer" in ahead.name
+    assert "off by 4.0 points" in fig.layout.title.text
+    assert fig.layout.yaxis.title.text == "samples left in the batch (of 16)"
