@@ -26,6 +26,9 @@ BAD = {
     argtypes.text_file.__name__: "/no/such/file.txt",
     "memory fall": "rpi3:x:5",
     "device and layer": "rpi3",
+    "mix": "80:x",
+    "GPUs per type": "v100=-1",
+    "ramps": "1,x",
 }
 """A value each argument type other than a number must refuse, by the type's name."""
 

@@ -50,10 +50,16 @@ def _gpus(text: str) -> dict[str, int]:
 
 def _ramps(text: str) -> tuple[int, ...]:
     try:
-        return tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+        ramps = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+        if any(k < 0 for k in ramps):
+            raise ValueError
+        return ramps
     except ValueError:
         raise argparse.ArgumentTypeError(f"ramps are layer numbers separated by commas (e.g. 1,2), got {text!r}") \
             from None
+
+
+_mix.__name__, _gpus.__name__, _ramps.__name__ = "mix", "GPUs per type", "ramps"
 
 
 def _task(parser: argparse.ArgumentParser) -> None:

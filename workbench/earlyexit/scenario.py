@@ -85,6 +85,11 @@ class Scenario:
             raise WorkbenchError(f"the slack is a share of the SLO in [0, 1), got {self.slack!r}")
         check_easy_fraction(self.easy)
         check_threshold(self.threshold)
+        last = self.num_layers - 1
+        bad = [k for k in self.disabled if not (isinstance(k, int) and 0 <= k < last)]
+        if bad:
+            raise WorkbenchError(f"ramps {bad} cannot be disabled: {self.model}'s ramps 0..{last - 1} can (ramp "
+                                 f"{last} is its classifier)")
 
     def with_(self, **changes) -> Scenario:
         return replace(self, **changes)
