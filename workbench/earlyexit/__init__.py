@@ -12,6 +12,11 @@ _EXPORTS = {
     "bert_problem": "optimizer", "time_optimizer": "optimizer",
     "BatchProfile": "batchprofile", "BatchProfileEstimator": "batchprofile", "split_windows": "batchprofile",
     "simulate": "simulator", "simulate_plan": "simulator", "ArrivalProcess": "simulator",
+    "LayerProfile": "profiles", "host_layer_profile": "profiles", "measure_layer_profile": "profiles",
+    "gpu_profile": "profiles", "gpu_profiles": "profiles", "latency_by_type": "profiles",
+    "Scenario": "evaluation", "goodput_table": "evaluation", "cost_table": "evaluation",
+    "misprediction_table": "evaluation", "ramp_table": "evaluation", "validate_simulator": "evaluation",
+    "Validation": "evaluation", "parametric_mix": "evaluation", "sustained_goodput": "evaluation",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,131 @@
+"""Paper-scale evaluation (simulated) and the simulator-vs-real validation path, with a case worked by hand."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from workbench.earlyexit import evaluation as ev
+from workbench.earlyexit.batchprofile import BatchProfile
+from workbench.earlyexit.profiles import LayerProfile, gpu_profiles
+
+approx = pytest.approx
+SMALL = ev.Scenario(requests=400, min_span_slos=2.0)
+
+
+def flat_profile() -> LayerProfile:
+    """Two layers whatever the batch: layer 0 with its ramp and the embedding 10 ms, layer 1 with its ramp 5 ms."""
+    sizes = (1, 2, 4)
+    return LayerProfile(sizes, ((8e-3,) * 3, (4e-3,) * 3), ((1e-3,) * 3, (1e-3,) * 3), (1e-3,) * 3, "host", 16, 1,
+                        True, "made up")
+
+
+def test_validation_runs_the_simulator_on_the_real_runs_arrivals_and_exits_by_hand():
+    """Splits (0,1) and (1,2), one replica each, batch 2; 10 ms and 5 ms a batch; SLO 1 s, slack 20%.
+    Arrivals 0, 10, 20, 30 ms (uniform); the real run says r0 left at layer 0, the others ran both layers.
+    - split 0: r0 waits; r1 fills the batch at 10 ms: served 10..20 ms, r0 leaves at 20 ms, r1 goes on.
+    - split 1: r1 waits alone (it may, until 10 + 800 - 5 ms).
+    - split 0: r2 (20 ms) waits; r3 fills the batch at 30 ms: served 30..40 ms; both go on.
+    - split 1: at 40 ms [r1, r2] is full: served 40..45 ms. r3 waits alone until 30 + 800 - 5 = 825 ms,
+      served 825..830 ms.
+    Latencies 20, 35, 25, 800 ms; all meet the SLO; the run ends at 830 ms."""
+    plan = SimpleNamespace(splits=[(0, 1), (1, 2)], replicas=[1, 1], batch_sizes=[2, 2], gpu_types=["host"] * 2)
+    arrivals = [0.0, 0.01, 0.02, 0.03]
+    calls = []
+
+    def fake_serve(model, plan_, workload, *, slo_s, **kwargs):
+        calls.append((model, plan_, workload, slo_s, kwargs))
+        requests = [SimpleNamespace(arrival_s=t, exit_layer=e) for t, e in zip(arrivals, [0, 1, 1, 1])]
+        return SimpleNamespace(requests=requests, goodput=5.0, p50_latency_s=0.020, p95_latency_s=0.75,
+                               batch_counts=({2: 2}, {2: 1, 1: 1}))
+
+    v = ev.validate_simulator("model", plan, "workload", flat_profile(), 1.0, serve=fake_serve, cores=2,
+                              batch_wait_s=0.05)
+    assert calls == [("model", plan, "workload", 1.0, {"batch_wait_s": 0.05})]
+    assert [r.completion_s for r in v.sim.requests] == approx([0.020, 0.045, 0.045, 0.830])
+    assert [r.latency_s for r in v.sim.requests] == approx([0.020, 0.035, 0.025, 0.800])
+    assert v.sim_goodput == approx(4 / 0.830)
+    assert v.sim_p50_s == approx(0.030)
+    assert v.sim_p95_s == approx(0.035 + 0.85 * (0.800 - 0.035))
+    assert v.goodput_error == approx((4 / 0.830 - 5.0) / 5.0)
+    assert v.p50_error == approx(0.5) and v.p95_error == approx((v.sim_p95_s - 0.75) / 0.75)
+    assert v.sim_batch_counts == (((2, 2),), ((1, 1), (2, 1)))
+    assert v.real_batch_counts == (((2, 2),), ((1, 1), (2, 1)))
+    assert not v.within_target                   # the p50 is 50% off
+    assert v.note == "" and v.row()["requests"] == 4
+    crowded = ev.validate_simulator("m", plan, "w", flat_profile(), 1.0, serve=fake_serve, cores=1)
+    assert "2 replicas on 1 cores" in crowded.note
+
+
+def test_validation_reads_the_workloads_arrivals_when_the_run_has_none():
+    plan = SimpleNamespace(splits=[(0, 2)], replicas=[1], batch_sizes=[1])
+    run = SimpleNamespace(requests=[SimpleNamespace(exit_layer=1)], goodput=1.0, p50_latency_s=0.015,
+                          p95_latency_s=0.015, batch_counts=({1: 1},))
+    v = ev.validate_simulator(None, plan, SimpleNamespace(arrival_s=np.array([0.0])), flat_profile(), 1.0,
+                              serve=lambda *a, **k: run)
+    assert v.sim.requests[0].latency_s == approx(0.015) and v.p50_error == approx(0.0)
+
+
+def test_mixes_and_their_profiles():
+    p = ev.parametric_mix(0.8, 12)
+    assert p.remaining[5] == approx(0.2) and p.remaining[-1] == 0 and p.remaining[2] > p.remaining[5]
+    assert ev.parametric_mix(0.2, 12).remaining[5] == approx(0.8)
+    six = BatchProfile((0.5, 0.3, 0.3, 0.2, 0.2, 0.0))
+    twelve = ev.rescale_profile(six, 12)
+    assert twelve.remaining[1] == approx(0.5) and twelve.remaining[3] == approx(0.3) and twelve.remaining[-1] == 0
+    assert twelve.remaining[0] == approx(0.75)
+    got = ev.mix_profiles(12, {"80:20": six})
+    assert got["80:20"][1] == "measured" and got["20:80"][1] == "parametric"
+    assert ev.mispredicted(BatchProfile((0.9, 0.5, 0.0)), 0.2).remaining == approx((1.0, 0.6, 0.0))
+
+
+def test_pools_capacity_exits_and_disabled_ramps():
+    layer_s = lambda k, b, g: 1e-3 * b + 1e-3                      # noqa: E731
+    pool = ev.Pool(((0, 2),), (3,), (4,), ("x",), ramps=False)
+    profile = BatchProfile((0.5, 0.0))
+    assert ev.pool_capacity(pool, profile, layer_s) == approx(3 * 4 / (2 * 5e-3))   # nobody leaves: full batches
+    assert list(pool.exit_layers(np.array([0, 1]))) == [1, 1]
+    # with exits, half the batch runs layer 1: the expected time over Binomial(4, 1/2) survivors
+    shrinking = ev.Pool(((0, 2),), (1,), (4,), ("x",))
+    expected = 5e-3 + sum(math.comb(4, n) / 16 * (1e-3 * n + 1e-3) for n in range(1, 5))
+    assert ev.pool_capacity(shrinking, profile, layer_s) == approx(4 / expected)
+    split = ev.Pool(((0, 2), (2, 4)), (1, 1), (2, 2), ("x", "x"), ramps=frozenset({0, 1}))
+    assert list(split.exit_layers(np.arange(4))) == [0, 1, 3, 3]      # ramp 2 off: its samples leave at 3
+
+
+def test_goodput_table_e3_beats_the_as_is_model_at_batch_4_on_80_20():
+    rows = ev.goodput_table(batches=(1, 4), mixes=("80:20",), clusters=("homogeneous",), scenario=SMALL)
+    got = {(r["batch"], r["system"]): r for r in rows}
+    assert len(rows) == 6 and all(r["attainment"] >= 0.99 for r in rows)
+    assert got[(4, "e3")]["goodput"] >= got[(4, "as_is")]["goodput"] > got[(4, "stock")]["goodput"]
+    assert got[(4, "e3")]["e3_over_as_is"] == approx(got[(4, "e3")]["goodput"] / got[(4, "as_is")]["goodput"])
+    assert got[(1, "e3")]["deployment"] == got[(1, "as_is")]["deployment"]   # batch 1: nothing to split for
+    for r in rows:     # the simulated goodput is near what the deployment can take, not above it by much
+        assert 0.8 * r["capacity"] <= r["goodput"] <= 1.25 * r["capacity"]
+    cost = ev.cost_table(rows, target=6000)
+    e3 = next(r for r in cost if r["batch"] == 4 and r["system"] == "e3")
+    assert e3["cost_per_s_for_target"] == approx(got[(4, "e3")]["cost_per_s"] * 6000 / got[(4, "e3")]["goodput"])
+    assert e3["saving_pct"] >= 0
+
+
+def test_e3_plans_keep_every_replicas_batch_within_the_batch_size():
+    gpus = ev.cluster_gpus("heterogeneous")
+    assert gpus == {"v100": 6, "p100": 8, "k80": 15}
+    profiles = gpu_profiles(gpus)
+    plan = ev.e3_plan(8, ev.parametric_mix(0.8, 12), gpus, profiles, SMALL)
+    assert plan and max(plan.batch_sizes) <= 8 and len(plan.splits) > 1
+    assert all(plan.gpus_used[g] <= n for g, n in gpus.items() if g in plan.gpus_used)
+
+
+def test_misprediction_and_ramp_tables_have_their_rows():
+    rows = ev.misprediction_table(errors=(0.0, 0.2), batches=(8,), mixes=("50:50",), scenario=SMALL)
+    assert [r["error_pct"] for r in rows] == [0.0, 20.0]
+    assert rows[0]["loss_pct"] == approx(0.0)            # no error: the same plan, the same runs
+    assert math.isfinite(rows[1]["loss_pct"])
+    ramps = ev.ramp_table(batches=(8,), mixes=("20:80",), scenario=SMALL)
+    assert ramps and ramps[0]["splits"] > 1
+    assert ramps[0]["ramps_disabled"] == len(ramps[0]["disabled"].split())
+    if not ramps[0]["ramps_disabled"]:
+        assert ramps[0]["gain_pct"] == 0

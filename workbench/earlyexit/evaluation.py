@@ -1,0 +1,653 @@
+"""E3's evaluation at the paper's scale, simulated: goodput of E3 against the early-exit model run as is and
+against the stock model, cost for a fixed goodput, batch-profile misprediction, disabled ramps; and the check
+of the simulator against a real Ray Serve run.
+
+Every function is pure (plain inputs, plain dataclasses and rows out) and every goodput comes from the SimPy
+simulator (:mod:`workbench.earlyexit.simulator`) with per-layer service times, not from the optimizer's own
+number; the optimizer's (and the analytic capacities below) only say where to start looking.
+
+The three systems (paper §5.1), on the same GPUs:
+
+- **E3**: :func:`~workbench.earlyexit.optimizer.optimize_splits` plans splits, replicas and GPU types. The
+  batch size ``b`` of a table is the largest batch any replica is served with, as for the others: E3's input
+  batch per cycle is tried at ``b x r`` for r = 1 .. number of GPUs and the plan with the best goodput whose
+  every split's batch is at most ``b`` is kept (the whole model on every GPU, the as-is deployment, is always
+  among them). Ramps run at every layer (the paper's main results do not use its exit wrapper).
+- **as is**: the early-exit model on every GPU, data parallel at batch ``b``; samples leave right after their
+  ramp and the batch shrinks as it goes (the simulator's per-layer times).
+- **stock**: the same model without exits (no ramps but the classifier): every sample runs every layer.
+
+Data-parallel deployments on mixed GPUs are one pool per GPU type, each fed a share of the arrivals in
+proportion to its capacity (a weighted load balancer), simulated apart and summed; a GPU type whose batch of
+``b`` cannot finish within ``SLO x (1 - slack)`` is left out.
+
+Sustained goodput: arrivals are uniform (the paper's production-like constant rate) at a fraction of the
+deployment's analytic capacity, from :data:`RATE_FRACTIONS` downwards; the first rate at which at least
+``attainment`` (99%) of the requests meet the SLO gives the goodput, the simulator's requests-meeting-the-SLO
+per second at that rate. Each simulation has ``requests`` requests (2000 by default).
+
+Easy:hard mixes. The paper bins GLUE inputs into easy and hard ones and varies their ratio (80:20, 50:50,
+20:80). A mix is a :class:`~workbench.earlyexit.batchprofile.BatchProfile`: measured on the trained model
+(``workbench.earlyexit.artifacts.mix_profile``, 6 layers, rescaled to the deeper model by relative depth with
+:func:`rescale_profile`) when given, else :func:`parametric_mix`: the easy share leaves along the first half
+of the model, three quarters of it by the first quarter (as the optimizer's ``bert_problem`` assumes, and
+close to the paper's Figure 3 where about half a DeeBERT batch has left by ramp 6 of 12), the hard share runs
+to the end.
+
+Latencies are the E3 GPU presets' estimates (:func:`~workbench.earlyexit.profiles.gpu_profile`, "estimate,
+not measured"), transfers those of ``bert_problem`` (fp32 activations over 10 Gbps).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from workbench.earlyexit.batchprofile import BatchProfile
+from workbench.errors import WorkbenchError
+
+MIXES = {"80:20": 0.8, "50:50": 0.5, "20:80": 0.2}
+CLUSTER_PRESETS = {"homogeneous": "e3-v100", "heterogeneous": "e3-mixed"}
+"""The paper's two clusters of equal cost ($0.013 per second, §5.2): 16 V100, and 6 V100 + 8 P100 + 15 K80."""
+SYSTEMS = ("e3", "as_is", "stock")
+RATE_FRACTIONS = (1.2, 1.0, 0.9, 0.8, 0.65, 0.5, 0.35, 0.2, 0.1)
+WARM_UP_SHARE = 0.25
+PAPER_MISPREDICTION_LOSS_PCT = (4, 8)
+PAPER_RAMP_GAIN_PCT = 16
+PAPER_TARGET_GOODPUT = 6000.0
+VALIDATION_TARGET = 0.2
+OVER_CAP_S = 1e3
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What every table shares: the model shape, SLO and slack, the simulated requests and seed."""
+    shape: str = "bert-base"
+    slo_s: float = 0.1
+    slack: float = 0.2
+    requests: int = 2000
+    seed: int = 0
+    attainment: float = 0.99
+    min_span_slos: float = 4.0         # arrivals span at least this many SLOs, so an overload shows as misses
+
+    def __post_init__(self):
+        if not (self.slo_s > 0 and 0 <= self.slack < 1 and self.requests >= 1 and 0 < self.attainment <= 1):
+            raise WorkbenchError(f"a scenario needs slo_s > 0, slack in [0, 1), requests >= 1 and attainment in "
+                                 f"(0, 1]; got {self}")
+
+    @property
+    def budget_s(self) -> float:
+        return self.slo_s * (1 - self.slack)
+
+
+def cluster_gpus(cluster: str | Mapping[str, int]) -> dict[str, int]:
+    """GPU type -> count of ``"homogeneous"``, ``"heterogeneous"``, a devices cluster name, or a mapping."""
+    if isinstance(cluster, Mapping):
+        return {str(g): int(n) for g, n in cluster.items() if n}
+    from workbench.devices import CLUSTERS
+
+    name = CLUSTER_PRESETS.get(cluster, cluster)
+    if name not in CLUSTERS:
+        raise WorkbenchError(f"unknown cluster {cluster!r}; known: {', '.join(CLUSTER_PRESETS)}")
+    return CLUSTERS[name].counts()
+
+
+# ------------------------------------------------------------------------------------------------ mixes
+
+def parametric_mix(easy: float, num_layers: int) -> BatchProfile:
+    """The fallback profile of an easy:hard mix with ``easy`` easy inputs (see the module docstring)."""
+    if not 0 <= easy <= 1:
+        raise WorkbenchError(f"the easy share of a mix lies in 0..1 (80:20 is 0.8), got {easy!r}")
+    half = num_layers / 2
+    left = [(1 - easy) + easy * max(0.0, 1 - (k + 1) / half) ** 2 for k in range(num_layers)]
+    return BatchProfile.nearest(left[:-1] + [0.0])
+
+
+def rescale_profile(profile: BatchProfile, num_layers: int) -> BatchProfile:
+    """``profile`` stretched onto ``num_layers`` layers by relative depth: the fraction left after layer k of
+    the new model is the old profile's at depth (k + 1) / num_layers, linear between its layers."""
+    old = np.concatenate([[1.0], np.asarray(profile.remaining, dtype=float)])
+    depth = np.linspace(0, 1, old.size)
+    new = np.interp((np.arange(num_layers) + 1) / num_layers, depth, old)
+    new[-1] = 0.0
+    return BatchProfile.nearest(new)
+
+
+def mix_profiles(num_layers: int, measured: Mapping[str, BatchProfile] | None = None,
+                 mixes: Iterable[str] = MIXES) -> dict[str, tuple[BatchProfile, str]]:
+    """Each mix's profile on ``num_layers`` layers and where it came from ("measured" or "parametric")."""
+    out = {}
+    for mix in mixes:
+        if mix not in MIXES:
+            raise WorkbenchError(f"unknown mix {mix!r}; known: {', '.join(MIXES)}")
+        if measured and mix in measured:
+            out[mix] = (rescale_profile(measured[mix], num_layers), "measured")
+        else:
+            out[mix] = (parametric_mix(MIXES[mix], num_layers), "parametric")
+    return out
+
+
+def mispredicted(profile: BatchProfile, error: float) -> BatchProfile:
+    """The profile an estimator off by ``error`` would give: every fraction left times ``1 + error`` (the
+    paper's example: 8 of 16 left predicted as 12 at +50%), clipped to [0, 1]."""
+    return BatchProfile.nearest([min(1.0, max(0.0, f * (1 + error))) for f in profile.remaining])
+
+
+# ------------------------------------------------------------------------------------------- deployments
+
+@dataclass(frozen=True)
+class Pool:
+    """One pipeline: splits, their replicas, batch sizes and GPU types, transfers, and which ramps run: every
+    one (True), none but the classifier (False: the stock model, nobody leaves early) or the layers of a set
+    (a sample that would leave by a disabled ramp rides on to the next enabled one)."""
+    splits: tuple[tuple[int, int], ...]
+    replicas: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    gpu_types: tuple[str, ...]
+    transfers_s: tuple[float, ...] = ()
+    ramps: Any = True
+
+    @property
+    def num_layers(self) -> int:
+        return self.splits[-1][1]
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g, r in zip(self.gpu_types, self.replicas):
+            out[g] = out.get(g, 0) + r
+        return out
+
+    def exit_map(self) -> np.ndarray:
+        """Where a sample whose own exit layer is k leaves in this pool, for each k."""
+        L = self.num_layers
+        if self.ramps is True:
+            return np.arange(L)
+        enabled = sorted({L - 1} | (set(self.ramps) if self.ramps else set()))
+        return np.array([min(e for e in enabled if e >= k) for k in range(L)])
+
+    def exit_layers(self, layers: np.ndarray) -> np.ndarray:
+        return self.exit_map()[np.asarray(layers, dtype=int)]
+
+    def describe(self) -> str:
+        return "; ".join(f"{s}-{e - 1} on {r} x {g} @ {b}" for (s, e), r, g, b in
+                         zip(self.splits, self.replicas, self.gpu_types, self.batch_sizes))
+
+
+def _profile_of(pool: Pool, profile: BatchProfile) -> np.ndarray:
+    """The fraction entering each layer in this pool (exits moved to the enabled ramps)."""
+    L = pool.num_layers
+    mass = np.zeros(L)
+    np.add.at(mass, pool.exit_map(), np.asarray(profile.exit_fractions(), dtype=float))
+    return np.concatenate([[1.0], 1.0 - np.cumsum(mass)[:-1]])
+
+
+def _binomial(n: int, p: float) -> np.ndarray:
+    """P(k of n) for k = 0..n, each present with probability p independently."""
+    from math import comb
+
+    p = min(1.0, max(0.0, p))
+    return np.array([comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1)])
+
+
+def pool_capacity(pool: Pool, profile: BatchProfile, latency: Callable[[int, int, str], float]) -> float:
+    """Input samples per second the pool can take: the smallest over its splits of replicas x batch / the
+    expected time of a batch, which enters the split full and shrinks inside it as the profile says (each
+    sample present at a layer independently; a layer nobody reaches costs nothing). Transfers overlap with
+    compute and do not limit it."""
+    entering = _profile_of(pool, profile)
+    best = math.inf
+    for (s, e), r, b, g in zip(pool.splits, pool.replicas, pool.batch_sizes, pool.gpu_types):
+        if entering[s] <= 0:
+            continue
+        t = 0.0
+        for k in range(s, e):
+            p = _binomial(b, entering[k] / entering[s])
+            t += sum(p[n] * latency(k, n, g) for n in range(1, b + 1) if p[n] > 1e-12)
+        best = min(best, r * b / t / entering[s])
+    return best
+
+
+def worst_latency(pool: Pool, latency: Callable[[int, int, str], float]) -> float:
+    """Seconds a sample that runs every layer takes at full batches, plus the transfers."""
+    return sum(latency(k, b, g) for (s, e), b, g in zip(pool.splits, pool.batch_sizes, pool.gpu_types)
+               for k in range(s, e)) + sum(pool.transfers_s)
+
+
+def data_parallel(batch: int, gpus: Mapping[str, int], num_layers: int, *, exits: bool) -> list[Pool]:
+    """One pool per GPU type: the whole model on each GPU at ``batch`` (ramps at every layer with exits, only
+    the classifier without)."""
+    return [Pool(((0, num_layers),), (n,), (batch,), (g,), (), ramps=exits) for g, n in gpus.items() if n]
+
+
+def latency_for(profiles: Mapping[str, Any], ramps) -> Callable[[int, int, str], float]:
+    from workbench.earlyexit.profiles import latency_by_type
+
+    return latency_by_type(profiles, ramps=ramps)
+
+
+def transfer_fn(shape: str, per_link: int | None = None) -> Callable[[int, int], float]:
+    """Seconds to send ``batch`` samples' activations (fp32, sequence x hidden) over E3's 10 Gbps Ethernet.
+
+    ``per_link``: each sending replica has its own link and sends at most one batch of ``per_link`` samples
+    a cycle, so a cycle's crossing takes as long as one such batch (the optimizer treats a boundary's
+    transfer as one stage of the pipeline; replicas on separate servers send in parallel)."""
+    from workbench.devices import PRESETS
+    from workbench.earlyexit.profiles import model_shape
+
+    layer_shape, _ = model_shape(shape)
+    link = PRESETS["v100"]
+
+    def transfer_s(boundary: int, batch: int) -> float:
+        n = batch if per_link is None else min(batch, per_link)
+        return link.send_s(n * layer_shape.seq_len * layer_shape.hidden * 4) if n else 0.0
+
+    return transfer_s
+
+
+# ------------------------------------------------------------------------------------------- simulation
+
+@dataclass(frozen=True)
+class Sustained:
+    """The sustained goodput of a deployment and the run that showed it."""
+    goodput: float                 # requests meeting the SLO per second (simulated), 0 if no rate passed
+    rate: float                    # the offered rate that gave it
+    capacity: float                # the analytic capacity the rates were fractions of
+    attainment: float              # share of requests meeting the SLO at that rate
+    p50_latency_s: float
+    p95_latency_s: float
+    drop_rate: float
+    simulations: int
+    batch_counts: tuple = ()
+
+
+def simulate_pools(pools: Sequence[Pool], rate: float, profile: BatchProfile, profiles: Mapping[str, Any],
+                   scenario: Scenario, *, seed_offset: int = 0) -> list:
+    """Simulate each pool on its share of ``rate`` (by capacity), uniform arrivals, at least
+    ``scenario.requests`` requests in all and enough for ``scenario.min_span_slos`` SLOs of arrivals."""
+    from workbench.earlyexit.simulator import ArrivalProcess, simulate
+
+    caps = [pool_capacity(p, profile, latency_for(profiles, p.ramps)) for p in pools]
+    total = sum(caps)
+    requests = max(scenario.requests, math.ceil(rate * scenario.min_span_slos * scenario.slo_s))
+    runs = []
+    for j, (pool, cap) in enumerate(zip(pools, caps)):
+        n = max(1, round(requests * cap / total))
+        rng = np.random.default_rng([scenario.seed, seed_offset, j])
+        layers = pool.exit_layers(profile.sample_exit_layers(n, rng))
+        lat = latency_for(profiles, pool.ramps)
+        gpu_types = pool.gpu_types
+
+        def layer_s(i, k, b, lat=lat, gpu_types=gpu_types):
+            return lat(k, b, gpu_types[i])
+
+        runs.append(simulate(pool.splits, pool.replicas, pool.batch_sizes, slo_s=scenario.slo_s,
+                             arrivals=ArrivalProcess("uniform", rate=rate * cap / total, count=n), layer_s=layer_s,
+                             transfer_s=list(pool.transfers_s) if len(pool.splits) > 1 else 0.0,
+                             exits=[int(x) for x in layers], slack=scenario.slack, seed=scenario.seed,
+                             devices=list(gpu_types)))
+    return runs
+
+
+def window_goodput(run, skip: float = WARM_UP_SHARE) -> float:
+    """Requests meeting the SLO per second, counting those that complete between ``skip`` of the arrival
+    span (the pipeline filled) and the last arrival (before the drain, where the last batches wait for
+    samples that never come): the rate a run sustains, without its start and end."""
+    arrivals = [r.arrival_s for r in run.requests]
+    if len(arrivals) < 2:
+        return run.goodput
+    t1 = max(arrivals)
+    t0 = skip * t1
+    done = [r for r in run.requests if r.met_slo and t0 <= r.completion_s <= t1]
+    return len(done) / (t1 - t0) if t1 > t0 else run.goodput
+
+
+def sustained_goodput(pools: Sequence[Pool], profile: BatchProfile, profiles: Mapping[str, Any],
+                      scenario: Scenario, *, fractions: Sequence[float] = RATE_FRACTIONS,
+                      seed_offset: int = 0) -> Sustained:
+    """The most goodput (:func:`window_goodput`, summed over pools) among offered rates, fractions of the
+    analytic capacity tried from the highest, at which at least ``scenario.attainment`` of the requests meet
+    the SLO; the search stops at the first rate that passes and is not above the capacity."""
+    if not pools:
+        return Sustained(0.0, 0.0, 0.0, 0.0, math.nan, math.nan, 0.0, 0)
+    capacity = sum(pool_capacity(p, profile, latency_for(profiles, p.ramps)) for p in pools)
+    best, tried = None, 0
+    for f in fractions:
+        runs = simulate_pools(pools, f * capacity, profile, profiles, scenario, seed_offset=seed_offset)
+        tried += 1
+        n = sum(len(r.requests) for r in runs)
+        met = sum(r.met for r in runs)
+        if met >= scenario.attainment * n:
+            goodput = sum(window_goodput(r) for r in runs)
+            if best is None or goodput > best.goodput:
+                lat = np.concatenate([[q.latency_s for q in r.requests if q.latency_s is not None] for r in runs])
+                counts = tuple(tuple(sorted(s.batch_counts.items())) for r in runs for s in r.splits)
+                best = Sustained(goodput, f * capacity, capacity, met / n, float(np.percentile(lat, 50)),
+                                 float(np.percentile(lat, 95)), sum(r.dropped for r in runs) / n, tried, counts)
+            if f <= 1:
+                break
+    if best is None:
+        return Sustained(0.0, 0.0, capacity, 0.0, math.nan, math.nan, 1.0, tried)
+    return replace(best, simulations=tried)
+
+
+# ------------------------------------------------------------------------------------------- the systems
+
+def e3_plan(batch: int, plan_profile: BatchProfile, gpus: Mapping[str, int], profiles: Mapping[str, Any],
+            scenario: Scenario, *, prices: Mapping[str, float] | None = None):
+    """E3's plan at batch size ``batch``: the best goodput over input batches ``batch x r`` (r = 1 .. the GPUs)
+    among plans whose every replica's batch is at most ``batch``; None when none meets the SLO. The optimizer
+    has no bound on a replica's batch, so the latency it is given makes a larger batch take
+    :data:`OVER_CAP_S`, beyond any SLO."""
+    from workbench.earlyexit.optimizer import optimize_splits
+
+    L = len(plan_profile)
+    full = latency_for(profiles, True)
+
+    def lat(layer: int, n: int, gpu: str) -> float:     # a replica's batch above ``batch`` cannot meet the SLO
+        return full(layer, n, gpu) if n <= batch else OVER_CAP_S
+
+    transfer = transfer_fn(scenario.shape, per_link=batch)
+    best = None
+    for r in range(1, sum(gpus.values()) + 1):
+        plan = optimize_splits(lat, list(plan_profile.remaining), dict(gpus), scenario.slo_s, transfer_s=transfer,
+                               slack=scenario.slack, batch_size=batch * r, num_layers=L, prices=prices)
+        if plan and max(plan.batch_sizes) <= batch:
+            key = (plan.goodput, -plan.cost_per_s)
+            if best is None or key > best[0]:
+                best = (key, plan)
+    return None if best is None else best[1]
+
+
+def plan_pool(plan, ramps: Any = True) -> Pool:
+    """A :class:`Pool` of a ``SplitPlan`` with ``ramps`` enabled (see :class:`Pool`)."""
+    return Pool(tuple(plan.splits), tuple(plan.replicas), tuple(plan.batch_sizes), tuple(plan.gpu_types),
+                tuple(plan.transfers_s), ramps=ramps)
+
+
+def useless_ramps(plan, profile: BatchProfile, profiles: Mapping[str, Any]) -> frozenset[int]:
+    """The ramps inside the plan's splits that E3 disables (§3.4): greedily, from the model's end, each whose
+    removal raises the plan's analytic capacity (its own time saved outweighs the later layers the samples
+    that left by it now run). A split's last ramp stays: its survivors are counted there."""
+    ends = {e - 1 for _, e in plan.splits}
+    enabled = set(range(len(profile)))
+    best = pool_capacity(plan_pool(plan, frozenset(enabled)), profile, latency_for(profiles, frozenset(enabled)))
+    for k in sorted(set(range(len(profile))) - ends, reverse=True):
+        trial = frozenset(enabled - {k})
+        got = pool_capacity(plan_pool(plan, trial), profile, latency_for(profiles, trial))
+        if got > best:
+            enabled, best = set(trial), got
+    return frozenset(set(range(len(profile))) - enabled)
+
+
+def _price(gpus: Mapping[str, int]) -> float:
+    from workbench.devices import PRESETS
+
+    return sum(PRESETS[g].price_per_s * n for g, n in gpus.items())
+
+
+def _fitting(pools: list[Pool], profiles, scenario: Scenario) -> list[Pool]:
+    return [p for p in pools if worst_latency(p, latency_for(profiles, p.ramps)) <= scenario.budget_s + 1e-12]
+
+
+def e3_deployment(batch: int, plan_profile: BatchProfile, gpus: Mapping[str, int], profiles: Mapping[str, Any],
+                  scenario: Scenario) -> tuple[list[Pool], Any]:
+    """What E3 runs at ``batch``: its best plan (:func:`e3_plan`), or the early-exit model as is on every GPU
+    when that has the larger capacity under ``plan_profile`` (the optimizer's no-cut plan puts one GPU type
+    on the whole model; data parallel over every type it cannot express). Returns the pools and the plan
+    (None for the fallback)."""
+    plan = e3_plan(batch, plan_profile, gpus, profiles, scenario)
+    as_is = _fitting(data_parallel(batch, gpus, len(plan_profile), exits=True), profiles, scenario)
+    lat = latency_for(profiles, True)
+    mine = pool_capacity(plan_pool(plan), plan_profile, lat) if plan else 0.0
+    theirs = sum(pool_capacity(p, plan_profile, lat) for p in as_is)
+    if plan and mine >= theirs:
+        return [plan_pool(plan)], plan
+    return as_is, None
+
+
+def system_pools(system: str, batch: int, profile: BatchProfile, gpus: Mapping[str, int],
+                 profiles: Mapping[str, Any], scenario: Scenario) -> tuple[list[Pool], Any]:
+    """The deployment of ``system`` at ``batch`` on ``gpus`` (and E3's plan, else None)."""
+    L = len(profile)
+    if system == "e3":
+        return e3_deployment(batch, profile, gpus, profiles, scenario)
+    if system in ("as_is", "stock"):
+        return _fitting(data_parallel(batch, gpus, L, exits=system == "as_is"), profiles, scenario), None
+    raise WorkbenchError(f"unknown system {system!r}; known: {', '.join(SYSTEMS)}")
+
+
+def _row(cluster: str, mix: str, batch: int, system: str, pools: list[Pool], got: Sustained, plan) -> dict:
+    gpus: dict[str, int] = {}
+    for p in pools:
+        for g, n in p.gpus.items():
+            gpus[g] = gpus.get(g, 0) + n
+    return {"cluster": cluster, "mix": mix, "batch": batch, "system": system, "goodput": got.goodput,
+            "capacity": got.capacity, "optimizer_goodput": plan.goodput if plan else math.nan,
+            "offered_rate": got.rate, "attainment": got.attainment, "p50_ms": 1e3 * got.p50_latency_s,
+            "p95_ms": 1e3 * got.p95_latency_s, "gpus": sum(gpus.values()), "cost_per_s": _price(gpus),
+            "simulations": got.simulations, "deployment": _describe(pools)}
+
+
+def _describe(pools: Sequence[Pool]) -> str:
+    return " | ".join(p.describe() for p in pools) or "none fits"
+
+
+def goodput_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] = tuple(MIXES),
+                  clusters: Iterable[str] = ("homogeneous", "heterogeneous"), scenario: Scenario = Scenario(),
+                  measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
+    """Figures 7, 13 and 16: simulated goodput of E3, the as-is early-exit model and the stock model per
+    cluster, mix and batch size, with E3's ratio over each."""
+    from workbench.earlyexit.profiles import gpu_profiles, model_shape
+
+    L = model_shape(scenario.shape)[1]
+    profs = mix_profiles(L, measured, mixes)
+    rows = []
+    for cluster in clusters:
+        gpus = cluster_gpus(cluster)
+        profiles = gpu_profiles(gpus, scenario.shape)
+        for mix, (profile, origin) in profs.items():
+            for batch in batches:
+                got = {}
+                for system in SYSTEMS:
+                    pools, plan = system_pools(system, batch, profile, gpus, profiles, scenario)
+                    got[system] = _row(cluster, mix, batch, system, pools,
+                                       sustained_goodput(pools, profile, profiles, scenario), plan)
+                    got[system]["mix_profile"] = origin
+                for system in SYSTEMS:
+                    row = got[system]
+                    for other in ("as_is", "stock"):
+                        base = got[other]["goodput"]
+                        row[f"e3_over_{other}"] = (got["e3"]["goodput"] / base if base > 0 else math.inf) \
+                            if system == "e3" else math.nan
+                    rows.append(row)
+    return rows
+
+
+def cost_table(goodput_rows: Sequence[dict], target: float = PAPER_TARGET_GOODPUT) -> list[dict]:
+    """Figures 14 and 15 from the goodput table's runs: the GPUs (homogeneous) and dollars per second
+    (heterogeneous) each system needs for ``target`` samples per second, scaling its simulated deployment
+    linearly (``target / goodput`` copies of it; GPUs rounded up), and E3's saving over the cheaper baseline."""
+    rows = []
+    keyed: dict[tuple, dict] = {}
+    for r in goodput_rows:
+        if r["goodput"] > 0:
+            scale = target / r["goodput"]
+            out = {"cluster": r["cluster"], "mix": r["mix"], "batch": r["batch"], "system": r["system"],
+                   "target": target, "goodput": r["goodput"], "gpus_for_target": math.ceil(r["gpus"] * scale - 1e-9),
+                   "cost_per_s_for_target": r["cost_per_s"] * scale}
+        else:
+            out = {"cluster": r["cluster"], "mix": r["mix"], "batch": r["batch"], "system": r["system"],
+                   "target": target, "goodput": 0.0, "gpus_for_target": math.inf, "cost_per_s_for_target": math.inf}
+        keyed[(r["cluster"], r["mix"], r["batch"], r["system"])] = out
+        rows.append(out)
+    for out in rows:
+        if out["system"] == "e3":
+            base = min(keyed[(out["cluster"], out["mix"], out["batch"], s)]["cost_per_s_for_target"]
+                       for s in ("as_is", "stock") if (out["cluster"], out["mix"], out["batch"], s) in keyed)
+            mine = out["cost_per_s_for_target"]
+            out["saving_pct"] = 100 * (1 - mine / base) if math.isfinite(base) and base > 0 else math.nan
+        else:
+            out["saving_pct"] = math.nan
+    return rows
+
+
+def misprediction_table(errors: Sequence[float] = (-0.2, 0.2), batches: Sequence[int] = (4, 8, 16),
+                        mixes: Iterable[str] = tuple(MIXES), cluster: str = "homogeneous",
+                        scenario: Scenario = Scenario(),
+                        measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
+    """§5.8.3: E3 planned with a batch profile off by ``error`` (every fraction left times 1 + error), served
+    the true one; the goodput lost against planning with the true profile (the paper: 4-8% at 20%)."""
+    from workbench.earlyexit.profiles import gpu_profiles, model_shape
+
+    L = model_shape(scenario.shape)[1]
+    gpus = cluster_gpus(cluster)
+    profiles = gpu_profiles(gpus, scenario.shape)
+    rows = []
+    for mix, (profile, origin) in mix_profiles(L, measured, mixes).items():
+        for batch in batches:
+            true_pools, _ = e3_deployment(batch, profile, gpus, profiles, scenario)
+            right = sustained_goodput(true_pools, profile, profiles, scenario)
+            for error in errors:
+                pools, _ = e3_deployment(batch, mispredicted(profile, error), gpus, profiles, scenario)
+                got = sustained_goodput(pools, profile, profiles, scenario)
+                rows.append({"cluster": cluster, "mix": mix, "mix_profile": origin, "batch": batch,
+                             "error_pct": 100 * error, "goodput_true_plan": right.goodput,
+                             "goodput_mispredicted": got.goodput,
+                             "loss_pct": 100 * (1 - got.goodput / right.goodput) if right.goodput > 0 else math.nan,
+                             "true_plan": _describe(true_pools), "mispredicted_plan": _describe(pools)})
+    return rows
+
+
+def ramp_table(batches: Sequence[int] = (4, 8, 16), mixes: Iterable[str] = tuple(MIXES),
+               clusters: Iterable[str] = ("homogeneous",), scenario: Scenario = Scenario(),
+               measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
+    """§5.8.6: E3's plan served with every ramp, then with the ramps inside its splits that are not useful
+    disabled (:func:`useless_ramps`: a ramp's own time saved; the samples that would have left there ride on
+    to the next enabled ramp, assumed confident enough by then to leave). The paper: up to 16% more goodput."""
+    from workbench.earlyexit.profiles import gpu_profiles, model_shape
+
+    L = model_shape(scenario.shape)[1]
+    rows = []
+    for cluster in clusters:
+        gpus = cluster_gpus(cluster)
+        profiles = gpu_profiles(gpus, scenario.shape)
+        for mix, (profile, origin) in mix_profiles(L, measured, mixes).items():
+            for batch in batches:
+                pools, plan = e3_deployment(batch, profile, gpus, profiles, scenario)
+                if plan is None:          # E3 runs the model as is here: no split to disable ramps inside
+                    continue
+                off = useless_ramps(plan, profile, profiles)
+                enabled = frozenset(range(L)) - off
+                with_all = sustained_goodput([plan_pool(plan)], profile, profiles, scenario)
+                fewer = sustained_goodput([plan_pool(plan, enabled)], profile, profiles, scenario) if off else with_all
+                rows.append({"cluster": cluster, "mix": mix, "mix_profile": origin, "batch": batch,
+                             "splits": len(plan.splits), "ramps_disabled": len(off),
+                             "disabled": " ".join(map(str, sorted(off))),
+                             "goodput_all_ramps": with_all.goodput, "goodput_useful_ramps": fewer.goodput,
+                             "gain_pct": 100 * (fewer.goodput / with_all.goodput - 1) if with_all.goodput > 0
+                             else math.nan, "plan": plan_pool(plan).describe()})
+    return rows
+
+
+# ------------------------------------------------------------------------------------ simulator vs real
+
+@dataclass(frozen=True)
+class Validation:
+    """A real Ray Serve run and the simulator on the same plan, arrivals and exits: the figures of each and
+    the simulator's relative errors ``(simulated - real) / real``."""
+    real_goodput: float
+    sim_goodput: float
+    real_p50_s: float
+    sim_p50_s: float
+    real_p95_s: float
+    sim_p95_s: float
+    requests: int
+    target: float = VALIDATION_TARGET
+    real_batch_counts: tuple = ()
+    sim_batch_counts: tuple = ()
+    note: str = ""
+    sim: Any = field(default=None, repr=False, compare=False)
+    real: Any = field(default=None, repr=False, compare=False)
+
+    @staticmethod
+    def _error(sim: float, real: float) -> float:
+        return (sim - real) / real if real else math.nan
+
+    @property
+    def goodput_error(self) -> float:
+        return self._error(self.sim_goodput, self.real_goodput)
+
+    @property
+    def p50_error(self) -> float:
+        return self._error(self.sim_p50_s, self.real_p50_s)
+
+    @property
+    def p95_error(self) -> float:
+        return self._error(self.sim_p95_s, self.real_p95_s)
+
+    @property
+    def within_target(self) -> bool:
+        return all(abs(e) <= self.target for e in (self.goodput_error, self.p50_error, self.p95_error))
+
+    def row(self) -> dict:
+        return {"requests": self.requests, "real_goodput": self.real_goodput, "sim_goodput": self.sim_goodput,
+                "goodput_error_pct": 100 * self.goodput_error, "real_p50_ms": 1e3 * self.real_p50_s,
+                "sim_p50_ms": 1e3 * self.sim_p50_s, "p50_error_pct": 100 * self.p50_error,
+                "real_p95_ms": 1e3 * self.real_p95_s, "sim_p95_ms": 1e3 * self.sim_p95_s,
+                "p95_error_pct": 100 * self.p95_error, "within_target": self.within_target,
+                "target_pct": 100 * self.target, "note": self.note}
+
+
+def _arrivals_of(real, workload, arrival_s) -> np.ndarray:
+    if arrival_s is not None:
+        return np.asarray(list(arrival_s), dtype=float)
+    if real.requests and hasattr(real.requests[0], "arrival_s"):
+        return np.array([r.arrival_s for r in real.requests], dtype=float)
+    if hasattr(workload, "arrival_s"):
+        return np.asarray(workload.arrival_s, dtype=float)
+    raise WorkbenchError("no arrival times: the real run's requests carry none and the workload has no "
+                         "arrival_s; pass arrival_s=")
+
+
+def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
+                       serve: Callable[..., Any] | None = None, transfer_s: float | Sequence[float] = 0.0,
+                       slack: float = 0.2, arrival_s: Sequence[float] | None = None, disabled: Iterable[int] = (),
+                       target: float = VALIDATION_TARGET, cores: int | None = None, **serve_kwargs) -> Validation:
+    """Serve ``workload`` through ``plan`` for real (``serve``, by default
+    :func:`workbench.earlyexit.serve.serve_plan`, called as ``serve(model, plan, workload, slo_s=slo_s,
+    **serve_kwargs)``), then simulate the same plan on the same arrivals with each request's real exit layer
+    and ``layer_profile``'s per-layer times (:class:`~workbench.earlyexit.profiles.LayerProfile`, the ramps of
+    ``disabled`` layers left out), and compare goodput and the p50 and p95 latencies (target: within
+    ``target``, 20%). Nothing is dropped in the simulation either (the real serving drops nothing).
+
+    ``note`` says when the comparison cannot hold: more replicas than ``cores`` (default: this machine's) compute
+    at once on a real host while the profile is per core."""
+    from workbench.earlyexit.simulator import simulate_plan
+
+    if serve is None:
+        from workbench.earlyexit.serve import serve_plan as serve
+    real = serve(model, plan, workload, slo_s=slo_s, **serve_kwargs)
+    times = _arrivals_of(real, workload, arrival_s)
+    L = plan.splits[-1][1]
+    exits = [int(r.exit_layer) if getattr(r, "exit_layer", None) is not None else L - 1 for r in real.requests]
+    if len(exits) != times.size:
+        raise WorkbenchError(f"the real run answered {len(exits)} requests for {times.size} arrivals")
+    off = frozenset(int(k) for k in disabled)
+    lat = layer_profile.adapter(ramps=[k for k in range(L) if k not in off])
+    sim = simulate_plan(plan, slo_s=slo_s, arrivals=times, layer_latency=lat, exits=exits, transfer_s=transfer_s,
+                        slack=slack, drop="never")
+    if cores is None:
+        from workbench.argtypes import machine_cores
+
+        cores = machine_cores()
+    replicas = sum(plan.replicas)
+    note = (f"{replicas} replicas on {cores} cores: more may compute at once than there are cores, and the "
+            f"single-thread profile does not count their contention" if replicas > cores else "")
+    real_counts = tuple(tuple(sorted(dict(c).items())) for c in getattr(real, "batch_counts", ()))
+    sim_counts = tuple(tuple(sorted(s.batch_counts.items())) for s in sim.splits)
+    return Validation(float(real.goodput), sim.goodput, float(real.p50_latency_s), sim.p50_latency_s,
+                      float(real.p95_latency_s), sim.p95_latency_s, len(exits), target, real_counts, sim_counts,
+                      note, sim, real)
