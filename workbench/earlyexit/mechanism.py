@@ -58,6 +58,13 @@ def _info(preset: str) -> InfoSection:
     return InfoSection(data=data, lines=tuple(lines))
 
 
+def _test_artifacts(preset: str) -> dict[str, object]:
+    """Each task's trained early-exit model (``prepared["exit_ramps"]["sentiment"]``)."""
+    from workbench.earlyexit.artifacts import prepare_model
+
+    return {"exit_ramps": {task: prepare_model(task, preset, progress=False) for task in TASKS}}
+
+
 def _configure(name: str):
     def configure(parser):
         from workbench.earlyexit import commands
@@ -95,4 +102,5 @@ MECHANISM = Mechanism(
         Notebook(path="earlyexit_evaluation.ipynb", title="Early-exit serving beside the paper", kind="evaluation"),
     ),
     info=_info,
+    test_artifacts=_test_artifacts,
 )

@@ -1,0 +1,84 @@
+"""A scenario turns the page's and the commands' knobs into the optimizer's and simulator's inputs."""
+import pytest
+
+from workbench.earlyexit.artifacts import load_record, mix_profile
+from workbench.earlyexit.profiles import gpu_profile
+from workbench.earlyexit.scenario import Scenario, inside_ramps, parse_gpus
+from workbench.errors import WorkbenchError
+
+PRESET = "quick"
+
+
+@pytest.fixture(scope="module")
+def scenario(prepared):
+    return Scenario(preset=PRESET, gpus={"v100": 2, "k80": 2}, slo_s=0.05, threshold=0.6, easy=0.5)
+
+
+def test_the_encoders_profile_is_the_trained_ramps_exits_on_the_mix(scenario):
+    assert scenario.profile() == mix_profile(load_record("sentiment", PRESET), 0.5, 0.6, n=2048)
+
+
+def test_a_bert_shape_stretches_the_encoders_profile_over_its_depth(scenario):
+    own = scenario.profile().remaining
+    bert = scenario.with_(model="bert-base").profile().remaining
+    assert len(bert) == 12 and bert[-1] == 0
+    # after layer 2k+1 of 12 BERT has run the same share of its depth as the encoder after layer k of 6
+    assert [bert[2 * k + 1] for k in range(5)] == pytest.approx(own[:5])
+
+
+def test_the_latency_is_each_types_profile_without_the_disabled_ramps(scenario):
+    lat = scenario.with_(disabled=(1,)).layer_latency()
+    v100 = gpu_profile("v100", "encoder")
+    assert lat(2, 8, "v100") == pytest.approx(v100.latency(2, 8))
+    assert lat(1, 8, "v100") == pytest.approx(v100.latency(1, 8, ramp=False))
+    assert lat(1, 8, "k80") > lat(1, 8, "v100")
+
+
+def test_the_plan_uses_only_the_gpus_given_and_meets_the_budget(scenario):
+    plan = scenario.optimize()
+    assert plan and plan.latency_s <= scenario.slo_s * (1 - scenario.slack)
+    for gpu, used in plan.gpus_used.items():
+        assert used <= scenario.gpus[gpu]
+
+
+def test_disabling_the_ramps_inside_splits_plans_again_without_them(scenario):
+    plan = scenario.with_(slo_s=0.2).optimize()
+    inside = inside_ramps(plan.splits)
+    assert inside, plan.splits
+    again = scenario.with_(slo_s=0.2, disable_inside=True).optimize()
+    expected = scenario.with_(slo_s=0.2, disabled=tuple(sorted(inside))).optimize()
+    assert (again.splits, again.replicas, again.gpu_types, again.stage_s) == \
+        (expected.splits, expected.replicas, expected.gpu_types, expected.stage_s)
+    assert again.stage_s != plan.stage_s
+    assert inside_ramps([(0, 3), (3, 4), (4, 6)]) == {0, 1, 4}
+
+
+def test_an_slo_no_plan_meets_gives_an_explained_empty_plan(scenario):
+    plan = scenario.with_(slo_s=1e-5).optimize()
+    assert not plan and plan.goodput == 0 and plan.reason
+    with pytest.raises(WorkbenchError, match="nothing to simulate"):
+        scenario.simulate(plan)
+
+
+def test_the_simulation_serves_the_plans_arrivals(scenario):
+    plan = scenario.optimize()
+    result = scenario.simulate(plan, requests=400, rate=0.3 * plan.goodput)
+    assert len(result.requests) == 400
+    assert result.goodput > 0 and result.drop_rate < 0.05
+
+
+@pytest.mark.parametrize("gpus, message", [
+    ("v100=0", "no GPUs"), ({}, "no GPUs"), ("v100=65", "0..64"), ("v100=-1", "0..64"), ("tpu=2", "unknown GPU"),
+    ("v100", "TYPE=COUNT"), ("v100=1.5", "whole number")])
+def test_bad_gpu_counts_are_refused(gpus, message):
+    with pytest.raises(WorkbenchError, match=message):
+        parse_gpus(gpus)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"slo_s": 0}, "SLO"), ({"slo_s": 1e9}, "SLO"), ({"batch_size": 0}, "1..64"), ({"batch_size": 10**6}, "1..64"),
+    ({"easy": 1.2}, "0..1"), ({"threshold": -1}, "0 or more"), ({"slack": 1.0}, "slack"),
+    ({"model": "gpt"}, "unknown model"), ({"disabled": (5,)}, "cannot be disabled")])
+def test_bad_knobs_are_refused_before_any_work(change, message):
+    with pytest.raises(WorkbenchError, match=message):
+        Scenario(preset=PRESET, **change)
