@@ -202,7 +202,8 @@ class EarlyExitPanel(Panel):
         self._threshold_task = task
 
     def gpu_counts(self) -> dict[str, int]:
-        return {g: int(box.value) for g, box in self.gpus.items()}
+        """GPU type -> count, the types set to 0 left out."""
+        return {g: int(box.value) for g, box in self.gpus.items() if box.value}
 
     def settings(self) -> dict:
         """The controls' values as the engine is asked with them."""
@@ -284,7 +285,7 @@ class EarlyExitPanel(Panel):
         if not plan:
             self.simulation = None
             self._nothing(("bubbles",), f"no plan to simulate: {plan.reason}")
-            self.sim_info.value = self.run_info.value = ""
+            self.why.value = self._why_html(plan)
             return
         self.simulation = self.simulate(sc, s, plan, series.measured[-1])
         self._show_bubbles()

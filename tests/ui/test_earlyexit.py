@@ -1,0 +1,160 @@
+"""The E3 page headless: its figures carry the engine's numbers (plans and simulations made here independently
+from the engine's Scenario), every control moved off its default changes what the engine is asked and what the
+figures show, bad input is said in the page, and one real run on Ray Serve (the suite's shared local Ray)
+overlays measured bubbles."""
+import html
+
+import pytest
+
+from workbench.earlyexit.artifacts import load_record, model_ready, profile_series
+from workbench.earlyexit.batchprofile import BatchProfile
+from workbench.earlyexit.scenario import Scenario
+from workbench.presets import default_preset
+from workbench.ui.earlyexit import SERIES_WINDOWS, SIM_REQUESTS, EarlyExitPanel, default_threshold
+
+PRESET = default_preset()
+
+
+def reference(task="sentiment", easy=0.8, threshold=None, **knobs):
+    """The plan and the simulation the page should show, made from the engine directly."""
+    record = load_record(task, PRESET)
+    threshold = default_threshold(record) if threshold is None else threshold
+    series = profile_series(record, easy, threshold, windows=SERIES_WINDOWS)
+    sc = Scenario(task=task, preset=PRESET, easy=easy, threshold=threshold,
+                  **{k: v for k, v in knobs.items() if k in ("gpus", "slo_s", "batch_size")})
+    plan = sc.optimize(series.forecast[-1])
+    sim = sc.simulate(plan, pattern=knobs.get("pattern", "poisson"), rate=knobs.get("rate", 2000),
+                      requests=SIM_REQUESTS, profile=series.measured[-1]) if plan else None
+    return series, plan, sim
+
+
+def same_plan(a, b) -> bool:
+    return (a.splits, a.replicas, a.gpu_types, a.batch_sizes, a.goodput) == \
+        (b.splits, b.replicas, b.gpu_types, b.batch_sizes, b.goodput)
+
+
+def plan_bars(panel):
+    return [(t.base[0], t.base[0] + t.x[0], len(t.y)) for t in panel.figures["plan"].data]
+
+
+@pytest.fixture(scope="module")
+def panel():
+    return EarlyExitPanel()
+
+
+def test_first_load_shows_the_engines_plan_simulation_profile_and_goodput(panel):
+    series, plan, sim = reference()
+    assert panel.message.value == "" and set(panel.figures) == {"profile", "plan", "bubbles", "goodput"}
+    assert panel.threshold.value == pytest.approx(default_threshold(load_record("sentiment", PRESET)))
+    assert same_plan(panel.plan, plan) and len(plan.splits) > 1
+    assert plan_bars(panel) == [(s, e, r) for (s, e), r in zip(plan.splits, plan.replicas)]
+    assert all(f"<li>{html.escape(line.strip())}</li>" in panel.why.value for line in plan.explain().splitlines())
+    forecast = panel.figures["profile"].data[-1]
+    assert list(forecast.y) == pytest.approx([16 * f for f in series.forecast[-1].remaining])
+    assert f"goodput {sim.goodput:,.0f} samples/s" in panel.sim_info.value
+    assert panel.simulation.goodput == pytest.approx(sim.goodput)
+    e3 = next(t for t in panel.figures["goodput"].data if t.name.startswith("E3"))
+    at16 = list(e3.x).index(16)
+    assert e3.y[at16] == pytest.approx(plan.goodput)
+    as_is = next(t for t in panel.figures["goodput"].data if t.name.startswith("early-exit"))
+    assert as_is.y[at16] == pytest.approx(plan.unsplit["goodput"])
+    lanes = {t for trace in panel.figures["bubbles"].data for t in (trace.y or ()) if t}
+    assert all(any(row.endswith(r.lane) for row in lanes) for r in sim.replicas)
+
+
+def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel):
+    titles = lambda: {n: f.layout.title.text for n, f in panel.figures.items()}   # noqa: E731
+    before = dict(panel.figures)
+    asked = dict(panel.engine_calls)
+
+    panel.slo.value = 20
+    assert panel.plan.budget_s == pytest.approx(0.016) and "of 16.0 ms" in titles()["plan"]
+    assert panel.engine_calls["optimize"] > asked["optimize"]
+
+    panel.batch.value = 32
+    assert panel.plan.batch_size == 32 and "input batch 32" in titles()["plan"]
+    assert "(of 32)" in panel.figures["profile"].layout.yaxis.title.text
+    assert panel.figures["goodput"].layout.shapes[0].x0 == 32
+
+    panel.gpus["v100"].value = 2
+    panel.gpus["k80"].value = 3
+    assert panel.scenario(panel.settings()).gpus == {"v100": 2, "k80": 3}
+    assert sum(panel.plan.gpus_used.values()) <= 5 and set(panel.plan.gpus_used) <= {"v100", "k80"}
+
+    panel.mix.value = 0.2
+    assert "easy share" in panel.figures["profile"].data[1].name and panel.series.easy[-1] != pytest.approx(0.8)
+    panel.threshold.value = 0.5
+    assert panel.settings()["threshold"] == 0.5 and "0.50" not in titles()["profile"]
+    assert "accuracy" in panel.threshold_info.value
+
+    panel.pattern.value = "bursty"
+    assert "bursty requests" in panel.sim_info.value
+    panel.rate.value = 5000
+    assert "5,000 per second" in panel.sim_info.value
+
+    series, plan, sim = reference(easy=0.2, threshold=0.5, gpus={"v100": 2, "k80": 3}, slo_s=0.02, batch_size=32,
+                                  pattern="bursty", rate=5000)
+    assert same_plan(panel.plan, plan) and panel.simulation.goodput == pytest.approx(sim.goodput)
+    assert list(panel.figures["profile"].data[-1].y) == pytest.approx([32 * f for f in series.forecast[-1].remaining])
+    for name in ("profile", "plan", "bubbles", "goodput"):
+        assert panel.figures[name] is not before[name], name
+    assert panel.message.value == ""
+
+
+@pytest.mark.skipif(not model_ready("bbc", PRESET), reason="bbc's exit ramps are not prepared")
+def test_the_task_sets_the_thresholds_range_and_the_record():
+    panel = EarlyExitPanel(slo_ms=30)
+    panel.task.value = "bbc"
+    record = load_record("bbc", PRESET)
+    assert panel.threshold.max == pytest.approx(1.6, abs=0.01)           # ln 5
+    assert panel.threshold.value == pytest.approx(default_threshold(record))
+    _, plan, _ = reference(task="bbc", slo_s=0.03)
+    assert same_plan(panel.plan, plan) and panel.message.value == ""
+
+
+def test_bad_input_is_said_in_the_page_and_clears_when_fixed():
+    panel = EarlyExitPanel()
+    for box in panel.gpus.values():
+        box.value = 0
+    assert "no GPUs" in panel.message.value and "Traceback" not in panel.message.value
+    assert "no GPUs" in panel.figures["plan"].layout.annotations[0].text
+    assert "no GPUs" in panel.figures["bubbles"].layout.annotations[0].text
+    panel.gpus["a6000"].value = 2
+    assert panel.message.value == "" and panel.plan.gpus_used == {"a6000": 2}
+
+    panel.slo.value = 1                                       # nothing meets 0.8 ms
+    assert not panel.plan and panel.message.value == ""
+    said = panel.figures["plan"].layout.annotations[0].text.replace("<br>", " ")
+    assert "no plan" in said and "raise the SLO" in said
+    assert "no plan to simulate" in panel.figures["bubbles"].layout.annotations[0].text
+    assert "no plan" in panel.why.value
+    e3 = next(t for t in panel.figures["goodput"].data if t.name.startswith("E3"))
+    assert all(v is None for v in e3.y)
+    panel.slo.value = 50
+    assert panel.plan and panel.figures["plan"].data
+
+
+def test_run_for_real_overlays_measured_bubbles(ray_cluster):
+    """A real run on the suite's shared Ray: 48 requests through E3's plan for CPU replicas of this host; the
+    measured batches are drawn hatched over the simulator's prediction of that same run."""
+    panel = EarlyExitPanel()
+    panel.runner.button.click()                              # no event loop in a test: the run completes here
+    assert panel.runner.message.value == "" and panel.message.value == ""
+    (outcome,) = panel.runs.values()
+    real = outcome["run"]
+    names = {t.name for t in panel.figures["bubbles"].data}
+    assert {"compute (measured)", "stall (measured)", "compute (predicted)"} <= names
+    measured = next(t for t in panel.figures["bubbles"].data if t.name == "compute (measured)")
+    served = [s for s in real.served.timeline.spans if s.kind == "compute"]
+    assert sorted(measured.base) == pytest.approx(sorted(1e3 * s.start for s in served))
+    assert "measured on Ray Serve" in panel.figures["bubbles"].layout.title.text
+    assert "Measured on this host" in panel.run_info.value and len(real.served.requests) == 48
+    panel.rate.value = 3000                                  # other settings: the simulation of the GPU plan again
+    assert "compute (measured)" not in {t.name for t in panel.figures["bubbles"].data}
+    panel.rate.value = 2000
+    assert "compute (measured)" in {t.name for t in panel.figures["bubbles"].data}
+
+
+def test_a_forecast_profile_is_what_the_optimizer_gets(panel):
+    assert panel.profile == tuple(panel.series.forecast[-1].remaining)
+    assert BatchProfile(panel.profile).num_layers == load_record("sentiment", PRESET).num_layers
