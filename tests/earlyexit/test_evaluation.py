@@ -129,3 +129,18 @@ def test_misprediction_and_ramp_tables_have_their_rows():
     assert ramps[0]["ramps_disabled"] == len(ramps[0]["disabled"].split())
     if not ramps[0]["ramps_disabled"]:
         assert ramps[0]["gain_pct"] == 0
+
+
+def test_the_real_batch_wait_sets_how_long_the_simulated_batcher_waits():
+    """One split, batch 2, 15 ms a batch, a lone request: served after the 50 ms batch wait, done at 65 ms."""
+    plan = SimpleNamespace(splits=[(0, 2)], replicas=[1], batch_sizes=[2])
+    got = {}
+
+    def fake_serve(model, plan_, workload, *, slo_s, **kwargs):
+        got.update(kwargs)
+        return SimpleNamespace(requests=[SimpleNamespace(arrival_s=0.0, exit_layer=1)], goodput=1 / 0.065,
+                               p50_latency_s=0.065, p95_latency_s=0.065, batch_counts=({1: 1},))
+
+    v = ev.validate_simulator(None, plan, None, flat_profile(), 1.0, serve=fake_serve, batch_wait_s=0.05)
+    assert got == {"batch_wait_s": 0.05}
+    assert v.sim.requests[0].completion_s == approx(0.065) and v.within_target

@@ -183,7 +183,9 @@ def validation_table(opts) -> tuple[list[dict], str]:
                                                                                 count=opts.serve_requests))
     print(f"validation: {plan.explain().splitlines()[0]}; {opts.serve_requests} requests at {rate:.3g}/s",
           flush=True)
-    v = validate_simulator(spec, plan, workload, profile, SERVE_SLO_S)
+    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S
+
+    v = validate_simulator(spec, plan, workload, profile, SERVE_SLO_S, batch_wait_s=DEFAULT_BATCH_WAIT_S)
     row = {"plan": " | ".join(f"{s}-{e - 1} x{r} @ {b}" for (s, e), r, b in
                               zip(plan.splits, plan.replicas, plan.batch_sizes)),
            "rate": rate, **v.row(), "exits_early": int(np.sum(v.real.exit_layers < L - 1))}
