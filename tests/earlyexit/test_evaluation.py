@@ -42,8 +42,8 @@ def test_validation_runs_the_simulator_on_the_real_runs_arrivals_and_exits_by_ha
                                batch_counts=({2: 2}, {2: 1, 1: 1}))
 
     v = ev.validate_simulator("model", plan, "workload", flat_profile(), 1.0, serve=fake_serve, cores=2,
-                              batch_wait_s=0.05)
-    assert calls == [("model", plan, "workload", 1.0, {"batch_wait_s": 0.05})]
+                              timeout_s=30.0)
+    assert calls == [("model", plan, "workload", 1.0, {"timeout_s": 30.0})]
     assert [r.completion_s for r in v.sim.requests] == approx([0.020, 0.045, 0.045, 0.830])
     assert [r.latency_s for r in v.sim.requests] == approx([0.020, 0.035, 0.025, 0.800])
     assert v.sim_goodput == approx(4 / 0.830)
