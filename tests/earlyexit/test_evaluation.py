@@ -12,7 +12,7 @@ from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.profiles import LayerProfile, gpu_profiles
 
 approx = pytest.approx
-SMALL = ev.Scenario(requests=400, min_span_slos=2.0)
+SMALL = ev.EvalSettings(requests=400, min_span_slos=2.0)
 
 
 def flat_profile() -> LayerProfile:

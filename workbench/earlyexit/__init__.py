@@ -14,9 +14,11 @@ _EXPORTS = {
     "simulate": "simulator", "simulate_plan": "simulator", "ArrivalProcess": "simulator",
     "LayerProfile": "profiles", "host_layer_profile": "profiles", "measure_layer_profile": "profiles",
     "gpu_profile": "profiles", "gpu_profiles": "profiles", "latency_by_type": "profiles",
-    "Scenario": "evaluation", "goodput_table": "evaluation", "cost_table": "evaluation",
+    "EvalSettings": "evaluation", "goodput_table": "evaluation", "cost_table": "evaluation",
     "misprediction_table": "evaluation", "ramp_table": "evaluation", "validate_simulator": "evaluation",
     "Validation": "evaluation", "parametric_mix": "evaluation", "sustained_goodput": "evaluation",
+    "serve_plan": "serve", "ServeRun": "serve", "ServedRequest": "serve", "Workload": "serve", "ModelSpec": "serve",
+    "ray_session": "serve", "RaySession": "serve",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 
-from workbench.argtypes import Bound, Parser, count, positive
+from workbench.argtypes import Bound, Number, Parser, count, positive, seed
 
 TABLES = ("optimizer", "validation", "goodput", "cost", "misprediction", "ramps")
 MIX_NAMES = ("80:20", "50:50", "20:80")
@@ -45,6 +45,10 @@ BATCHES = count(1, unit="samples", at_most=Bound(64, "the largest batch the laye
 REQUESTS = count(50, unit="requests", at_most=Bound(200_000, "a simulation that still takes seconds"))
 
 
+ERROR_PCT = Number("%", minimum=-99, at_most=Bound(500, "a profile six times the real one"), whole=False)
+"""A batch-profile error in percent: -99 (nearly empty batches) to +500."""
+ERROR_PCT.__name__ = "profile error"
+
 def parser() -> Parser:
     p = Parser(prog="workbench bench e3",
                description="E3's optimizer times, simulated goodput against the early-exit and stock models, cost, "
@@ -59,15 +63,17 @@ def parser() -> Parser:
     p.add_argument("--requests", type=REQUESTS, default=2000, help="simulated requests per run (at least)")
     p.add_argument("--min-span-slos", type=positive("SLOs", Bound(100, "a hundred SLOs")), default=4.0,
                    help="a run's arrivals span at least this many SLOs")
-    p.add_argument("--seed", type=count(0, unit="", at_most=Bound(2 ** 32 - 1, "seeds are 32-bit")), default=0)
+    p.add_argument("--seed", type=seed, default=0, help="seed of the simulated arrivals and exits")
     p.add_argument("--repeats", type=count(1, unit="runs", at_most=Bound(100, "a hundred")), default=5,
                    help="optimizer runs per problem (the median is kept)")
     p.add_argument("--target-goodput", type=positive("samples/s", Bound(1e7, "ten million")), default=6000.0,
                    help="the fixed goodput of the cost table (the paper: 6000)")
-    p.add_argument("--mispredict-batches", nargs="+", type=BATCHES, default=[4, 8, 16])
-    p.add_argument("--errors-pct", nargs="+", type=float, default=[-50.0, -20.0, 20.0, 50.0],
+    p.add_argument("--mispredict-batches", nargs="+", type=BATCHES, default=[4, 8, 16],
+                   help="batch sizes of the misprediction table")
+    p.add_argument("--errors-pct", nargs="+", type=ERROR_PCT, default=[-50.0, -20.0, 20.0, 50.0],
                    help="batch-profile errors of the misprediction table, percent")
-    p.add_argument("--ramp-batches", nargs="+", type=BATCHES, default=[4, 8, 16])
+    p.add_argument("--ramp-batches", nargs="+", type=BATCHES, default=[4, 8, 16],
+                   help="batch sizes of the ramp-disabling table")
     p.add_argument("--no-serve", action="store_true", help="skip the real Ray Serve run (the validation table)")
     p.add_argument("--serve-requests", type=count(4, unit="requests", at_most=Bound(5000, "a few minutes")),
                    default=200, help="requests of the real run")
@@ -95,9 +101,9 @@ def options(args: list[str]):
 
 
 def _scenario(opts):
-    from workbench.earlyexit.evaluation import Scenario
+    from workbench.earlyexit.evaluation import EvalSettings
 
-    return Scenario(shape=opts.model, slo_s=opts.slo_ms / 1e3, requests=opts.requests, seed=opts.seed,
+    return EvalSettings(shape=opts.model, slo_s=opts.slo_ms / 1e3, requests=opts.requests, seed=opts.seed,
                     min_span_slos=opts.min_span_slos)
 
 

@@ -62,7 +62,7 @@ OVER_CAP_S = 1e3
 
 
 @dataclass(frozen=True)
-class Scenario:
+class EvalSettings:
     """What every table shares: the model shape, SLO and slack, the simulated requests and seed."""
     shape: str = "bert-base"
     slo_s: float = 0.1
@@ -264,7 +264,7 @@ class Sustained:
 
 
 def simulate_pools(pools: Sequence[Pool], rate: float, profile: BatchProfile, profiles: Mapping[str, Any],
-                   scenario: Scenario, *, seed_offset: int = 0) -> list:
+                   scenario: EvalSettings, *, seed_offset: int = 0) -> list:
     """Simulate each pool on its share of ``rate`` (by capacity), uniform arrivals, at least
     ``scenario.requests`` requests in all and enough for ``scenario.min_span_slos`` SLOs of arrivals."""
     from workbench.earlyexit.simulator import ArrivalProcess, simulate
@@ -305,7 +305,7 @@ def window_goodput(run, skip: float = WARM_UP_SHARE) -> float:
 
 
 def sustained_goodput(pools: Sequence[Pool], profile: BatchProfile, profiles: Mapping[str, Any],
-                      scenario: Scenario, *, fractions: Sequence[float] = RATE_FRACTIONS,
+                      scenario: EvalSettings, *, fractions: Sequence[float] = RATE_FRACTIONS,
                       seed_offset: int = 0) -> Sustained:
     """The most goodput (:func:`window_goodput`, summed over pools) among offered rates, fractions of the
     analytic capacity tried from the highest, at which at least ``scenario.attainment`` of the requests meet
@@ -336,7 +336,7 @@ def sustained_goodput(pools: Sequence[Pool], profile: BatchProfile, profiles: Ma
 # ------------------------------------------------------------------------------------------- the systems
 
 def e3_plan(batch: int, plan_profile: BatchProfile, gpus: Mapping[str, int], profiles: Mapping[str, Any],
-            scenario: Scenario, *, prices: Mapping[str, float] | None = None):
+            scenario: EvalSettings, *, prices: Mapping[str, float] | None = None):
     """E3's plan at batch size ``batch``: the best goodput over input batches ``batch x r`` (r = 1 .. the GPUs)
     among plans whose every replica's batch is at most ``batch``; None when none meets the SLO. The optimizer
     has no bound on a replica's batch, so the latency it is given makes a larger batch take
@@ -388,12 +388,12 @@ def _price(gpus: Mapping[str, int]) -> float:
     return sum(PRESETS[g].price_per_s * n for g, n in gpus.items())
 
 
-def _fitting(pools: list[Pool], profiles, scenario: Scenario) -> list[Pool]:
+def _fitting(pools: list[Pool], profiles, scenario: EvalSettings) -> list[Pool]:
     return [p for p in pools if worst_latency(p, latency_for(profiles, p.ramps)) <= scenario.budget_s + 1e-12]
 
 
 def e3_deployment(batch: int, plan_profile: BatchProfile, gpus: Mapping[str, int], profiles: Mapping[str, Any],
-                  scenario: Scenario) -> tuple[list[Pool], Any]:
+                  scenario: EvalSettings) -> tuple[list[Pool], Any]:
     """What E3 runs at ``batch``: its best plan (:func:`e3_plan`), or the early-exit model as is on every GPU
     when that has the larger capacity under ``plan_profile`` (the optimizer's no-cut plan puts one GPU type
     on the whole model; data parallel over every type it cannot express). Returns the pools and the plan
@@ -409,7 +409,7 @@ def e3_deployment(batch: int, plan_profile: BatchProfile, gpus: Mapping[str, int
 
 
 def system_pools(system: str, batch: int, profile: BatchProfile, gpus: Mapping[str, int],
-                 profiles: Mapping[str, Any], scenario: Scenario) -> tuple[list[Pool], Any]:
+                 profiles: Mapping[str, Any], scenario: EvalSettings) -> tuple[list[Pool], Any]:
     """The deployment of ``system`` at ``batch`` on ``gpus`` (and E3's plan, else None)."""
     L = len(profile)
     if system == "e3":
@@ -436,7 +436,7 @@ def _describe(pools: Sequence[Pool]) -> str:
 
 
 def goodput_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] = tuple(MIXES),
-                  clusters: Iterable[str] = ("homogeneous", "heterogeneous"), scenario: Scenario = Scenario(),
+                  clusters: Iterable[str] = ("homogeneous", "heterogeneous"), scenario: EvalSettings = EvalSettings(),
                   measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
     """Figures 7, 13 and 16: simulated goodput of E3, the as-is early-exit model and the stock model per
     cluster, mix and batch size, with E3's ratio over each."""
@@ -496,7 +496,7 @@ def cost_table(goodput_rows: Sequence[dict], target: float = PAPER_TARGET_GOODPU
 
 def misprediction_table(errors: Sequence[float] = (-0.2, 0.2), batches: Sequence[int] = (4, 8, 16),
                         mixes: Iterable[str] = tuple(MIXES), cluster: str = "homogeneous",
-                        scenario: Scenario = Scenario(),
+                        scenario: EvalSettings = EvalSettings(),
                         measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
     """§5.8.3: E3 planned with a batch profile off by ``error`` (every fraction left times 1 + error), served
     the true one; the goodput lost against planning with the true profile (the paper: 4-8% at 20%)."""
@@ -522,7 +522,7 @@ def misprediction_table(errors: Sequence[float] = (-0.2, 0.2), batches: Sequence
 
 
 def ramp_table(batches: Sequence[int] = (4, 8, 16), mixes: Iterable[str] = tuple(MIXES),
-               clusters: Iterable[str] = ("homogeneous",), scenario: Scenario = Scenario(),
+               clusters: Iterable[str] = ("homogeneous",), scenario: EvalSettings = EvalSettings(),
                measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
     """§5.8.6: E3's plan served with every ramp, then with the ramps inside its splits that are not useful
     disabled (:func:`useless_ramps`: a ramp's own time saved; the samples that would have left there ride on
