@@ -23,14 +23,15 @@ def flat_profile() -> LayerProfile:
 
 
 def test_validation_runs_the_simulator_on_the_real_runs_arrivals_and_exits_by_hand():
-    """Splits (0,1) and (1,2), one replica each, batch 2; 10 ms and 5 ms a batch; SLO 1 s, slack 20%.
-    Arrivals 0, 10, 20, 30 ms (uniform); the real run says r0 left at layer 0, the others ran both layers.
+    """Splits (0,1) and (1,2), one replica each, batch 2; 10 ms and 5 ms a batch; SLO 1 s; a replica waits at
+    most 50 ms for a full batch (as the real replicas do). Arrivals 0, 10, 20, 30 ms (uniform); the real run says
+    r0 left at layer 0, the others ran both layers.
     - split 0: r0 waits; r1 fills the batch at 10 ms: served 10..20 ms, r0 leaves at 20 ms, r1 goes on.
-    - split 1: r1 waits alone (it may, until 10 + 800 - 5 ms).
+    - split 1: r1 waits alone (it may, until 20 + 50 ms).
     - split 0: r2 (20 ms) waits; r3 fills the batch at 30 ms: served 30..40 ms; both go on.
-    - split 1: at 40 ms [r1, r2] is full: served 40..45 ms. r3 waits alone until 30 + 800 - 5 = 825 ms,
-      served 825..830 ms.
-    Latencies 20, 35, 25, 800 ms; all meet the SLO; the run ends at 830 ms."""
+    - split 1: at 40 ms [r1, r2] is full: served 40..45 ms. r3 waits alone until 40 + 50 = 90 ms, served
+      90..95 ms.
+    Latencies 20, 35, 25, 65 ms; all meet the SLO; the run ends at 95 ms."""
     plan = SimpleNamespace(splits=[(0, 1), (1, 2)], replicas=[1, 1], batch_sizes=[2, 2], gpu_types=["host"] * 2)
     arrivals = [0.0, 0.01, 0.02, 0.03]
     calls = []
@@ -42,14 +43,14 @@ def test_validation_runs_the_simulator_on_the_real_runs_arrivals_and_exits_by_ha
                                batch_counts=({2: 2}, {2: 1, 1: 1}))
 
     v = ev.validate_simulator("model", plan, "workload", flat_profile(), 1.0, serve=fake_serve, cores=2,
-                              timeout_s=30.0)
-    assert calls == [("model", plan, "workload", 1.0, {"timeout_s": 30.0})]
-    assert [r.completion_s for r in v.sim.requests] == approx([0.020, 0.045, 0.045, 0.830])
-    assert [r.latency_s for r in v.sim.requests] == approx([0.020, 0.035, 0.025, 0.800])
-    assert v.sim_goodput == approx(4 / 0.830)
+                              timeout_s=30.0, batch_wait_s=0.05)
+    assert calls == [("model", plan, "workload", 1.0, {"timeout_s": 30.0, "batch_wait_s": 0.05})]
+    assert [r.completion_s for r in v.sim.requests] == approx([0.020, 0.045, 0.045, 0.095])
+    assert [r.latency_s for r in v.sim.requests] == approx([0.020, 0.035, 0.025, 0.065])
+    assert v.sim_goodput == approx(4 / 0.095)
     assert v.sim_p50_s == approx(0.030)
-    assert v.sim_p95_s == approx(0.035 + 0.85 * (0.800 - 0.035))
-    assert v.goodput_error == approx((4 / 0.830 - 5.0) / 5.0)
+    assert v.sim_p95_s == approx(0.035 + 0.85 * (0.065 - 0.035))
+    assert v.goodput_error == approx((4 / 0.095 - 5.0) / 5.0)
     assert v.p50_error == approx(0.5) and v.p95_error == approx((v.sim_p95_s - 0.75) / 0.75)
     assert v.sim_batch_counts == (((2, 2),), ((1, 1), (2, 1)))
     assert v.real_batch_counts == (((2, 2),), ((1, 1), (2, 1)))

@@ -227,3 +227,24 @@ def test_bad_input_is_refused_clearly(make, match):
 def test_no_requests_is_an_empty_run():
     res = simulate([(0, 2)], [1], [1], slo_s=0.1, service_s=fixed(0.01), arrivals=[])
     assert res.requests == () and res.goodput == 0 and math.isnan(res.p50_latency_s)
+
+
+def test_a_batch_wait_dispatches_a_partial_batch_when_its_oldest_sample_has_waited_that_long():
+    """One split, batch 4, 10 ms per batch, 50 ms wait: three requests at 0, 0.01 and 0.02 s leave together at
+    0.05 + 0.01 s; a fourth at 0.1 s waits alone until 0.15 s; SLO 1 s, so E3's rule would wait far longer."""
+    from workbench.earlyexit.simulator import simulate
+
+    res = simulate([(0, 2)], [1], [4], slo_s=1.0, arrivals=[0.0, 0.01, 0.02, 0.1], service_s=lambda i, b: 0.01,
+                   batch_wait_s=0.05, drop="never")
+    assert [r.completion_s for r in res.requests] == pytest.approx([0.06, 0.06, 0.06, 0.16])
+    assert dict(res.splits[0].batch_counts) == {3: 1, 1: 1}
+    slow = simulate([(0, 2)], [1], [4], slo_s=1.0, arrivals=[0.0, 0.01, 0.02, 0.1], service_s=lambda i, b: 0.01,
+                    drop="never")
+    assert dict(slow.splits[0].batch_counts) == {4: 1}
+
+
+def test_a_batch_wait_longer_than_the_slo_is_refused():
+    from workbench.earlyexit.simulator import simulate
+
+    with pytest.raises(WorkbenchError, match="batch_wait_s"):
+        simulate([(0, 2)], [1], [4], slo_s=0.1, arrivals=[0.0], service_s=lambda i, b: 0.01, batch_wait_s=0.5)

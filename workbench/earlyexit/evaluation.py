@@ -624,9 +624,8 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     ``disabled`` layers left out), and compare goodput and the p50 and p95 latencies (target: within
     ``target``, 20%). Nothing is dropped in the simulation either (the real serving drops nothing).
 
-    ``batch_wait_s``: the real replicas' longest wait for a full batch (passed on to ``serve``); the simulator
-    has no such setting, so its slack is set to make its batcher wait as long for the first split's batches
-    (``slack`` is then not used). Later splits wait by the original arrival's deadline: an approximation.
+    ``batch_wait_s``: the real replicas' longest wait for a full batch (passed on to ``serve``; None: its
+    default); the simulated replicas wait as long (``simulate``'s ``batch_wait_s``), as Ray Serve's batcher does.
 
     ``note`` says when the comparison cannot hold: more replicas than ``cores`` (default: this machine's) compute
     at once on a real host while the profile is per core."""
@@ -644,16 +643,10 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
         raise WorkbenchError(f"the real run answered {len(exits)} requests for {times.size} arrivals")
     off = frozenset(int(k) for k in disabled)
     lat = layer_profile.adapter(ramps=[k for k in range(L) if k not in off])
-    if batch_wait_s is not None:
-        # the simulator's batcher waits for a full batch until arrival + SLO x (1 - slack) - the rest of the
-        # pipeline at full batches; this slack makes that the replica's batch wait (exact for one split)
-        gpu_types = list(getattr(plan, "gpu_types", None) or ["host"] * len(plan.splits))
-        rest = sum(lat(k, b, g) for (a, e), b, g in zip(plan.splits, plan.batch_sizes, gpu_types)
-                   for k in range(a, e))
-        rest += sum(transfer_s) if not isinstance(transfer_s, (int, float)) else transfer_s * (len(plan.splits) - 1)
-        slack = min(0.999, max(0.0, 1 - (batch_wait_s + rest) / slo_s))
+    if batch_wait_s is None:
+        from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S as batch_wait_s
     sim = simulate_plan(plan, slo_s=slo_s, arrivals=times, layer_latency=lat, exits=exits, transfer_s=transfer_s,
-                        slack=slack, drop="never")
+                        slack=slack, drop="never", batch_wait_s=min(batch_wait_s, slo_s))
     if cores is None:
         from workbench.argtypes import machine_cores
 

@@ -232,12 +232,14 @@ class SimulationResult:
 # -- the simulation ----------------------------------------------------------------------------------
 
 class _Sample:
-    __slots__ = ("id", "arrival", "exit", "deadline", "plan_deadline", "completion", "dropped_at", "dropped_split")
+    __slots__ = ("id", "arrival", "exit", "deadline", "plan_deadline", "completion", "dropped_at", "dropped_split",
+                 "entered")
 
     def __init__(self, id_: int, arrival: float, exit_layer: int, slo: float, budget: float):
         self.id, self.arrival, self.exit = id_, arrival, exit_layer
         self.deadline, self.plan_deadline = arrival + slo, arrival + budget
         self.completion = self.dropped_at = self.dropped_split = None
+        self.entered = arrival
 
 
 class _Run:
@@ -271,6 +273,8 @@ class _Run:
             log.append((now, n))
 
     def _enqueue(self, i: int, samples: list[_Sample]) -> None:
+        for s in samples:
+            s.entered = self.env.now
         self.queues[i].extend(samples)
         self._log_queue(i)
         event, self.changed[i] = self.changed[i], self.env.event()
@@ -306,7 +310,10 @@ class _Run:
                 yield self.changed[i]
                 continue
             if len(q) < size:
-                wait = min(s.plan_deadline for s in q) - cfg.rest[i] - env.now
+                if cfg.batch_wait is None:
+                    wait = min(s.plan_deadline for s in q) - cfg.rest[i] - env.now
+                else:
+                    wait = min(s.entered for s in q) + cfg.batch_wait - env.now
                 if wait > EPS:
                     yield self.changed[i] | env.timeout(wait)
                     continue
@@ -352,6 +359,7 @@ class _Config:
     layer_s: Callable[[int, int, int], float] | None           # (split, layer, batch) -> s, or None
     rest: tuple[float, ...] = ()
     earliest_return: tuple[float, ...] = ()
+    batch_wait: float | None = None   # Ray Serve's batch_wait_timeout_s instead of the SLO rule
 
     def run_batch(self, i: int, batch: list[_Sample]) -> tuple[dict, float]:
         """When each exiting sample of ``batch`` returns (seconds after the start) and the batch's service time."""
@@ -431,8 +439,13 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
              exits: Sequence[int] | BatchProfile | None = None,
              slack: float = DEFAULT_SLACK, seed: int = 0, drop: str = "hopeless", pipelined: bool = True,
              replica_slowdown: Mapping[tuple[int, int], float] | None = None, straggler_tolerance: float = 0.2,
-             devices: Sequence[str] | None = None, name: str = "E3 serving simulation") -> SimulationResult:
+             devices: Sequence[str] | None = None, name: str = "E3 serving simulation",
+             batch_wait_s: float | None = None) -> SimulationResult:
     """Simulate serving ``arrivals`` through the split plan; see the module docstring for the rules.
+
+    - ``batch_wait_s``: a replica dispatches a batch that is not full once its oldest sample has waited this
+      long in the split's queue (what Ray Serve's ``batch_wait_timeout_s`` does), instead of E3's rule of
+      waiting as long as the SLO's budget allows. None: E3's rule.
 
     - ``splits``: contiguous (start, end) layer ranges from layer 0, end exclusive; ``replicas`` and
       ``batch_sizes``: one whole number >= 1 per split.
@@ -518,8 +531,11 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
         earliest = tuple(sum(split_s(j, 1) for j in range(i, n)) + sum(transfer[i:n - 1]) for i in range(n))
     else:
         earliest = tuple(split_s(i, 1) if per_layer is None else per_layer(i, splits[i][0], 1) for i in range(n))
+    if batch_wait_s is not None and not (_real(batch_wait_s) and 0 <= batch_wait_s <= slo_s):
+        raise WorkbenchError(f"batch_wait_s {batch_wait_s!r} is seconds in 0..the SLO ({slo_s:g} s)")
     cfg = _Config(splits, replicas, batch_sizes, devices, transfer, float(slo_s), float(slack), drop,
-                  bool(pipelined), slowdown, split_s, per_layer, tuple(rest), earliest)
+                  bool(pipelined), slowdown, split_s, per_layer, tuple(rest), earliest,
+                  None if batch_wait_s is None else float(batch_wait_s))
 
     budget = float(slo_s) * (1 - float(slack))
     samples = [_Sample(j, float(t), int(e), float(slo_s), budget) for j, (t, e) in enumerate(zip(times, exit_layers))]
