@@ -5,8 +5,8 @@ import torch
 
 from workbench.data import load_task, task_spec
 from workbench.earlyexit import artifacts
-from workbench.earlyexit.model import DEFAULT_THRESHOLD
-from workbench.earlyexit.train import RampRecord, _stage2_loss, record_ramps, thresholds
+from workbench.earlyexit.record import DEFAULT_THRESHOLD, RampRecord, thresholds
+from workbench.earlyexit.train import _stage2_loss
 from workbench.errors import WorkbenchError
 
 PRESET = "quick"

@@ -6,7 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from workbench.earlyexit.model import EarlyExitModel, entropy, exits_from_entropies, untrained_model
+from workbench.earlyexit.model import EarlyExitModel, entropy, untrained_model
+from workbench.earlyexit.record import exits_from_entropies
 from workbench.errors import WorkbenchError
 
 

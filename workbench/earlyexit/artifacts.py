@@ -18,7 +18,7 @@ import numpy as np
 from workbench.cache import cache_dir, fingerprint
 from workbench.data import SPLITS_DIR, load_task, task_spec
 from workbench.earlyexit.batchprofile import BatchProfile, BatchProfileEstimator
-from workbench.earlyexit.train import FORMAT_VERSION, RampRecord, RampTrainConfig, ramp_config
+from workbench.earlyexit.record import FORMAT_VERSION, RampRecord, RampTrainConfig, ramp_config
 from workbench.errors import WorkbenchError
 from workbench.presets import prepare_hint
 

@@ -117,7 +117,7 @@ def measured_mixes(opts) -> tuple[dict | None, str]:
         return None, "parametric (--mix-source parametric)"
     try:
         from workbench.earlyexit.artifacts import MIXES, load_record, mix_profile
-        from workbench.earlyexit.model import DEFAULT_THRESHOLD
+        from workbench.earlyexit.record import DEFAULT_THRESHOLD
 
         preset = opts.preset or os.environ.get("WORKBENCH_PRESET", "full")
         record = load_record(opts.task, preset)

@@ -14,7 +14,7 @@ def _step_name(task: str) -> str:
 
 def _train(task: str, preset: str, progress: bool, force: bool) -> str:
     from workbench.earlyexit.artifacts import prepare_model
-    from workbench.earlyexit.model import DEFAULT_THRESHOLD
+    from workbench.earlyexit.record import DEFAULT_THRESHOLD
 
     prepared = prepare_model(task, preset, progress=progress, force=force)
     rec = prepared.record
@@ -40,7 +40,7 @@ def _steps(preset: str) -> list[PrepareStep]:
 def _info(preset: str) -> InfoSection:
     """Per task: the stock model's dev accuracy and the early-exit model's at the default threshold."""
     from workbench.earlyexit.artifacts import load_record, model_ready
-    from workbench.earlyexit.model import DEFAULT_THRESHOLD
+    from workbench.earlyexit.record import DEFAULT_THRESHOLD
 
     data, lines = {}, []
     for task in TASKS:

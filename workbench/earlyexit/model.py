@@ -12,7 +12,6 @@ the whole model through one split, or through any cut into splits, gives the sam
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -20,12 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from workbench.earlyexit.record import DEFAULT_THRESHOLD, check_threshold
 from workbench.errors import WorkbenchError
 from workbench.models.encoder import Encoder, EncoderConfig
-
-DEFAULT_THRESHOLD = 0.4
-"""Entropy (nats) below which a ramp's prediction is confident enough to exit (DeeBERT's setting)."""
-
 
 class ExitRamp(nn.Module):
     """Mean pooling over real tokens, pooler (linear + tanh), dropout, linear classifier."""
@@ -67,14 +63,6 @@ class ExitOutput:
     exit_layers: np.ndarray
     labels: np.ndarray
     logits: torch.Tensor
-
-
-def check_threshold(threshold) -> float:
-    value = float(threshold)
-    if not (math.isfinite(value) and value >= 0):
-        raise WorkbenchError(f"the exit threshold is an entropy in nats, 0 or more (0: nobody exits early); "
-                             f"got {threshold!r}")
-    return value
 
 
 class EarlyExitModel(nn.Module):
@@ -187,18 +175,6 @@ class EarlyExitModel(nn.Module):
             ents.append(entropy(out).numpy())
             preds.append(out.argmax(-1).numpy())
         return np.stack(ents), np.stack(preds)
-
-
-def exits_from_entropies(entropies: np.ndarray, threshold: float,
-                         disabled: Iterable[int] = ()) -> np.ndarray:
-    """The exit layer of each row (entropies (L, n)) under ``threshold`` with ``disabled`` ramps off."""
-    threshold = check_threshold(threshold)
-    L = entropies.shape[0]
-    can = entropies < threshold
-    off = [k for k in disabled if 0 <= k < L - 1]
-    can[off] = False
-    can[L - 1] = True
-    return np.argmax(can, axis=0)
 
 
 def untrained_model(num_classes: int = 2, seed: int = 0, threshold: float = DEFAULT_THRESHOLD) -> EarlyExitModel:

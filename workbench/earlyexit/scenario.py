@@ -72,7 +72,7 @@ class Scenario:
 
     def __post_init__(self):
         from workbench.earlyexit.artifacts import check_easy_fraction
-        from workbench.earlyexit.model import check_threshold
+        from workbench.earlyexit.record import check_threshold
 
         if self.model not in MODELS:
             raise WorkbenchError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")

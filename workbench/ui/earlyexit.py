@@ -56,7 +56,7 @@ def easy_label(easy: float) -> str:
 def default_threshold(record) -> float:
     """The largest entropy threshold of the record's table that keeps accuracy within a point of the stock
     model's while some samples exit; DeeBERT's default when none does."""
-    from workbench.earlyexit.model import DEFAULT_THRESHOLD
+    from workbench.earlyexit.record import DEFAULT_THRESHOLD
 
     good = [row["threshold"] for row in record.table()
             if row["loss"] <= 0.01 and row["mean_layers"] < record.num_layers]
@@ -278,7 +278,7 @@ class EarlyExitPanel(Panel):
         stock = {b: self.plan_at(sc, profile, b, stock=True) for b in plans}
         self.goodput = goodput_rows(plans, stock)
         self.show_if_changed("goodput", (s["task"], profile, tuple(s["gpus"].items()), s["slo_s"], B),
-                             lambda: goodput_figure(self.goodput, B))
+                             lambda: goodput_figure(self.goodput, B, 1e3 * s["slo_s"]))
         self.plan = plan = plans[B]
         self.show_if_changed("plan", (id(plan),), lambda: plan_figure(plan, profile))
         self.why.value = self._why_html(plan)
