@@ -54,7 +54,6 @@ def tmp_cache(tmp_path, monkeypatch):
 def ray_cluster():
     """One local Ray with 2 CPUs for the whole pytest run (started on first use, shut down at the end);
     yields the :class:`workbench.earlyexit.serve.RaySession`. A Ray this process already runs is reused."""
-    pytest.importorskip("ray.serve")
     from workbench.earlyexit.serve import ray_session
 
     session = ray_session(num_cpus=2)
