@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import socket
 import time
-from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np

@@ -9,14 +9,13 @@ measured by real inference (:func:`measure_mix`); a series of windows of a mix f
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from workbench.cache import cache_dir, fingerprint
-from workbench.data import SPLITS_DIR, load_task, task_spec
+from workbench.cache import cache_dir
+from workbench.data import load_task, task_spec
 from workbench.earlyexit.batchprofile import BatchProfile, BatchProfileEstimator
 from workbench.earlyexit.record import FORMAT_VERSION, RampRecord, RampTrainConfig, ramp_config
 from workbench.errors import WorkbenchError
@@ -27,13 +26,9 @@ MIXES = {"80:20": 0.8, "50:50": 0.5, "20:80": 0.2}
 
 
 def _key(cfg: RampTrainConfig) -> str:
-    from importlib.metadata import version
+    from workbench.train.checkpoints import training_key
 
-    from workbench.assets import MINILM
-
-    data_sig = json.loads((SPLITS_DIR / f"{cfg.task}.json").read_text())["source_sha256"]
-    return fingerprint({"cfg": asdict(cfg), "format": FORMAT_VERSION, "model": f"{MINILM.package}=={MINILM.version}",
-                        "data": data_sig, "torch": version("torch")})
+    return training_key(cfg, FORMAT_VERSION)
 
 
 def model_dir(task: str, preset: str = "full") -> Path:

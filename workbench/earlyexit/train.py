@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.data import load_task, task_spec
 from workbench.earlyexit.model import EarlyExitModel
 from workbench.earlyexit.record import RampRecord, RampTrainConfig
 from workbench.progress import progress_bar
@@ -73,15 +72,10 @@ def train_ramps(cfg: RampTrainConfig, progress: bool = True) -> tuple[EarlyExitM
     """Both stages, then the dev record; returns (model, record, timings and losses)."""
     from workbench.models.encoder import load_pretrained_encoder
     from workbench.train.batching import length_bucketed_batches
-    from workbench.train.loop import adamw, train_steps
+    from workbench.train.loop import adamw, start_training, train_steps
 
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    spec = task_spec(cfg.task)
-    data = load_task(cfg.task)
-    train = data.train.subset(cfg.max_train) if cfg.max_train else data.train
-    dev = data.dev.subset(cfg.max_dev) if cfg.max_dev else data.dev
+    run = start_training(cfg)
+    spec, train, dev, rng = run.spec, run.train, run.dev, run.rng
     pretrained = load_pretrained_encoder(0)
     model = EarlyExitModel(pretrained.cfg, len(spec.labels))
     model.encoder.load_state_dict(pretrained.state_dict())

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.cache import cache_dir, fingerprint
-from workbench.data import SPLITS_DIR, TaskSpec, load_task, task_spec
+from workbench.data import TaskSpec, load_task, task_spec
 from workbench.elastic.costmodel import CostModel, device_cost_model
 from workbench.elastic.importance import ShardImportance, measure_importance
 from workbench.elastic.quantize import BITWIDTHS
@@ -37,13 +37,9 @@ def _not_prepared(what: str, task: str, preset: str) -> WorkbenchError:
 
 
 def _model_key(cfg: ElasticTrainConfig) -> str:
-    from importlib.metadata import version
+    from workbench.train.checkpoints import training_key
 
-    from workbench.assets import MINILM
-
-    data_sig = json.loads((SPLITS_DIR / f"{cfg.task}.json").read_text())["source_sha256"]
-    return fingerprint({"cfg": asdict(cfg), "format": FORMAT_VERSION, "model": f"{MINILM.package}=={MINILM.version}",
-                        "data": data_sig, "torch": version("torch")})
+    return training_key(cfg, FORMAT_VERSION)
 
 
 def model_dir(task: str, preset: str = "full") -> Path:

@@ -29,14 +29,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.data import load_task, task_spec
 from workbench.elastic.trainconfig import (FORMAT_VERSION, PRESET_CONFIGS, ElasticTrainConfig,  # noqa: F401
                                            train_config)
 from workbench.models.encoder import Encoder, EncoderConfig, load_pretrained_encoder
 from workbench.progress import progress_bar
 from workbench.train.batching import length_bucketed_batches
 from workbench.train.evaluate import accuracy_grid
-from workbench.train.loop import adamw, train_steps
+from workbench.train.loop import adamw, start_training, train_steps
 
 @dataclass(frozen=True, kw_only=True)
 class ElasticModel:
@@ -132,13 +131,8 @@ def full_model_loss(model: Encoder, batch) -> torch.Tensor:
 
 def train_elastic(cfg: ElasticTrainConfig, progress: bool = True) -> ElasticModel:
     """Run the three stages of elastic fine-tuning and measure the accuracy grid."""
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    spec = task_spec(cfg.task)
-    data = load_task(cfg.task)
-    train = data.train.subset(cfg.max_train) if cfg.max_train else data.train
-    dev = data.dev.subset(cfg.max_dev) if cfg.max_dev else data.dev
+    run = start_training(cfg)
+    spec, train, dev, rng = run.spec, run.train, run.dev, run.rng
     model = load_pretrained_encoder(len(spec.labels))
     model.word.weight.requires_grad_(False)   # the large embedding table stays as pretrained
     batches = length_bucketed_batches(train, cfg.batch_size, rng, spec.max_length)

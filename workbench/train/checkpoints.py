@@ -19,6 +19,22 @@ from workbench.errors import CorruptArtifactError
 MANIFEST = "manifest.json"
 
 
+def training_key(cfg, format_version: int) -> str:
+    """A fingerprint of every input of a training run: its settings (a dataclass with ``task``), the format
+    it is saved in, the pretrained model's package, the task's data and the torch version."""
+    import json
+    from dataclasses import asdict
+    from importlib.metadata import version
+
+    from workbench.assets import MINILM
+    from workbench.cache import fingerprint
+    from workbench.data import SPLITS_DIR
+
+    data_sig = json.loads((SPLITS_DIR / f"{cfg.task}.json").read_text())["source_sha256"]
+    return fingerprint({"cfg": asdict(cfg), "format": format_version, "model": f"{MINILM.package}=={MINILM.version}",
+                        "data": data_sig, "torch": version("torch")})
+
+
 def save_checkpoint(path: Path, state: dict[str, torch.Tensor], meta: dict) -> Path:
     """Write ``state`` (safetensors) and ``meta`` (JSON) to ``path`` and seal them."""
     from safetensors.torch import save_file

@@ -1,8 +1,10 @@
 """The fine-tuning loop every mechanism trains with: AdamW, linear warm-up then linear decay."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from workbench.progress import progress_bar
@@ -50,3 +52,23 @@ def train_steps(model: torch.nn.Module, batches: Iterator, steps: int, optimizer
             bar.update(1, loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """A training run's task, its (possibly capped) train and dev splits and its random generator."""
+    spec: object            # workbench.data.TaskSpec
+    train: object           # workbench.data.Split
+    dev: object
+    rng: np.random.Generator
+
+
+def start_training(cfg) -> TrainingData:
+    """Threads and seeds from ``cfg`` (``task``, ``seed``, ``threads``, ``max_train``, ``max_dev``), and its data."""
+    from workbench.data import load_task, task_spec
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    data = load_task(cfg.task)
+    return TrainingData(task_spec(cfg.task), data.train.subset(cfg.max_train) if cfg.max_train else data.train,
+                        data.dev.subset(cfg.max_dev) if cfg.max_dev else data.dev, np.random.default_rng(cfg.seed))
