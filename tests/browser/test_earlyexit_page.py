@@ -75,6 +75,7 @@ def test_every_control_moves_its_figures(voila_server, page):
 
     set_readout(page, "SLO (ms)", 20)
     wait_for_title(page, "plan", "of 16.0 ms")
+    wait_for_title(page, "goodput", "SLO of 20 ms")
     wait_until_moved(page, seen, "plan", "goodput")
 
     set_readout(page, "Input batch size", 32)
@@ -83,7 +84,8 @@ def test_every_control_moves_its_figures(voila_server, page):
 
     set_gpus(page, "v100", 2)
     set_gpus(page, "k80", 3)
-    page.locator(".wb-why", has_text="k80").wait_for(timeout=60_000)
+    set_gpus(page, "p100", 1)
+    set_gpus(page, "a6000", 1)
     wait_until_moved(page, seen, "plan", "goodput")
 
     select(page, "Easy:hard mix", label="20:80")
@@ -102,7 +104,7 @@ def test_every_control_moves_its_figures(voila_server, page):
     select(page, "Task", label=TASKS["bbc"].title)
     page.locator(".wb-threshold-info", has_text="stock").wait_for(timeout=60_000)
     wait_until_moved(page, seen, "profile")
-    _, plan, sim = reference(task="bbc", easy=0.2, gpus={"v100": 2, "k80": 3}, slo_s=0.02, batch_size=32,
+    _, plan, sim = reference(task="bbc", easy=0.2, gpus={"v100": 2, "p100": 1, "k80": 3, "a6000": 1}, slo_s=0.02, batch_size=32,
                              pattern="bursty", rate=5000)
     deadline = time.monotonic() + 60
     while plan_bars(page) != [(s, e, r) for (s, e), r in zip(plan.splits, plan.replicas)]:

@@ -78,8 +78,9 @@ def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel)
 
     panel.gpus["v100"].value = 2
     panel.gpus["k80"].value = 3
-    assert panel.scenario(panel.settings()).gpus == {"v100": 2, "k80": 3}
-    assert sum(panel.plan.gpus_used.values()) <= 5 and set(panel.plan.gpus_used) <= {"v100", "k80"}
+    panel.gpus["p100"].value = 1
+    assert panel.scenario(panel.settings()).gpus == {"v100": 2, "p100": 1, "k80": 3}
+    assert sum(panel.plan.gpus_used.values()) <= 6 and set(panel.plan.gpus_used) <= {"v100", "p100", "k80"}
 
     panel.mix.value = 0.2
     assert "easy share" in panel.figures["profile"].data[1].name and panel.series.easy[-1] != pytest.approx(0.8)
@@ -92,7 +93,7 @@ def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel)
     panel.rate.value = 5000
     assert "5,000 per second" in panel.sim_info.value
 
-    series, plan, sim = reference(easy=0.2, threshold=0.5, gpus={"v100": 2, "k80": 3}, slo_s=0.02, batch_size=32,
+    series, plan, sim = reference(easy=0.2, threshold=0.5, gpus={"v100": 2, "p100": 1, "k80": 3}, slo_s=0.02, batch_size=32,
                                   pattern="bursty", rate=5000)
     assert same_plan(panel.plan, plan) and panel.simulation.goodput == pytest.approx(sim.goodput)
     assert list(panel.figures["profile"].data[-1].y) == pytest.approx([32 * f for f in series.forecast[-1].remaining])

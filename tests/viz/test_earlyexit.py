@@ -92,13 +92,14 @@ def test_goodput_lines_are_the_rows_and_a_missing_plan_is_a_cross():
     """Catches: systems swapped, a zero drawn as a point on the line, the page's batch not marked."""
     rows = [{"batch": 1, "e3": 100.0, "early_exit": 80.0, "stock": 0.0},
             {"batch": 4, "e3": 400.0, "early_exit": 250.0, "stock": 200.0}]
-    fig = goodput_figure(rows, batch_size=4)
+    fig = goodput_figure(rows, batch_size=4, slo_ms=50)
     lines = {t.name: list(t.y) for t in fig.data if t.mode == "lines+markers"}
     assert lines == {SYSTEMS["e3"][0]: [100.0, 400.0], SYSTEMS["early_exit"][0]: [80.0, 250.0],
                      SYSTEMS["stock"][0]: [None, 200.0]}
     cross = next(t for t in fig.data if t.mode == "markers")
     assert list(cross.x) == [1] and list(cross.y) == [0]
     assert fig.layout.shapes[0].x0 == 4 and "1.60x the early-exit model" in fig.layout.title.text
+    assert "meeting the SLO of 50 ms" in fig.layout.title.text
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.title.text == "goodput (samples/s)"
 
 

@@ -205,10 +205,11 @@ def idle_text(bubbles: Timeline) -> str:
 
 # -- goodput against the batch size
 
-def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, title: str | None = None) -> go.Figure:
+def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_ms: float | None = None,
+                   title: str | None = None) -> go.Figure:
     """Goodput (samples/s) of each system in :data:`SYSTEMS` against the input batch size; ``rows``: one mapping
     per batch size with ``batch`` and each system's goodput (0 or None: no plan meets the SLO, drawn as a gap
-    with a cross at 0). The page's batch size is marked."""
+    with a cross at 0). The page's batch size is marked; ``slo_ms`` is named in the subtitle."""
     batches = [int(r["batch"]) for r in rows]
     fig = go.Figure()
     for key, (name, color, dash) in SYSTEMS.items():
@@ -233,7 +234,8 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, title
     if here and here.get("e3") and here.get("early_exit"):
         gain = f"; at batch {batch_size} E3 gives {here['e3'] / here['early_exit']:.2f}x the early-exit model's"
     title = title or (f"Goodput against the input batch size (the optimizer's prediction){gain}"
-                      "<br><sub>samples per second meeting the SLO, every system on the same GPUs</sub>")
+                      f"<br><sub>samples per second meeting the SLO{f' of {slo_ms:g} ms' if slo_ms else ''}, every "
+                      "system on the same GPUs</sub>")
     fig.update_layout(template=TEMPLATE, title=title, height=420, margin={**MARGIN, "t": 80}, shapes=shapes,
                       annotations=notes,
                       xaxis={"title": "input batch size (samples)", "type": "log", "tickvals": batches,
