@@ -82,3 +82,21 @@ def test_bad_gpu_counts_are_refused(gpus, message):
 def test_bad_knobs_are_refused_before_any_work(change, message):
     with pytest.raises(WorkbenchError, match=message):
         Scenario(preset=PRESET, **change)
+
+
+def test_the_layer_times_and_transfers_follow_the_tasks_sequence_length(prepared):
+    short = Scenario(preset=PRESET, task="sentiment")
+    long = Scenario(preset=PRESET, task="bbc")
+    assert (short.seq_len, long.seq_len) == (64, 128)
+    assert long.layer_latency()(2, 8, "v100") > short.layer_latency()(2, 8, "v100")
+    assert long.transfer_s()(1, 8) > short.transfer_s()(1, 8)
+    assert short.with_(model="bert-base").seq_len == 128
+
+
+def test_the_optimizer_takes_a_batch_profile_as_it_is(scenario):
+    from workbench.earlyexit.optimizer import optimize_splits
+
+    profile = scenario.profile()
+    args = (scenario.layer_latency(), profile, scenario.gpus, scenario.slo_s)
+    assert optimize_splits(*args, batch_size=16).splits == \
+        optimize_splits(args[0], list(profile.remaining), *args[2:], batch_size=16).splits

@@ -178,6 +178,8 @@ def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, 
     if not callable(layer_latency):
         raise WorkbenchError(f"layer_latency must be a function (layer, batch, gpu_type) -> seconds, "
                              f"got {type(layer_latency).__name__}")
+    if hasattr(batch_profile, "remaining"):          # a BatchProfile
+        batch_profile = list(batch_profile.remaining)
     if isinstance(batch_profile, (str, bytes, Mapping)) or not isinstance(batch_profile, (Sequence, np.ndarray)):
         raise WorkbenchError("batch_profile must be a sequence: the fraction of the batch left after each layer's "
                              f"exit ramp, one entry per layer; got {type(batch_profile).__name__}")

@@ -123,10 +123,18 @@ class Scenario:
         left[-1] = 0.0
         return BatchProfile.nearest(left)
 
+    @property
+    def seq_len(self) -> int:
+        """Tokens per request: the task's length for the shipped encoder, the shape's own for BERT."""
+        from workbench.data import task_spec
+        from workbench.earlyexit.profiles import model_shape
+
+        return task_spec(self.task).max_length if self.model == "encoder" else model_shape(self.model)[0].seq_len
+
     def layer_profiles(self) -> dict:
         from workbench.earlyexit.profiles import gpu_profiles, host_layer_profile
 
-        out = gpu_profiles([g for g in self.gpus if g != "host"], self.model)
+        out = gpu_profiles([g for g in self.gpus if g != "host"], self.model, seq_len=self.seq_len)
         if "host" in self.gpus:
             out["host"] = host_layer_profile(task=self.task)
         return out
@@ -143,7 +151,7 @@ class Scenario:
 
         shape = model_shape(self.model)[0]
         link = PRESETS[LINK_DEVICE]
-        per_sample = shape.seq_len * shape.hidden * 4
+        per_sample = self.seq_len * shape.hidden * 4
 
         def transfer(boundary: int, batch: int) -> float:
             return link.send_s(batch * per_sample) if batch else 0.0
