@@ -371,3 +371,19 @@ def test_a_plan_exactly_at_the_budget_is_found_whatever_order_the_bounds_sum_in(
     plan = optimize_splits(lat, [1.0, 1.0, 1.0], gpus, 0.6, slack=0.0, batch_size=1)
     assert plan.gpu_types == ["a", "b", "c"] and plan.latency_s == 0.6 and plan.cycle_s == 0.3
     assert plan.objective == brute_force_splits(lat, [1.0, 1.0, 1.0], gpus, 0.6, slack=0.0, batch_size=1).objective
+
+
+def test_huge_problems_are_refused_before_any_table_is_built():
+    from workbench.earlyexit.optimizer import optimize_splits
+
+    def lat(k, b, g):
+        return 1e-3 * b
+
+    with pytest.raises(WorkbenchError, match=r"batch_size 1,000,000,000,000,000,000,000 is beyond"):
+        optimize_splits(lat, [0.5, 0.0], {"v100": 2}, 1.0, batch_size=10**21)
+    with pytest.raises(WorkbenchError, match=r"gpus\['v100'\] must be a whole number in 0..4096"):
+        optimize_splits(lat, [0.5, 0.0], {"v100": 300_000}, 1.0, batch_size=300_000)
+    with pytest.raises(WorkbenchError, match="beyond 16,777,216"):
+        optimize_splits(lat, [1.0] * 99 + [0.0], {"v100": 4096}, 1.0, batch_size=4096)
+    with pytest.raises(WorkbenchError, match="3000 layers"):
+        optimize_splits(lat, [1.0] * 2999 + [0.0], {"v100": 4}, 1.0, batch_size=16)

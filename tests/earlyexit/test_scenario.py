@@ -14,8 +14,27 @@ def scenario(prepared):
     return Scenario(preset=PRESET, gpus={"v100": 2, "k80": 2}, slo_s=0.05, threshold=0.6, easy=0.5)
 
 
-def test_the_encoders_profile_is_the_trained_ramps_exits_on_the_mix(scenario):
-    assert scenario.profile() == mix_profile(load_record("sentiment", PRESET), 0.5, 0.6, n=2048)
+def test_the_encoders_profile_is_the_share_of_the_mix_past_each_ramp(scenario):
+    from workbench.earlyexit.artifacts import mix_rows
+
+    rec = load_record("sentiment", PRESET)
+    rows = mix_rows(rec, 0.5, 2048, seed=0)
+    exits = []
+    for r in rows:                      # the first ramp under the threshold, the last layer otherwise
+        k = next((k for k in range(rec.num_layers - 1) if rec.entropies[k, r] < 0.6), rec.num_layers - 1)
+        exits.append(k)
+    expected = [sum(e > k for e in exits) / len(exits) for k in range(rec.num_layers)]
+    assert list(scenario.profile().remaining) == pytest.approx(expected)
+
+
+def test_a_bert_shapes_disabled_ramps_are_its_own_layers(scenario):
+    bert = scenario.with_(model="bert-base", threshold=0.69)
+    full = bert.profile().remaining
+    off = bert.with_(disabled=(1, 7, 8)).profile().remaining
+    # nobody leaves at a disabled ramp: they ride on to the next enabled one; elsewhere nothing changes
+    assert off[1] == off[0] == full[0] and off[7] == off[8] == full[6]
+    assert [off[k] for k in (0, 2, 3, 4, 5, 6, 9, 10, 11)] == [full[k] for k in (0, 2, 3, 4, 5, 6, 9, 10, 11)]
+    assert full[1] < full[0] and full[8] < full[6]      # the mix does leave there when the ramps are on
 
 
 def test_a_bert_shape_stretches_the_encoders_profile_over_its_depth(scenario):
@@ -78,7 +97,9 @@ def test_bad_gpu_counts_are_refused(gpus, message):
 @pytest.mark.parametrize("change, message", [
     ({"slo_s": 0}, "SLO"), ({"slo_s": 1e9}, "SLO"), ({"batch_size": 0}, "1..64"), ({"batch_size": 10**6}, "1..64"),
     ({"easy": 1.2}, "0..1"), ({"threshold": -1}, "0 or more"), ({"slack": 1.0}, "slack"),
-    ({"model": "gpt"}, "unknown model"), ({"disabled": (5,)}, "cannot be disabled")])
+    ({"model": "gpt"}, "unknown model"), ({"disabled": (5,)}, "cannot be disabled"), ({"slo_s": True}, "SLO"),
+    ({"model": "bert-base", "gpus": {"host": 2}}, "host's measured profile"),
+    ({"gpus": {"v100": 64, "p100": 64, "k80": 64, "a6000": 64}}, "too many GPUs to plan over")])
 def test_bad_knobs_are_refused_before_any_work(change, message):
     with pytest.raises(WorkbenchError, match=message):
         Scenario(preset=PRESET, **change)
@@ -100,3 +121,9 @@ def test_the_optimizer_takes_a_batch_profile_as_it_is(scenario):
     args = (scenario.layer_latency(), profile, scenario.gpus, scenario.slo_s)
     assert optimize_splits(*args, batch_size=16).splits == \
         optimize_splits(args[0], list(profile.remaining), *args[2:], batch_size=16).splits
+
+
+def test_numpy_whole_numbers_are_whole_numbers():
+    import numpy as np
+
+    assert Scenario(preset=PRESET, batch_size=np.int64(8)).batch_size == 8

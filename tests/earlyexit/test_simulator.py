@@ -248,3 +248,25 @@ def test_a_batch_wait_longer_than_the_slo_is_refused():
 
     with pytest.raises(WorkbenchError, match="batch_wait_s"):
         simulate([(0, 2)], [1], [4], slo_s=0.1, arrivals=[0.0], service_s=lambda i, b: 0.01, batch_wait_s=0.5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"count": 10**13}, r"0..1,000,000"), ({"count": float("inf")}, r"0..1,000,000"),
+    ({"rate": 1e9, "duration_s": 1e6}, "at most 1,000,000"), ({"count": 2.5}, "whole number")])
+def test_huge_arrival_counts_are_refused_before_any_work(kwargs, message):
+    kwargs.setdefault("rate", 10.0)
+    with pytest.raises(WorkbenchError, match=message):
+        ArrivalProcess("poisson", **kwargs)
+
+
+def test_exits_can_answer_when_the_batch_leaves_the_split():
+    """One split of layers 0-1, 10 ms a layer per batch; a sample leaving at layer 0 answers at 10 ms, or at
+    15 ms (layer 1 then runs for the one sample left, 5 ms) when exits answer at the split's end."""
+    def layer_s(i, k, b):
+        return 0.005 * b
+
+    args = dict(slo_s=1.0, arrivals=[0.0, 0.0], layer_s=layer_s, exits=[0, 1], drop="never")
+    early = simulate([(0, 2)], [1], [2], **args)
+    late = simulate([(0, 2)], [1], [2], exit_at_split_end=True, **args)
+    assert [r.completion_s for r in early.requests] == approx([0.010, 0.015])
+    assert [r.completion_s for r in late.requests] == approx([0.015, 0.015])

@@ -111,15 +111,14 @@ def measured_mixes(opts) -> tuple[dict | None, str]:
     """The mixes' profiles measured on the trained model of ``opts.task`` (6 layers), or None and why not:
     ``--mix-source parametric``, no trained model, or one from which (almost) nobody leaves early (the quick
     preset's briefly trained ramps are rarely confident at the paper's entropy 0.4)."""
-    import os
-
     if opts.mix_source == "parametric":
         return None, "parametric (--mix-source parametric)"
     try:
         from workbench.earlyexit.artifacts import MIXES, load_record, mix_profile
         from workbench.earlyexit.record import DEFAULT_THRESHOLD
+        from workbench.presets import default_preset
 
-        preset = opts.preset or os.environ.get("WORKBENCH_PRESET", "full")
+        preset = opts.preset or default_preset()
         record = load_record(opts.task, preset)
         got = {m: mix_profile(record, MIXES[m], DEFAULT_THRESHOLD) for m in opts.mixes}
     except Exception as exc:  # noqa: BLE001 - any reason falls back to the parametric mixes, and says why
@@ -218,7 +217,8 @@ def goodput_summary(rows: list[dict]) -> list[str]:
             lines.append(f"{cluster} {mix}: E3 / as is " + ", ".join(f"b={r['batch']} {r['e3_over_as_is']:.2f}x"
                                                                       for r in part)
                          + "; E3 / stock " + ", ".join(f"{r['e3_over_stock']:.2f}x" for r in part)
-                         + (f"; E3 >= as is for every batch >= 4: {'yes' if beats else 'NO'}" if big else ""))
+                         + (f"; E3 >= as is for every batch >= 4: {'yes' if beats else 'NO'} (E3 runs the model as is "
+                            "where its own plan would do worse, as the paper's optimizer may)" if big else ""))
     best = max(e3, key=lambda r: r["e3_over_as_is"], default=None)
     if best:
         lines.append(f"largest gain over the as-is model {best['e3_over_as_is']:.2f}x ({best['cluster']}, "

@@ -83,7 +83,9 @@ def _scenario_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-inside", action="store_true",
                         help="switch off the ramps inside each split of the plan and plan again (E3 §3.4)")
     parser.add_argument("--slack", type=share, default=0.2, help="share of the SLO kept back for queueing")
-    parser.add_argument("--unpipelined", action="store_true", help="a replica waits for its transfer to finish")
+    parser.add_argument("--unpipelined", action="store_true",
+                        help="plan a cycle that is the sum of the stages (the optimizer), and let a replica wait "
+                             "for its send to finish (the simulator)")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -185,8 +187,9 @@ def _simulate(args) -> int:
         return 0
     print(plan.explain())
     s = _summary(result)
-    print(f"simulated {args.requests} {args.pattern} requests: goodput {s['goodput']:,.0f}/s (plan "
-          f"{plan.goodput:,.0f}/s), p50 {s['p50_latency_ms']:.2f} ms, p95 {s['p95_latency_ms']:.2f} ms, "
+    offered = args.rate if args.rate is not None else 0.9 * plan.goodput
+    print(f"simulated {args.requests} {args.pattern} requests offered at {offered:,.0f}/s (the plan sustains "
+          f"{plan.goodput:,.0f}/s): goodput {s['goodput']:,.0f}/s, p50 {s['p50_latency_ms']:.2f} ms, p95 {s['p95_latency_ms']:.2f} ms, "
           f"{100 * s['drop_rate']:.1f}% dropped")
     if args.trace:
         print(f"trace written to {args.trace}")

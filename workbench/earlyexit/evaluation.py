@@ -625,7 +625,10 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     ``target``, 20%). Nothing is dropped in the simulation either (the real serving drops nothing).
 
     ``batch_wait_s``: the real replicas' longest wait for a full batch (passed on to ``serve``; None: its
-    default); the simulated replicas wait as long (``simulate``'s ``batch_wait_s``), as Ray Serve's batcher does.
+    default); the simulated replicas wait as long (``simulate``'s ``batch_wait_s``), as Ray Serve's batcher does,
+    and a simulated exit answers when its batch leaves the split, as the deployments answer. What still differs:
+    Ray Serve queues per replica (its router picks one), the simulator keeps one queue per split, which
+    matters only for splits with several replicas.
 
     ``note`` says when the comparison cannot hold: more replicas than ``cores`` (default: this machine's) compute
     at once on a real host while the profile is per core."""
@@ -646,7 +649,7 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     if batch_wait_s is None:
         from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S as batch_wait_s
     sim = simulate_plan(plan, slo_s=slo_s, arrivals=times, layer_latency=lat, exits=exits, transfer_s=transfer_s,
-                        slack=slack, drop="never", batch_wait_s=min(batch_wait_s, slo_s))
+                        slack=slack, drop="never", batch_wait_s=min(batch_wait_s, slo_s), exit_at_split_end=True)
     if cores is None:
         from workbench.argtypes import machine_cores
 

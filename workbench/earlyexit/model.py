@@ -1,6 +1,8 @@
 """An early-exit encoder (DeeBERT style): the shipped encoder with an exit ramp after every layer.
 
-A ramp is pooling over the real tokens, a pooler (linear + tanh), dropout and a linear classifier. A
+A ramp is pooling over the real tokens, a pooler (linear + tanh), dropout and a linear classifier. DeeBERT's
+pooler reads the first token; ours means over the real tokens, because the shipped encoder (all-MiniLM-L6-v2)
+was trained as a mean-pooling sentence encoder and its first token carries no summary. A
 sample leaves at the first *enabled* ramp whose prediction has entropy below the threshold; the last
 ramp is the model's own classifier and takes everyone left. Disabling ramps (E3 §3.4) skips the ramps
 inside a split that nothing should leave by: those samples ride on to the split's end.

@@ -32,6 +32,10 @@ The model (one pipeline cycle)
 - Cost is the per-second price of the GPUs a plan uses (``prices``); with ``alpha`` a plan may cost at most
   ``alpha x baseline_cost_per_s`` (by default the price of all the GPUs given).
 
+Where this differs from the paper: the input batch B is given (the paper derives it from the request rate), and
+the paper's constraint that a plan's throughput be at least the baseline's is not imposed: the objective already
+maximises goodput, and the callers compare a plan with the model run as is (see ``SplitPlan.unsplit``).
+
 Among plans with the same goodput the optimizer prefers the lowest cost, then the fewest GPUs, then the lowest
 worst-case latency; :func:`brute_force_splits` enumerates every plan and breaks ties the same way.
 
@@ -73,6 +77,9 @@ _EPS = 1e-9          # slack for rounding when a share of samples is rounded to 
 _TOL = 1e-9          # relative slack of the lower bounds that prune labels (they sum in another order)
 
 MAX_CELLS = 1 << 22   # the largest box of GPUs-used-per-type vectors (product of count + 1 over the types)
+MAX_TABLE = 1 << 24   # the largest table of stage times: (layers + 1)^2 x GPU types x replica counts
+MAX_BATCH = 1 << 20   # the largest input batch per cycle
+MAX_GPUS_PER_TYPE = 4096
 
 LayerLatency = Callable[[int, int, str], float]
 
@@ -213,8 +220,8 @@ def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, 
     for name, n in gpus.items():
         if not isinstance(name, str) or not name:
             raise WorkbenchError(f"GPU types must be named by non-empty strings, got {name!r}")
-        if isinstance(n, bool) or not isinstance(n, Integral) or n < 0:
-            raise WorkbenchError(f"gpus[{name!r}] must be a whole number >= 0, got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, Integral) or not 0 <= n <= MAX_GPUS_PER_TYPE:
+            raise WorkbenchError(f"gpus[{name!r}] must be a whole number in 0..{MAX_GPUS_PER_TYPE}, got {n!r}")
         counts[name] = int(n)
     cells = math.prod(n + 1 for n in counts.values())
     if cells > MAX_CELLS:
@@ -236,6 +243,14 @@ def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, 
     if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise WorkbenchError(f"batch_size must be a whole number >= 1 (the batch the first split receives per "
                              f"cycle), got {batch_size!r}")
+    if batch_size > MAX_BATCH:
+        raise WorkbenchError(f"batch_size {batch_size:,} is beyond {MAX_BATCH:,} samples per cycle")
+    kinds = sum(1 for n in counts.values() if n > 0)
+    table = (len(fracs) + 1) ** 2 * kinds * min(max(counts.values()), int(batch_size))
+    if table > MAX_TABLE:
+        raise WorkbenchError(f"{len(fracs)} layers x {kinds} GPU types x up to {min(max(counts.values()), batch_size):,} "
+                             f"replicas per split make a table of {table:,} stage times, beyond {MAX_TABLE:,}: use "
+                             "fewer layers, GPUs of a type or a smaller batch")
     used = [g for g, n in counts.items() if n > 0]
     price = None
     if prices is not None:

@@ -34,7 +34,10 @@ def exits_from_entropies(entropies: np.ndarray, threshold: float,
     threshold = check_threshold(threshold)
     L = entropies.shape[0]
     can = entropies < threshold
-    off = [k for k in disabled if 0 <= k < L - 1]
+    off = sorted({int(k) for k in disabled})
+    if any(not 0 <= k < L - 1 for k in off):
+        raise WorkbenchError(f"ramps {off} cannot all be disabled: ramps 0..{L - 2} can (ramp {L - 1} is the "
+                             "classifier)")
     can[off] = False
     can[L - 1] = True
     return np.argmax(can, axis=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from numbers import Integral, Real
 from typing import Mapping
 
 from workbench.earlyexit.batchprofile import BatchProfile
@@ -22,6 +23,10 @@ MAX_SLO_S = 60.0
 MAX_BATCH = 64
 LINK_DEVICE = "v100"
 """Whose link carries the activations between splits (the presets' 10 Gbit/s network)."""
+
+
+def _number(x) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def parse_gpus(text: str | Mapping[str, int]) -> dict[str, int]:
@@ -77,14 +82,25 @@ class Scenario:
         if self.model not in MODELS:
             raise WorkbenchError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
         object.__setattr__(self, "gpus", parse_gpus(self.gpus))
-        if not (isinstance(self.slo_s, (int, float)) and 0 < self.slo_s <= MAX_SLO_S):
+        if not (_number(self.slo_s) and 0 < self.slo_s <= MAX_SLO_S):
             raise WorkbenchError(f"the SLO is a latency in (0, {1e3 * MAX_SLO_S:g}] ms, got {1e3 * self.slo_s:g} ms")
-        if not (isinstance(self.batch_size, int) and 1 <= self.batch_size <= MAX_BATCH):
+        if not (isinstance(self.batch_size, Integral) and not isinstance(self.batch_size, bool)
+                and 1 <= self.batch_size <= MAX_BATCH):
             raise WorkbenchError(f"the input batch size is a whole number in 1..{MAX_BATCH}, got {self.batch_size!r}")
-        if not (isinstance(self.slack, (int, float)) and 0 <= self.slack < 1):
+        if not (_number(self.slack) and 0 <= self.slack < 1):
             raise WorkbenchError(f"the slack is a share of the SLO in [0, 1), got {self.slack!r}")
         check_easy_fraction(self.easy)
         check_threshold(self.threshold)
+        if "host" in self.gpus and self.model != "encoder":
+            raise WorkbenchError(f"the host's measured profile is the shipped encoder's; {self.model} runs on "
+                                 "E3's GPU presets only (drop host=...)")
+        from workbench.earlyexit.optimizer import MAX_CELLS
+
+        cells = math.prod(n + 1 for n in self.gpus.values())
+        if cells > MAX_CELLS:
+            raise WorkbenchError(f"{', '.join(f'{n} x {g}' for g, n in self.gpus.items())} is too many GPUs to plan "
+                                 f"over: the product of (count + 1) over the types must stay under {MAX_CELLS:,} "
+                                 f"(it is {cells:,}); use fewer types or fewer of each")
         last = self.num_layers - 1
         bad = [k for k in self.disabled if not (isinstance(k, int) and 0 <= k < last)]
         if bad:
@@ -109,19 +125,19 @@ class Scenario:
 
     def profile(self, n: int = 2048, seed: int = 0) -> BatchProfile:
         """The batch profile of this mix: the trained ramps' exits on it (the encoder), or, for a BERT shape,
-        the encoder's profile stretched over its layers (the share left after layer k of L is the encoder's
-        after the same fraction of its depth)."""
+        the encoder's profile (no ramp disabled) stretched over its depth by
+        :func:`~workbench.earlyexit.evaluation.rescale_profile`, then the samples of each disabled ramp (in the
+        BERT's own layer numbers) moved on to the next enabled one."""
         from workbench.earlyexit.artifacts import mix_profile
+        from workbench.earlyexit.evaluation import rescale_profile
 
-        base = mix_profile(self.record(), self.easy, self.threshold, self.disabled, n=n, seed=seed)
-        L = self.num_layers
-        if L == base.num_layers:
-            return base
-        own = base.num_layers
-        left = [base.remaining[min(own - 1, math.floor((k + 1) * own / L) - 1)] if (k + 1) * own >= L else 1.0
-                for k in range(L)]
-        left[-1] = 0.0
-        return BatchProfile.nearest(left)
+        if self.model == "encoder":
+            return mix_profile(self.record(), self.easy, self.threshold, self.disabled, n=n, seed=seed)
+        left = list(rescale_profile(mix_profile(self.record(), self.easy, self.threshold, n=n, seed=seed),
+                                    self.num_layers).remaining)
+        for k in sorted(self.disabled):
+            left[k] = left[k - 1] if k else 1.0
+        return BatchProfile(tuple(left))
 
     @property
     def seq_len(self) -> int:
@@ -178,7 +194,8 @@ class Scenario:
                  seed: int = 0, profile: BatchProfile | None = None):
         """Serve ``requests`` arrivals through ``plan`` in the simulator, exits drawn from this scenario's
         profile (or ``profile``: the truth when the plan was made for a forecast). ``rate`` defaults to 90 %
-        of the plan's goodput."""
+        of the plan's goodput. A send between splits carries one downstream batch (each replica has its own
+        link), where the optimizer's transfer stage carries a whole cycle's survivors over one link."""
         from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 
         if not plan:
@@ -186,8 +203,10 @@ class Scenario:
         rate = 0.9 * plan.goodput if rate is None else rate
         if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
             raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
+        send = self.transfer_s()
+        per_link = [send(plan.splits[i][1], plan.batch_sizes[i + 1]) for i in range(len(plan.splits) - 1)]
         return simulate_plan(plan, slo_s=self.slo_s, arrivals=ArrivalProcess(pattern, rate, count=requests),
-                             layer_latency=self.layer_latency(), transfer_s=list(plan.transfers_s) or 0.0,
+                             layer_latency=self.layer_latency(), transfer_s=per_link or 0.0,
                              exits=profile or self.profile(), slack=self.slack, seed=seed, pipelined=self.pipelined)
 
 

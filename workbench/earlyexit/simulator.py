@@ -58,6 +58,8 @@ from workbench.errors import WorkbenchError
 from workbench.timeline import Counter, Span, Timeline
 
 PATTERNS = ("uniform", "poisson", "bursty")
+MAX_REQUESTS = 1_000_000
+"""The most requests one simulation takes (about a minute of SimPy on one core)."""
 DROP_RULES = ("hopeless", "worst_case", "never")
 EPS = 1e-12
 DEFAULT_SLACK = 0.2
@@ -87,11 +89,16 @@ class ArrivalProcess:
             raise WorkbenchError(f"arrival rate {self.rate!r} must be a number of requests per second > 0")
         if (self.duration_s is None) == (self.count is None):
             raise WorkbenchError("give exactly one of duration_s (seconds of arrivals) or count (requests)")
-        if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
+        if self.duration_s is not None and not (_real(self.duration_s) and math.isfinite(self.duration_s)
+                                                and self.duration_s > 0):
             raise WorkbenchError(f"duration_s {self.duration_s!r} must be > 0 seconds")
-        if self.count is not None and (isinstance(self.count, bool) or int(self.count) != self.count
-                                       or self.count < 0):
-            raise WorkbenchError(f"count {self.count!r} must be a whole number of requests >= 0")
+        if self.count is not None and not (_real(self.count) and math.isfinite(self.count)
+                                           and int(self.count) == self.count and 0 <= self.count <= MAX_REQUESTS):
+            raise WorkbenchError(f"count {self.count!r} must be a whole number of requests in 0..{MAX_REQUESTS:,}")
+        if self.duration_s is not None and self.rate * self.duration_s > MAX_REQUESTS:
+            raise WorkbenchError(f"{self.rate:g} requests/s for {self.duration_s:g} s is about "
+                                 f"{self.rate * self.duration_s:,.0f} requests; a simulation takes at most "
+                                 f"{MAX_REQUESTS:,}: lower the rate or the duration")
         if not self.burst_factor >= 1:
             raise WorkbenchError(f"burst_factor {self.burst_factor} must be >= 1 (1: plain Poisson)")
         if not self.burst_s > 0:
@@ -360,9 +367,11 @@ class _Config:
     rest: tuple[float, ...] = ()
     earliest_return: tuple[float, ...] = ()
     batch_wait: float | None = None   # Ray Serve's batch_wait_timeout_s instead of the SLO rule
+    exit_at_split_end: bool = False   # per-layer compute, but exits answer when the batch leaves the split
 
     def run_batch(self, i: int, batch: list[_Sample]) -> tuple[dict, float]:
-        """When each exiting sample of ``batch`` returns (seconds after the start) and the batch's service time."""
+        """When each exiting sample of ``batch`` returns (seconds after the start) and the batch's service time
+        (with ``exit_at_split_end``, every exiting sample returns when the batch is done with the split)."""
         start, end = self.splits[i]
         exiting = [s for s in batch if s.exit < end]
         if self.layer_s is None:
@@ -377,6 +386,8 @@ class _Config:
                 if s.exit == k:
                     offsets[s] = t
             left = [s for s in left if s.exit > k]
+        if self.exit_at_split_end:
+            offsets = dict.fromkeys(offsets, t)
         return offsets, t
 
 
@@ -440,12 +451,15 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
              slack: float = DEFAULT_SLACK, seed: int = 0, drop: str = "hopeless", pipelined: bool = True,
              replica_slowdown: Mapping[tuple[int, int], float] | None = None, straggler_tolerance: float = 0.2,
              devices: Sequence[str] | None = None, name: str = "E3 serving simulation",
-             batch_wait_s: float | None = None) -> SimulationResult:
+             batch_wait_s: float | None = None, exit_at_split_end: bool = False) -> SimulationResult:
     """Simulate serving ``arrivals`` through the split plan; see the module docstring for the rules.
 
     - ``batch_wait_s``: a replica dispatches a batch that is not full once its oldest sample has waited this
       long in the split's queue (what Ray Serve's ``batch_wait_timeout_s`` does), instead of E3's rule of
       waiting as long as the SLO's budget allows. None: E3's rule.
+    - ``exit_at_split_end``: with ``layer_s``, the batch still shrinks inside a split, but its exiting samples
+      answer when the batch is done with the split (what the Ray Serve deployments do), not right after
+      their own layer.
 
     - ``splits``: contiguous (start, end) layer ranges from layer 0, end exclusive; ``replicas`` and
       ``batch_sizes``: one whole number >= 1 per split.
@@ -535,7 +549,7 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
         raise WorkbenchError(f"batch_wait_s {batch_wait_s!r} is seconds in 0..the SLO ({slo_s:g} s)")
     cfg = _Config(splits, replicas, batch_sizes, devices, transfer, float(slo_s), float(slack), drop,
                   bool(pipelined), slowdown, split_s, per_layer, tuple(rest), earliest,
-                  None if batch_wait_s is None else float(batch_wait_s))
+                  None if batch_wait_s is None else float(batch_wait_s), bool(exit_at_split_end))
 
     budget = float(slo_s) * (1 - float(slack))
     samples = [_Sample(j, float(t), int(e), float(slo_s), budget) for j, (t, e) in enumerate(zip(times, exit_layers))]
