@@ -155,3 +155,18 @@ def test_an_address_that_does_not_answer_fails_fast():
     with pytest.raises(WorkbenchError, match=rf"127\.0\.0\.1:{port}.*ray start --head"):
         ray_session(address=f"127.0.0.1:{port}")
     assert time.perf_counter() - began < 5
+
+
+def test_ray_is_started_from_a_thread_that_lives_as_long_as_the_process(monkeypatch):
+    """Ray's head processes die with the thread that forked them: a page's background run must not be it."""
+    import threading
+
+    from workbench.earlyexit import serve
+
+    seen = []
+    monkeypatch.setattr(serve, "_start_local_here", lambda *a: seen.append(threading.current_thread().name))
+    worker = threading.Thread(target=serve._start_local, args=(2,), name="background-run")
+    worker.start()
+    worker.join()
+    serve._start_local(2)
+    assert seen[0].startswith("workbench-ray") and seen[1] == threading.main_thread().name

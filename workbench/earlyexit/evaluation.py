@@ -571,6 +571,8 @@ class Validation:
     note: str = ""
     sim: Any = field(default=None, repr=False, compare=False)
     real: Any = field(default=None, repr=False, compare=False)
+    slowdown: dict = field(default_factory=dict)      # (split, replica) -> measured / profiled compute
+    profile_only: Any = field(default=None, repr=False, compare=False)   # the simulation without it
 
     @staticmethod
     def _error(sim: float, real: float) -> float:
@@ -598,7 +600,12 @@ class Validation:
                 "sim_p50_ms": 1e3 * self.sim_p50_s, "p50_error_pct": 100 * self.p50_error,
                 "real_p95_ms": 1e3 * self.real_p95_s, "sim_p95_ms": 1e3 * self.sim_p95_s,
                 "p95_error_pct": 100 * self.p95_error, "within_target": self.within_target,
-                "target_pct": 100 * self.target, "note": self.note}
+                "target_pct": 100 * self.target, "note": self.note,
+                "slowdown": " ".join(f"{i}.{r}:{f:.2f}" for (i, r), f in sorted(self.slowdown.items())),
+                **({"profile_only_goodput_error_pct": 100 * self._error(self.profile_only.goodput, self.real_goodput),
+                    "profile_only_p50_error_pct": 100 * self._error(self.profile_only.p50_latency_s, self.real_p50_s),
+                    "profile_only_p95_error_pct": 100 * self._error(self.profile_only.p95_latency_s, self.real_p95_s)}
+                   if self.profile_only is not None else {})}
 
 
 def _arrivals_of(real, workload, arrival_s) -> np.ndarray:
@@ -610,6 +617,23 @@ def _arrivals_of(real, workload, arrival_s) -> np.ndarray:
         return np.asarray(workload.arrival_s, dtype=float)
     raise WorkbenchError("no arrival times: the real run's requests carry none and the workload has no "
                          "arrival_s; pass arrival_s=")
+
+
+def measured_slowdown(real, layer_latency, gpu_types=None) -> dict[tuple[int, int], float]:
+    """Per replica of a served run: the median over its batches of measured compute time / the layer profile's
+    time for the same rows at each layer (E3 §3.3's straggler ratio). On a shared host it measures contention:
+    replicas time-sharing cores with each other, with Ray and with whatever else runs."""
+    ratios: dict[tuple[int, int], list[float]] = {}
+    for span in real.timeline.spans:
+        if span.kind != "compute" or "rows" not in span.meta:
+            continue
+        i, r = int(span.meta["split"]), int(span.meta["replica"])
+        first = int(str(span.meta["layers"]).split("-")[0])
+        gpu = gpu_types[i] if gpu_types else "host"
+        profiled = sum(layer_latency(first + j, rows, gpu) for j, rows in enumerate(span.meta["rows"]) if rows)
+        if profiled > 0:
+            ratios.setdefault((i, r), []).append((span.end - span.start) / profiled)
+    return {key: float(np.median(v)) for key, v in ratios.items()}
 
 
 def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
@@ -630,6 +654,12 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     Ray Serve queues per replica (its router picks one), the simulator keeps one queue per split, which
     matters only for splits with several replicas.
 
+    Each replica's measured slowdown (:func:`measured_slowdown`: its compute spans against the profile, the
+    paper's straggler ratio) goes into the simulation as ``replica_slowdown``: on a shared host the replicas
+    compute slower than the single-thread profile, and the simulator is then judged on what it models
+    (batching, queues, exits), not on the host's contention. ``profile_only`` is the simulation without it,
+    reported beside.
+
     ``note`` says when the comparison cannot hold: more replicas than ``cores`` (default: this machine's) compute
     at once on a real host while the profile is per core."""
     from workbench.earlyexit.simulator import simulate_plan
@@ -648,8 +678,12 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     lat = layer_profile.adapter(ramps=[k for k in range(L) if k not in off])
     if batch_wait_s is None:
         from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S as batch_wait_s
-    sim = simulate_plan(plan, slo_s=slo_s, arrivals=times, layer_latency=lat, exits=exits, transfer_s=transfer_s,
-                        slack=slack, drop="never", batch_wait_s=min(batch_wait_s, slo_s), exit_at_split_end=True)
+    gpu_types = list(getattr(plan, "gpu_types", None) or ["host"] * len(plan.splits))
+    slowdown = measured_slowdown(real, lat, gpu_types) if hasattr(real, "timeline") else {}
+    common = dict(slo_s=slo_s, arrivals=times, layer_latency=lat, exits=exits, transfer_s=transfer_s, slack=slack,
+                  drop="never", batch_wait_s=min(batch_wait_s, slo_s), exit_at_split_end=True)
+    profile_only = simulate_plan(plan, **common)
+    sim = simulate_plan(plan, replica_slowdown=slowdown, **common) if slowdown else profile_only
     if cores is None:
         from workbench.argtypes import machine_cores
 
@@ -661,4 +695,4 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     sim_counts = tuple(tuple(sorted(s.batch_counts.items())) for s in sim.splits)
     return Validation(float(real.goodput), sim.goodput, float(real.p50_latency_s), sim.p50_latency_s,
                       float(real.p95_latency_s), sim.p95_latency_s, len(exits), target, real_counts, sim_counts,
-                      note, sim, real)
+                      note, sim, real, slowdown, profile_only if slowdown else None)

@@ -301,7 +301,29 @@ def _check_same_cluster(address: str | None) -> None:
                              f"call ray.shutdown() first (or pass address=None to use the current one)")
 
 
+_LAUNCHER = None
+
+
+def _launcher():
+    """One thread that lives as long as the process, for starting Ray: Ray's head processes die with the
+    *thread* that forked them (PR_SET_PDEATHSIG), so a Ray started from a page's background run would vanish
+    when that run's thread ends, and take the kernel's connection with it."""
+    global _LAUNCHER
+    if _LAUNCHER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-ray")
+    return _LAUNCHER
+
+
 def _start_local(num_cpus: float, attempts: int = START_ATTEMPTS) -> None:
+    if threading.current_thread() is threading.main_thread():
+        _start_local_here(num_cpus, attempts)
+    else:
+        _launcher().submit(_start_local_here, num_cpus, attempts).result()
+
+
+def _start_local_here(num_cpus: float, attempts: int = START_ATTEMPTS) -> None:
     """``ray.init`` of a new local Ray (address "local": never someone else's cluster on this host), tried
     again when its node does not register in time (Ray allows 30 s, which a loaded 2-core host can miss)."""
     import ray
