@@ -162,43 +162,80 @@ def serve_problem() -> str | None:
 
 
 def validation_table(opts) -> tuple[list[dict], str]:
-    """One real Ray Serve run against the simulator; returns the rows and a line for the summary."""
+    """One real Ray Serve run against the simulator; returns the rows and a line for the summary.
+
+    With the task's model prepared, :func:`~workbench.earlyexit.realrun.real_run`: the trained ramps on an
+    80:20 workload at the paper's threshold, two CPU replicas, Poisson arrivals at a quarter of what the plan
+    sustains (small batches, as the issue asks). Without it, the untrained model (nobody exits early)."""
     import numpy as np
+
+    from workbench.earlyexit.artifacts import model_ready
+    from workbench.earlyexit.record import DEFAULT_THRESHOLD
+    from workbench.presets import default_preset
+
+    preset = opts.preset or default_preset()
+    if model_ready(opts.task, preset):
+        from workbench.earlyexit.realrun import real_run
+        from workbench.earlyexit.scenario import Scenario
+
+        settings = dict(task=opts.task, preset=preset, slo_s=SERVE_SLO_S, batch_size=8, easy=0.8,
+                        threshold=DEFAULT_THRESHOLD)
+        plan = Scenario(model="encoder", gpus={"host": 2}, **settings).optimize()
+        if not plan:
+            return [], f"validation: no plan on this host within {SERVE_SLO_S:g} s ({plan.reason})"
+        rate = 0.25 * plan.goodput
+        print(f"validation: {plan.explain().splitlines()[0]}; {opts.serve_requests} requests at {rate:.3g}/s",
+              flush=True)
+        run = real_run(replicas=2, pattern="poisson", rate=rate, requests=opts.serve_requests, seed=opts.seed,
+                       **settings)
+        v, model = run.validation, f"trained ({preset}), 80:20, entropy {DEFAULT_THRESHOLD}"
+        if not run.equal:
+            print(f"validation: {run.mismatches} served outputs differ from the one-process model", flush=True)
+    else:
+        v, plan, rate = _untrained_validation(opts)
+        if v is None:
+            return [], plan
+        model = "untrained ramps (no prepared model)"
+    L = plan.splits[-1][1]
+    row = {"model": model, "plan": " | ".join(f"{s}-{e - 1} x{r} @ {b}" for (s, e), r, b in
+                                               zip(plan.splits, plan.replicas, plan.batch_sizes)),
+           "rate": rate, **v.row(), "exits_early": int(np.sum(v.real.exit_layers < L - 1))}
+    line = (f"simulator vs Ray Serve ({row['plan']}, {opts.serve_requests} requests, {model}): goodput "
+            f"{row['goodput_error_pct']:+.1f} %, p50 {row['p50_error_pct']:+.1f} %, p95 {row['p95_error_pct']:+.1f} % "
+            f"(target within {row['target_pct']:g} %: {'met' if v.within_target else 'MISSED'}); with the profile "
+            f"alone {row.get('profile_only_goodput_error_pct', math.nan):+.1f} / "
+            f"{row.get('profile_only_p50_error_pct', math.nan):+.1f} / {row.get('profile_only_p95_error_pct', math.nan):+.1f} %"
+            f"; measured slowdown {row['slowdown']}, Ray Serve hops {row.get('hop_ms', 0):.1f} ms"
+            + (f"; {v.note}" if v.note else ""))
+    return [row], line
+
+
+def _untrained_validation(opts):
+    """The validation on the untrained model: (Validation, plan, rate), or (None, reason, None)."""
     import torch
 
     from workbench.earlyexit.evaluation import validate_simulator
     from workbench.earlyexit.optimizer import optimize_splits
     from workbench.earlyexit.profiles import host_layer_profile
-    from workbench.earlyexit.serve import ModelSpec, Workload
+    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S, ModelSpec, Workload
     from workbench.earlyexit.simulator import ArrivalProcess
 
     profile = host_layer_profile(batch_sizes=opts.profile_batches, task=opts.task)
     print(f"host layer profile: {profile.source}", flush=True)
-    spec = ModelSpec.untrained(seed=opts.seed)
     L = profile.num_layers
     batch = min(4, profile.max_batch)
     plan = optimize_splits(profile.adapter(), [1.0] * (L - 1) + [0.0], {"host": 2}, SERVE_SLO_S,
                            batch_size=2 * batch, num_layers=L)
     if not plan:
-        return [], f"validation: no plan on this host within {SERVE_SLO_S:g} s ({plan.reason})"
-    rate = 0.6 * plan.goodput
+        return None, f"validation: no plan on this host within {SERVE_SLO_S:g} s ({plan.reason})", None
+    rate = 0.25 * plan.goodput
     gen = torch.Generator().manual_seed(opts.seed)
     ids = torch.randint(1000, 30000, (opts.serve_requests, profile.seq_len), generator=gen)
     workload = Workload.from_arrivals(ids, torch.ones_like(ids), ArrivalProcess("uniform", rate=rate,
                                                                                 count=opts.serve_requests))
-    print(f"validation: {plan.explain().splitlines()[0]}; {opts.serve_requests} requests at {rate:.3g}/s",
-          flush=True)
-    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S
-
-    v = validate_simulator(spec, plan, workload, profile, SERVE_SLO_S, batch_wait_s=DEFAULT_BATCH_WAIT_S)
-    row = {"plan": " | ".join(f"{s}-{e - 1} x{r} @ {b}" for (s, e), r, b in
-                              zip(plan.splits, plan.replicas, plan.batch_sizes)),
-           "rate": rate, **v.row(), "exits_early": int(np.sum(v.real.exit_layers < L - 1))}
-    line = (f"simulator vs Ray Serve ({row['plan']}, {opts.serve_requests} requests): goodput "
-            f"{row['goodput_error_pct']:+.1f} %, p50 {row['p50_error_pct']:+.1f} %, p95 {row['p95_error_pct']:+.1f} % "
-            f"(target within {row['target_pct']:g} %: {'met' if v.within_target else 'MISSED'})"
-            + (f"; {v.note}" if v.note else ""))
-    return [row], line
+    v = validate_simulator(ModelSpec.untrained(seed=opts.seed), plan, workload, profile, SERVE_SLO_S,
+                           batch_wait_s=DEFAULT_BATCH_WAIT_S)
+    return v, plan, rate
 
 
 def _geo(values) -> float:

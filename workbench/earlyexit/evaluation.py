@@ -573,6 +573,7 @@ class Validation:
     real: Any = field(default=None, repr=False, compare=False)
     slowdown: dict = field(default_factory=dict)      # (split, replica) -> measured / profiled compute
     profile_only: Any = field(default=None, repr=False, compare=False)   # the simulation without it
+    overheads: Any = None                               # ServingOverheads measured in the run
 
     @staticmethod
     def _error(sim: float, real: float) -> float:
@@ -602,6 +603,8 @@ class Validation:
                 "p95_error_pct": 100 * self.p95_error, "within_target": self.within_target,
                 "target_pct": 100 * self.target, "note": self.note,
                 "slowdown": " ".join(f"{i}.{r}:{f:.2f}" for (i, r), f in sorted(self.slowdown.items())),
+                **({"entry_ms": 1e3 * self.overheads.entry_s, "hop_ms": 1e3 * self.overheads.hop_s,
+                    "back_ms": 1e3 * self.overheads.back_s} if self.overheads is not None else {}),
                 **({"profile_only_goodput_error_pct": 100 * self._error(self.profile_only.goodput, self.real_goodput),
                     "profile_only_p50_error_pct": 100 * self._error(self.profile_only.p50_latency_s, self.real_p50_s),
                     "profile_only_p95_error_pct": 100 * self._error(self.profile_only.p95_latency_s, self.real_p95_s)}
@@ -636,6 +639,49 @@ def measured_slowdown(real, layer_latency, gpu_types=None) -> dict[tuple[int, in
     return {key: float(np.median(v)) for key, v in ratios.items()}
 
 
+@dataclass(frozen=True)
+class ServingOverheads:
+    """What a served run spends outside the layers, medians over its requests: from arrival to the first
+    split's batch queue, from a batch's end to the next split's queue, and from the exit to the driver."""
+    entry_s: float
+    hop_s: float
+    back_s: float
+
+
+def measured_overheads(real) -> ServingOverheads:
+    """Ray Serve's own costs in a served run (:class:`ServingOverheads`), read from its timeline and requests."""
+    entered: dict[tuple[int, int], float] = {}
+    ended: dict[tuple[int, int], float] = {}
+    for span in real.timeline.spans:
+        for rid in span.meta.get("requests", ()):
+            key = (int(span.meta["split"]), int(rid))
+            if span.kind == "queue":
+                entered[key] = span.start
+            elif span.kind == "compute":
+                ended[key] = span.end
+    by_id = {r.id: r for r in real.requests}
+    entry = [entered[(0, i)] - r.arrival_s for i, r in by_id.items() if (0, i) in entered]
+    hops = [t - ended[(s - 1, i)] for (s, i), t in entered.items() if s > 0 and (s - 1, i) in ended]
+    back = [r.completion_s - r.exited_s for r in real.requests if getattr(r, "exited_s", 0)]
+
+    def med(values):
+        return float(np.median(values)) if values else 0.0
+    return ServingOverheads(max(0.0, med(entry)), max(0.0, med(hops)), max(0.0, med(back)))
+
+
+def _with_overheads(sim, overheads: ServingOverheads, slo_s: float) -> tuple[float, float, float]:
+    """Goodput, p50 and p95 of a simulation run on arrivals shifted by the entry cost, with the return cost
+    added to every latency (the hops are in its transfers)."""
+    extra = overheads.entry_s + overheads.back_s
+    done = [r for r in sim.requests if r.latency_s is not None]
+    if not done:
+        return 0.0, math.nan, math.nan
+    lat = np.array([r.latency_s + extra for r in done])
+    end = max(r.completion_s for r in done) + overheads.back_s
+    return (float(np.sum(lat <= slo_s)) / end if end > 0 else 0.0, float(np.percentile(lat, 50)),
+            float(np.percentile(lat, 95)))
+
+
 def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
                        serve: Callable[..., Any] | None = None, transfer_s: float | Sequence[float] = 0.0,
                        slack: float = 0.2, arrival_s: Sequence[float] | None = None, disabled: Iterable[int] = (),
@@ -654,11 +700,13 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     Ray Serve queues per replica (its router picks one), the simulator keeps one queue per split, which
     matters only for splits with several replicas.
 
-    Each replica's measured slowdown (:func:`measured_slowdown`: its compute spans against the profile, the
-    paper's straggler ratio) goes into the simulation as ``replica_slowdown``: on a shared host the replicas
-    compute slower than the single-thread profile, and the simulator is then judged on what it models
-    (batching, queues, exits), not on the host's contention. ``profile_only`` is the simulation without it,
-    reported beside.
+    Two costs outside the simulator's model are measured in the run and given to it: each replica's slowdown
+    (:func:`measured_slowdown`: its compute spans against the profile, the paper's straggler ratio) as
+    ``replica_slowdown``, since on a shared host replicas compute slower than the single-thread profile; and Ray
+    Serve's own per-request costs (:func:`measured_overheads`: into the first queue, between splits, back to the
+    driver) as shifted arrivals, transfers and a constant added to each latency. The simulator is then judged on
+    what it models (batching, queues, exits and their timing); ``profile_only`` is the simulation with the
+    profile alone, reported beside.
 
     ``note`` says when the comparison cannot hold: more replicas than ``cores`` (default: this machine's) compute
     at once on a real host while the profile is per core."""
@@ -683,7 +731,13 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
     common = dict(slo_s=slo_s, arrivals=times, layer_latency=lat, exits=exits, transfer_s=transfer_s, slack=slack,
                   drop="never", batch_wait_s=min(batch_wait_s, slo_s), exit_at_split_end=True)
     profile_only = simulate_plan(plan, **common)
-    sim = simulate_plan(plan, replica_slowdown=slowdown, **common) if slowdown else profile_only
+    over = measured_overheads(real) if hasattr(real, "timeline") else ServingOverheads(0.0, 0.0, 0.0)
+    n_links = len(plan.splits) - 1
+    base_links = [float(transfer_s)] * n_links if not isinstance(transfer_s, Sequence) else list(transfer_s)
+    calibrated = dict(common, arrivals=np.asarray(times) + over.entry_s,
+                      transfer_s=[t + over.hop_s for t in base_links] or 0.0)
+    sim = simulate_plan(plan, replica_slowdown=slowdown, **calibrated)
+    sim_goodput, sim_p50, sim_p95 = _with_overheads(sim, over, slo_s)
     if cores is None:
         from workbench.argtypes import machine_cores
 
@@ -693,6 +747,6 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
             f"single-thread profile does not count their contention" if replicas > cores else "")
     real_counts = tuple(tuple(sorted(dict(c).items())) for c in getattr(real, "batch_counts", ()))
     sim_counts = tuple(tuple(sorted(s.batch_counts.items())) for s in sim.splits)
-    return Validation(float(real.goodput), sim.goodput, float(real.p50_latency_s), sim.p50_latency_s,
-                      float(real.p95_latency_s), sim.p95_latency_s, len(exits), target, real_counts, sim_counts,
-                      note, sim, real, slowdown, profile_only if slowdown else None)
+    return Validation(float(real.goodput), sim_goodput, float(real.p50_latency_s), sim_p50,
+                      float(real.p95_latency_s), sim_p95, len(exits), target, real_counts, sim_counts,
+                      note, sim, real, slowdown, profile_only, over)
