@@ -145,3 +145,25 @@ def test_the_real_batch_wait_sets_how_long_the_simulated_batcher_waits():
     v = ev.validate_simulator(None, plan, None, flat_profile(), 1.0, serve=fake_serve, batch_wait_s=0.05)
     assert got == {"batch_wait_s": 0.05}
     assert v.sim.requests[0].completion_s == approx(0.065) and v.within_target
+
+
+def test_slowdown_and_serving_costs_are_read_from_a_served_runs_timeline():
+    """Split 0 (layers 0-1) then split 1 (layer 2). Request 7 arrives at 0.0, waits in split 0's queue from
+    0.01, is computed 0.05-0.09 (2 rows at layer 0, 1 at layer 1), enters split 1's queue at 0.10, is computed
+    0.11-0.12 and answers at 0.13: entry 10 ms, hop 10 ms, back 10 ms. A flat profile of 10 ms per layer and
+    batch predicts 20 ms for split 0's batch (measured 40: slowdown 2) and 10 ms for split 1's (measured 10)."""
+    from workbench.timeline import Span, Timeline
+
+    def span(kind, split, start, end, layers, rows):
+        return Span(f"split {split} · replica 0", kind, start, end, "",
+                    {"split": split, "replica": 0, "layers": layers, "rows": rows, "requests": [7]})
+
+    timeline = Timeline((span("queue", 0, 0.01, 0.05, "0-1", [2, 1]), span("compute", 0, 0.05, 0.09, "0-1", [2, 1]),
+                         span("queue", 1, 0.10, 0.11, "2-2", [1]), span("compute", 1, 0.11, 0.12, "2-2", [1])),
+                        "measured")
+    run = SimpleNamespace(timeline=timeline, requests=[SimpleNamespace(id=7, arrival_s=0.0, exited_s=0.12,
+                                                                       completion_s=0.13)])
+    over = ev.measured_overheads(run)
+    assert (over.entry_s, over.hop_s, over.back_s) == approx((0.01, 0.01, 0.01))
+    slow = ev.measured_slowdown(run, lambda layer, batch, gpu: 0.01)
+    assert slow == approx({(0, 0): 2.0, (1, 0): 1.0})
