@@ -10,7 +10,9 @@ from workbench.earlyexit.artifacts import load_record, model_ready, profile_seri
 from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.scenario import Scenario
 from workbench.presets import default_preset
-from workbench.ui.earlyexit import SERIES_WINDOWS, SIM_REQUESTS, EarlyExitPanel, default_threshold
+from workbench.ui.earlyexit import (FEW_EXITS, SERIES_WINDOWS, SIM_MAX_REQUESTS, EarlyExitPanel, default_threshold,
+                                    exit_share, sim_requests)
+from workbench.viz.earlyexit import one_based
 
 PRESET = default_preset()
 
@@ -23,8 +25,10 @@ def reference(task="sentiment", easy=0.8, threshold=None, **knobs):
     sc = Scenario(task=task, preset=PRESET, easy=easy, threshold=threshold,
                   **{k: v for k, v in knobs.items() if k in ("gpus", "slo_s", "batch_size")})
     plan = sc.optimize(series.forecast[-1])
-    sim = sc.simulate(plan, pattern=knobs.get("pattern", "poisson"), rate=knobs.get("rate", 2000),
-                      requests=SIM_REQUESTS, profile=series.measured[-1]) if plan else None
+    pattern, rate = knobs.get("pattern", "poisson"), knobs.get("rate", 2000)
+    requests = sim_requests({"pattern": pattern, "rate": rate, "slo_s": sc.slo_s})
+    sim = sc.simulate(plan, pattern=pattern, rate=rate, requests=requests,
+                      profile=series.measured[-1]) if plan else None
     return series, plan, sim
 
 
@@ -48,7 +52,11 @@ def test_first_load_shows_the_engines_plan_simulation_profile_and_goodput(panel)
     assert panel.threshold.value == pytest.approx(default_threshold(load_record("sentiment", PRESET)))
     assert same_plan(panel.plan, plan) and len(plan.splits) > 1
     assert plan_bars(panel) == [(s, e, r) for (s, e), r in zip(plan.splits, plan.replicas)]
-    assert all(f"<li>{html.escape(line.strip())}</li>" in panel.why.value for line in plan.explain().splitlines())
+    why = html.unescape(panel.why.value)
+    assert f"goodput {plan.goodput:,.0f} samples/s" in why and plan.binding in why
+    for row in plan.rows():
+        assert f"split {row['split']}: {row['layers']} on {row['replicas']} × {row['gpu_type']}" in why
+    assert f"{plan.goodput / plan.unsplit['goodput']:.2f}x the goodput of the best unsplit plan" in why
     forecast = panel.figures["profile"].data[-1]
     assert list(forecast.y) == pytest.approx([16 * f for f in series.forecast[-1].remaining])
     assert f"goodput {sim.goodput:,.0f} samples/s" in panel.sim_info.value
@@ -59,7 +67,9 @@ def test_first_load_shows_the_engines_plan_simulation_profile_and_goodput(panel)
     as_is = next(t for t in panel.figures["goodput"].data if t.name.startswith("early-exit"))
     assert as_is.y[at16] == pytest.approx(plan.unsplit["goodput"])
     lanes = {t for trace in panel.figures["bubbles"].data for t in (trace.y or ()) if t}
-    assert all(any(row.endswith(r.lane) for row in lanes) for r in sim.replicas)
+    assert all(any(row.endswith(one_based(r.lane)) for row in lanes) for r in sim.replicas)
+    assert "split 1 · replica 1" in lanes and not any("split 0" in row for row in lanes)
+    assert f"Simulated {len(sim.requests):,} poisson requests" in panel.sim_info.value
 
 
 def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel):
@@ -86,6 +96,7 @@ def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel)
     assert "easy share" in panel.figures["profile"].data[1].name and panel.series.easy[-1] != pytest.approx(0.8)
     panel.threshold.value = 0.5
     assert panel.settings()["threshold"] == 0.5 and "0.50" not in titles()["profile"]
+    assert "below 0.50 nats" in panel.threshold_info.value
     assert "accuracy" in panel.threshold_info.value
 
     panel.pattern.value = "bursty"
@@ -118,6 +129,7 @@ def test_bad_input_is_said_in_the_page_and_clears_when_fixed():
     for box in panel.gpus.values():
         box.value = 0
     assert "no GPUs" in panel.message.value and "Traceback" not in panel.message.value
+    assert panel.figures["plan"].layout.title.text == "E3's split plan"          # a human title, not "plan"
     assert "no GPUs" in panel.figures["plan"].layout.annotations[0].text
     assert "no GPUs" in panel.figures["bubbles"].layout.annotations[0].text
     panel.gpus["a6000"].value = 2
@@ -126,34 +138,94 @@ def test_bad_input_is_said_in_the_page_and_clears_when_fixed():
     panel.slo.value = 1                                       # nothing meets 0.8 ms
     assert not panel.plan and panel.message.value == ""
     said = panel.figures["plan"].layout.annotations[0].text.replace("<br>", " ")
-    assert "no plan" in said and "raise the SLO" in said
-    assert "no plan to simulate" in panel.figures["bubbles"].layout.annotations[0].text
-    assert "no plan" in panel.why.value
+    assert "no plan" in said.lower() and "raise the SLO" in said
+    assert "no plan: no plan" not in said.lower() and "slack or" not in said      # the page has no slack control
+    assert all(len(line) <= 70 for line in panel.figures["plan"].layout.annotations[0].text.split("<br>"))
+    assert "Nothing to simulate. No plan meets" in panel.figures["bubbles"].layout.annotations[0].text
+    why = html.unescape(panel.why.value)
+    assert "No plan meets the SLO" in why and "no plan: no plan" not in why.lower() and "slack or" not in why
     e3 = next(t for t in panel.figures["goodput"].data if t.name.startswith("E3"))
     assert all(v is None for v in e3.y)
+    assert any("no batch size meets the SLO of 1 ms" in (a.text or "")
+               for a in panel.figures["goodput"].layout.annotations)
     panel.slo.value = 50
     assert panel.plan and panel.figures["plan"].data
 
 
 def test_run_for_real_overlays_measured_bubbles(ray_cluster):
     """A real run on the suite's shared Ray: 48 requests through E3's plan for CPU replicas of this host; the
-    measured batches are drawn hatched over the simulator's prediction of that same run."""
+    measured batches are drawn hatched over the simulator's prediction of that same run, in their own slot. The
+    run uses the task, mix, threshold and pattern only: moving the GPU controls keeps it; moving the pattern
+    hides it (and says why) until set back."""
     panel = EarlyExitPanel()
+    assert panel.figure_slot("hostrun").layout.display == "none"
+    stages = []
+    panel.run_stage.observe(lambda change: stages.append(change["new"]), names="value")
     panel.runner.button.click()                              # no event loop in a test: the run completes here
     assert panel.runner.message.value == "" and panel.message.value == ""
+    assert "starting Ray and deploying" in stages[0] and any("serving: 48 of 48" in v for v in stages)
+    assert panel.run_stage.value == ""
     (outcome,) = panel.runs.values()
     real = outcome["run"]
-    names = {t.name for t in panel.figures["bubbles"].data}
-    assert {"compute (measured)", "stall (measured)", "compute (predicted)"} <= names
-    measured = next(t for t in panel.figures["bubbles"].data if t.name == "compute (measured)")
+    names = lambda: {t.name for t in panel.figures["hostrun"].data}      # noqa: E731
+    assert {"busy (measured)", "bubble (measured)", "busy (simulated)"} <= names()
+    measured = next(t for t in panel.figures["hostrun"].data if t.name == "busy (measured)")
     served = [s for s in real.served.timeline.spans if s.kind == "compute"]
     assert sorted(measured.base) == pytest.approx(sorted(1e3 * s.start for s in served))
-    assert "measured on Ray Serve" in panel.figures["bubbles"].layout.title.text
+    assert "measured on Ray Serve" in panel.figures["hostrun"].layout.title.text
+    assert "its own plan" in panel.figures["hostrun"].layout.title.text
+    assert panel.figure_slot("hostrun").layout.display is None
     assert "Measured on this host" in panel.run_info.value and len(real.served.requests) == 48
-    panel.rate.value = 3000                                  # other settings: the simulation of the GPU plan again
-    assert "compute (measured)" not in {t.name for t in panel.figures["bubbles"].data}
+    assert "busy (measured)" not in {t.name for t in panel.figures["bubbles"].data}   # the GPU plan's own slot
+    for move in (lambda: setattr(panel.rate, "value", 3000), lambda: setattr(panel.slo, "value", 80),
+                 lambda: setattr(panel.batch, "value", 8), lambda: setattr(panel.gpus["k80"], "value", 2)):
+        move()                                               # what the real run does not use: it stays
+        assert "busy (measured)" in names() and panel.figure_slot("hostrun").layout.display is None
+    panel.pattern.value = "uniform"                          # what it uses: hidden, and said why
+    assert panel.figure_slot("hostrun").layout.display == "none" and "another task" in panel.run_info.value
+    panel.pattern.value = "poisson"
+    assert panel.figure_slot("hostrun").layout.display is None and "Measured on this host" in panel.run_info.value
+
+
+def test_few_exits_are_said_with_their_share():
+    """At threshold 0 nobody leaves early: the page says so, and that E3's gain is pipelining; at a threshold
+    where many leave, it says nothing."""
+    panel = EarlyExitPanel(threshold=0.0)
+    assert exit_share(panel.profile) == pytest.approx(0.0, abs=1e-9)
+    note = html.unescape(panel.exits_note.value)
+    assert "no sample leaves" in note and "pipelining the layers over GPUs" in note and "0.00 nats" in note
+    panel.mix.value = 0.8
+    panel.threshold.value = panel.threshold.max
+    share = exit_share(panel.profile)
+    if share >= FEW_EXITS:
+        assert panel.exits_note.value == ""
+    else:
+        assert f"{100 * share:.1f} % of samples leave" in panel.exits_note.value
+
+
+def test_the_simulation_states_the_offered_rate_and_shows_overload():
+    """The caption and the bubbles title give the offered rate against what the plan sustains; at five times
+    that rate the simulation drops requests or misses the SLO (400 requests used to report 0 % dropped), and
+    bursty arrivals are simulated over several bursts."""
+    panel = EarlyExitPanel()
+    plan = panel.plan
+    share = 2000 / plan.goodput
+    said = f"offered 2,000/s = {100 * share:,.0f}% of what the plan sustains ({plan.goodput:,.0f}/s)"
+    assert said in panel.sim_info.value and said in panel.figures["bubbles"].layout.title.text
+    assert "modelled worst case without them" in panel.sim_info.value
+    panel.rate.value = int(round(5 * plan.goodput, -1))
+    sim = panel.simulation
+    assert sim.drop_rate + sim.straggler_rate > 0.5
+    assert "500% of what the plan sustains" in panel.sim_info.value
+    assert len(sim.requests) == min(SIM_MAX_REQUESTS, sim_requests(panel.settings()))
     panel.rate.value = 2000
-    assert "compute (measured)" in {t.name for t in panel.figures["bubbles"].data}
+    panel.pattern.value = "bursty"
+    assert len(panel.simulation.requests) >= 2000 * 2 * 5 or len(panel.simulation.requests) == SIM_MAX_REQUESTS
+    sim = panel.simulation
+    drawn = len(sim.requests) / max(r.arrival_s for r in sim.requests)
+    assert sim.goodput <= 1.05 * drawn              # never above the arrivals; the caption names a lucky draw
+    if abs(drawn - 2000) > 200:
+        assert f"this draw's arrivals average {drawn:,.0f}/s" in panel.sim_info.value
 
 
 def test_a_forecast_profile_is_what_the_optimizer_gets(panel):

@@ -8,8 +8,8 @@ from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.optimizer import optimize_splits
 from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 from workbench.timeline import Span, Timeline
-from workbench.viz.earlyexit import (BUBBLE, SYSTEMS, bubble_timeline, bubbles_figure, goodput_figure, idle_shares,
-                                     plan_figure, profile_figure)
+from workbench.viz.earlyexit import (BUBBLE, DRAIN, HALF_WRAP, SYSTEMS, bubble_timeline, bubbles_figure,
+                                     goodput_figure, idle_shares, no_plan_text, one_based, plan_figure, profile_figure)
 
 PROFILE = [1.0, 0.9, 0.5, 0.45, 0.4, 0.0]          # half the batch leaves by the third ramp
 
@@ -41,18 +41,29 @@ def test_plan_bars_are_the_splits_replicas_types_and_batches():
     cuts = [s.x0 for s in fig.layout.shapes]
     assert cuts == [start for start, _ in p.splits[1:]]
     for note, (start, _) in zip(fig.layout.annotations, p.splits[1:]):
-        assert f"cut after layer {start - 1}, {100 * PROFILE[start - 1]:.3g}% of the batch left" == note.text
+        assert f"after layer {start - 1}: {100 * PROFILE[start - 1]:.3g}% left" == note.text
     assert f"goodput {p.goodput:,.0f} samples/s" in fig.layout.title.text
     assert tuple(fig.layout.xaxis.range) == (0, 6) and fig.layout.xaxis.title.text.startswith("layers")
 
 
 def test_an_empty_plan_draws_its_explanation():
-    """Catches: empty axes (or a crash) when no plan meets the SLO, instead of the optimizer's reason."""
+    """Catches: empty axes (or a crash) when no plan meets the SLO, instead of the optimizer's reason; lines too
+    long for the half-width slot; "no plan: no plan ..."; advice to lower a slack the page cannot set."""
     p = plan(slo_s=1e-4)
     assert not p.splits and p.reason
     fig = plan_figure(p)
-    text = fig.layout.annotations[0].text.replace("<br>", " ")
-    assert "no plan" in text and "raise the SLO" in text and not fig.data
+    lines = fig.layout.annotations[0].text.split("<br>")
+    text = " ".join(lines)
+    assert text.lower().count("no plan") == 1 and "raise the SLO" in text and not fig.data
+    assert "lower the slack" not in text and "lower the input batch size (16)" in text
+    assert max(map(len, lines)) <= HALF_WRAP + 12          # a word longer than the rest of a line may stick out
+    assert "none meets the SLO" in fig.layout.title.text
+
+
+def test_no_plan_text_keeps_other_reasons():
+    """Catches: the rewording eating reasons it does not know."""
+    assert no_plan_text("no plan: the GPUs are busy") == "The GPUs are busy"
+    assert no_plan_text("something else") == "Something else"
 
 
 def test_bubbles_are_the_gaps_between_a_replicas_batches():
@@ -62,17 +73,29 @@ def test_bubbles_are_the_gaps_between_a_replicas_batches():
              Span("split 1 · replica 0", "compute", 0.004, 0.008), Span("split 0 queue", "queue", 0.0, 0.001)]
     bubbles = bubble_timeline(Timeline(tuple(spans)), end_s=0.01)
     gaps = {(s.lane, round(s.start, 6), round(s.end, 6)) for s in bubbles.spans if s.kind == "stall"}
-    assert gaps == {("split 0 · replica 0", 0.0, 0.001), ("split 0 · replica 0", 0.003, 0.005),
-                    ("split 0 · replica 0", 0.006, 0.01), ("split 1 · replica 0", 0.0, 0.004),
-                    ("split 1 · replica 0", 0.008, 0.01)}
+    assert gaps == {("split 1 · replica 1", 0.0, 0.001), ("split 1 · replica 1", 0.003, 0.005),
+                    ("split 1 · replica 1", 0.006, 0.01), ("split 2 · replica 1", 0.0, 0.004),
+                    ("split 2 · replica 1", 0.008, 0.01)}                   # lanes numbered from 1, as the plan
     assert all(s.label == BUBBLE for s in bubbles.spans if s.kind == "stall")
-    assert idle_shares(bubbles) == pytest.approx({"split 0 · replica 0": 0.7, "split 1 · replica 0": 0.6})
+    assert idle_shares(bubbles) == pytest.approx({"split 1 · replica 1": 0.7, "split 2 · replica 1": 0.6})
     fig = bubbles_figure(bubbles, bubble_timeline(Timeline(tuple(spans[:2]), "measured"), 0.01), title="t")
     names = {t.name for t in fig.data}
-    assert {"compute (predicted)", "stall (predicted)", "compute (measured)", "stall (measured)"} <= names
-    compute = next(t for t in fig.data if t.name == "compute (predicted)")
+    assert {"busy (simulated)", "bubble (simulated)", "busy (measured)", "bubble (measured)"} <= names
+    assert not any("stall" in n or "predicted" in n for n in names)
+    compute = next(t for t in fig.data if t.name == "busy (simulated)")
     assert sorted(compute.base) == pytest.approx([1.0, 4.0, 5.0])           # ms
     assert fig.layout.xaxis.title.text == "time since the first request (ms)"
+
+
+def test_idle_time_after_the_last_arrival_is_the_drain_not_a_bubble():
+    """Catches: the pipeline emptying after the last request counted as bubbles (an idle share near 100% for a
+    short run)."""
+    spans = [Span("split 0 · replica 0", "compute", 0.0, 0.002), Span("split 0 · replica 0", "compute", 0.003, 0.004)]
+    bubbles = bubble_timeline(Timeline(tuple(spans)), end_s=0.01, last_arrival_s=0.005)
+    kinds = {(s.label, round(s.start, 6), round(s.end, 6)) for s in bubbles.spans if s.kind != "compute"}
+    assert kinds == {(BUBBLE, 0.002, 0.003), (BUBBLE, 0.004, 0.005), (DRAIN, 0.005, 0.01)}
+    assert idle_shares(bubbles) == pytest.approx({"split 1 · replica 1": 0.4})
+    assert "drain, no more arrivals (simulated)" in {t.name for t in bubbles_figure(bubbles).data}
 
 
 def test_simulated_bubbles_follow_the_simulators_busy_periods():
@@ -82,9 +105,10 @@ def test_simulated_bubbles_follow_the_simulators_busy_periods():
                         transfer_s=p.transfers_s, exits=BatchProfile(tuple(PROFILE)))
     bubbles = bubble_timeline(sim.timeline, max_spans=10_000)
     for replica in sim.replicas:
-        drawn = [(s.start, s.end) for s in bubbles.spans if s.lane == replica.lane and s.kind == "compute"]
+        lane = one_based(replica.lane)
+        drawn = [(s.start, s.end) for s in bubbles.spans if s.lane == lane and s.kind == "compute"]
         assert drawn == [(b.start_s, b.end_s) for b in replica.busy]
-        idle = sum(s.duration for s in bubbles.spans if s.lane == replica.lane and s.kind == "stall")
+        idle = sum(s.duration for s in bubbles.spans if s.lane == lane and s.kind == "stall")
         assert idle == pytest.approx(bubbles.end - replica.busy_s, abs=1e-9)
 
 
@@ -98,9 +122,28 @@ def test_goodput_lines_are_the_rows_and_a_missing_plan_is_a_cross():
                      SYSTEMS["stock"][0]: [None, 200.0]}
     cross = next(t for t in fig.data if t.mode == "markers")
     assert list(cross.x) == [1] and list(cross.y) == [0]
-    assert fig.layout.shapes[0].x0 == 4 and "1.60x the early-exit model" in fig.layout.title.text
+    assert fig.layout.shapes[0].x0 == 4
+    assert fig.layout.title.text.startswith("E3: 1.60x the early-exit model's goodput at batch 4<br>")
     assert "meeting the SLO of 50 ms" in fig.layout.title.text
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.title.text == "goodput (samples/s)"
+    assert not any("no batch size" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_goodput_figure_says_when_no_batch_size_meets_the_slo():
+    """Catches: an empty axis with crosses at 0 and no word on why."""
+    rows = [{"batch": b, "e3": 0.0, "early_exit": 0.0, "stock": 0.0} for b in (1, 2, 4)]
+    fig = goodput_figure(rows, batch_size=2, slo_ms=1)
+    assert any("no batch size meets the SLO of 1 ms" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_titles_fit_a_half_width_slot():
+    """Catches: titles whose first line runs past about 600 px (cut off on the right at 1280 px)."""
+    rows = [{"batch": 16, "e3": 12_230.0, "early_exit": 5000.0, "stock": 4000.0}]
+    figs = [goodput_figure(rows, 16, 50), plan_figure(plan(), PROFILE)]
+    for fig in figs:
+        head, *subs = fig.layout.title.text.split("<br>")
+        assert len(head) <= 62, head
+        assert all(len(line.replace("<sub>", "").replace("</sub>", "")) <= 100 for line in subs), subs
 
 
 def test_profile_lines_are_the_measured_windows_and_the_forecast():
@@ -115,3 +158,5 @@ def test_profile_lines_are_the_measured_windows_and_the_forecast():
     assert list(ahead.y) == pytest.approx([16, 12, 4.8, 0]) and "optimizer" in ahead.name
     assert "off by 4.0 points" in fig.layout.title.text
     assert fig.layout.yaxis.title.text == "samples left in the batch (of 16)"
+    one = profile_figure(series, 1).layout.yaxis                # batch 1: whole samples on the axis
+    assert one.dtick == 1 and "on average" in one.title.text

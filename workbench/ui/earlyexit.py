@@ -14,8 +14,8 @@ import ipywidgets as widgets
 from workbench.errors import WorkbenchError
 from workbench.presets import default_preset
 from workbench.ui.base import BackgroundRun, Panel
-from workbench.viz.earlyexit import (bubble_timeline, bubbles_figure, goodput_figure, idle_text, no_result_figure,
-                                     plan_figure, profile_figure)
+from workbench.viz.earlyexit import (bubble_timeline, bubbles_figure, goodput_figure, idle_text, no_plan_text,
+                                     no_result_figure, plan_figure, profile_figure)
 
 GPU_TYPES = ("v100", "p100", "k80", "a6000")
 """E3's GPU presets (workbench.devices); their layer times are estimates (workbench.earlyexit.profiles)."""
@@ -25,8 +25,20 @@ SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SERIES_WINDOWS = 6
 """Windows of the drifting mix behind the forecast: ARIMA(1, 1, 0) needs five past windows, so the last
 window's forecast is the model's; each window more costs ARIMA fits (about 0.3 s here)."""
-SIM_REQUESTS = 400
-"""Requests the simulator serves per redraw (the bubbles figure shows the run's start)."""
+SIM_REQUESTS = 2000
+"""The fewest requests the simulator serves per redraw (the bubbles figure shows the run's start)."""
+SIM_SLOS = 20
+"""A simulation covers at least this many SLOs of arrivals (``rate x SLO_S x SIM_SLOS`` requests) ..."""
+SIM_BURSTS = 5
+"""... and, for bursty arrivals, about this many on/off cycles (each ``burst_s x burst_factor`` on average) ..."""
+SIM_MAX_REQUESTS = 20_000
+"""... but at most this many requests: about 0.4 to 0.7 s of SimPy on this 2-core host (measured), so that a
+redraw stays under about a second; the caption says when the cap shortens the run."""
+FEW_EXITS = 0.25
+"""Below this share of samples leaving before the last layer, the page says E3's gain is pipelining, not exits."""
+FIGURE_TITLES = {"plan": "E3's split plan", "goodput": "Goodput against the input batch size",
+                 "bubbles": "Pipeline bubbles per replica, simulated"}
+"""What an empty slot is titled (a figure names itself once it has something to draw)."""
 HOST_REPLICAS = 4
 HOST_REQUESTS = 48
 HOST_SLO_S = 1.0
@@ -112,13 +124,14 @@ class EarlyExitPanel(Panel):
         self.series = None
         self.simulation = None
         self.goodput = []
-        self.runs: dict[tuple, dict] = {}
+        self.runs: dict[tuple, dict] = {}          # run_key -> the real run of those settings
+        self.exit_share = 0.0                      # of the forecast: samples that leave before the last layer
         self.engine_calls = {"optimize": 0, "simulate": 0, "series": 0}
         gpus = {"v100": 4} if gpus is None else dict(gpus)
         label = {"description_width": "150px"}
         wide = widgets.Layout(width="440px")
         self.task = widgets.Dropdown(options=[(t.title, n) for n, t in TASKS.items()], value=task,
-                                     description="Task", style=label, layout=wide)
+                                     description="Task", style=label, layout=widgets.Layout(width="520px"))
         self.slo = widgets.FloatSlider(value=slo_ms, min=1, max=500, step=1, description=SLO, style=label,
                                        layout=wide, continuous_update=False, readout_format=".0f")
         self.batch = widgets.IntSlider(value=batch_size, min=1, max=SWEEP_BATCHES[-1], description="Input batch size",
@@ -135,7 +148,7 @@ class EarlyExitPanel(Panel):
         self.mix = widgets.Dropdown(options=options, value=MIXES[mix], description="Easy:hard mix", style=label,
                                     layout=wide)
         self.threshold = widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.01, readout_format=".2f",
-                                             description="Exit threshold", style=label, layout=wide,
+                                             description="Exit threshold (nats)", style=label, layout=wide,
                                              continuous_update=False,
                                              tooltip="entropy (nats) below which a ramp's answer exits")
         self.pattern = widgets.Dropdown(options=list(PATTERNS), value=pattern, description="Arrivals", style=label,
@@ -146,12 +159,16 @@ class EarlyExitPanel(Panel):
         self.sim_info = widgets.HTML()
         self.run_info = widgets.HTML()
         self.threshold_info = widgets.HTML()
+        self.exits_note = widgets.HTML()
+        self.run_stage = widgets.HTML()
         self.runner = BackgroundRun(self, "Run for real", self._run_for_real, self._show_measured)
         self.runs_note = widgets.HTML(
-            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real plans E3 for {HOST_REPLICAS} "
-            f"CPU replicas of this host (SLO {1e3 * HOST_SLO_S:.0f} ms, input batch {HOST_BATCH}, the task, mix, "
-            f"threshold and arrival pattern above), serves {HOST_REQUESTS} requests on Ray Serve and draws the "
-            f"measured batches over the simulator's prediction of that same run.</span>")
+            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real uses only the task, mix, "
+            f"threshold and arrival pattern above: it makes <b>its own E3 plan for {HOST_REPLICAS} CPU replicas of "
+            f"this host</b> (SLO {1e3 * HOST_SLO_S:.0f} ms, input batch {HOST_BATCH}, 80% of that plan's goodput; "
+            f"the GPU plan, SLO, batch and rate above are far below what a CPU core takes), serves {HOST_REQUESTS} "
+            f"requests on Ray Serve and draws the measured batches over the simulator's prediction of that same "
+            f"run, below.</span>")
         self._task_threshold(task, threshold)
         self.observe_controls(self.task, self.slo, self.batch, self.mix, self.threshold, self.pattern, self.rate,
                               *self.gpus.values())
@@ -161,6 +178,7 @@ class EarlyExitPanel(Panel):
             widgets.HTML(INTRO),
             widgets.HBox([self.task, self.mix]),
             widgets.HBox([self.threshold, self.threshold_info]),
+            self.exits_note,
             widgets.HBox([self.slo, self.batch]),
             gpu_row,
             widgets.HBox([self.pattern, self.rate]),
@@ -170,11 +188,14 @@ class EarlyExitPanel(Panel):
             widgets.HBox([self.figure_slot("plan"), self.why],
                          layout=widgets.Layout(width="100%", align_items="flex-start")),
             self.sim_info,
+            self.figure_slot("bubbles"),
             self.runs_note,
             self.runner,
+            self.run_stage,
             self.run_info,
-            self.figure_slot("bubbles"),
+            self.figure_slot("hostrun"),
         ]
+        self.figure_slot("hostrun").layout.display = "none"       # until a real run of these settings exists
         for name in ("profile", "goodput", "plan"):
             self.figure_slot(name).layout.flex = "1 1 0%"
         self.refresh()
@@ -244,13 +265,15 @@ class EarlyExitPanel(Panel):
         return self._plans.get_or(key, make)
 
     def simulate(self, sc, s: dict, plan, measured):
-        """The simulator on ``plan``: the page's arrivals, exits drawn from the ``measured`` window."""
+        """The simulator on ``plan``: the page's arrivals (:func:`sim_requests` of them), exits drawn from the
+        ``measured`` window."""
         key = (sc.task, s["easy"], s["threshold"], tuple(map(tuple, plan.splits)), tuple(plan.replicas),
                tuple(plan.gpu_types), tuple(plan.batch_sizes), s["slo_s"], s["pattern"], s["rate"])
 
         def make():
             self.engine_calls["simulate"] += 1
-            return sc.simulate(plan, pattern=s["pattern"], rate=s["rate"], requests=SIM_REQUESTS, profile=measured)
+            return sc.simulate(plan, pattern=s["pattern"], rate=s["rate"], requests=sim_requests(s),
+                               profile=measured)
 
         return self._sims.get_or(key, make)
 
@@ -266,6 +289,8 @@ class EarlyExitPanel(Panel):
         self.threshold_info.value = self._threshold_html(record, s["threshold"])
         self.series = series = self.series_for(s["task"], s["easy"], s["threshold"])
         self.profile = profile = tuple(series.forecast[-1].remaining)
+        self.exit_share = exit_share(profile)
+        self.exits_note.value = self._exits_html(self.exit_share)
         B = s["batch_size"]
         self.show_if_changed("profile", (s["task"], s["easy"], s["threshold"], B), lambda: profile_figure(series, B))
         try:
@@ -273,6 +298,7 @@ class EarlyExitPanel(Panel):
         except WorkbenchError as exc:                       # no GPUs, say: in the message and in the figures
             self.plan, self.simulation, self.goodput = None, None, []
             self._nothing(("plan", "goodput", "bubbles"), str(exc))
+            self._show_host_run()
             raise
         plans = {b: self.plan_at(sc, profile, b) for b in sorted(set(SWEEP_BATCHES) | {B})}
         stock = {b: self.plan_at(sc, profile, b, stock=True) for b in plans}
@@ -281,95 +307,202 @@ class EarlyExitPanel(Panel):
                              lambda: goodput_figure(self.goodput, B, 1e3 * s["slo_s"]))
         self.plan = plan = plans[B]
         self.show_if_changed("plan", (id(plan),), lambda: plan_figure(plan, profile))
-        self.why.value = self._why_html(plan)
+        self._show_host_run()
         if not plan:
             self.simulation = None
-            self._nothing(("bubbles",), f"no plan to simulate: {plan.reason}")
-            self.why.value = self._why_html(plan)
+            self._nothing(("bubbles",), f"Nothing to simulate. {no_plan_text(plan.reason)}")
+            self.why.value = self._why_html(plan, profile)
             return
+        self.why.value = self._why_html(plan, profile)
         self.simulation = self.simulate(sc, s, plan, series.measured[-1])
         self._show_bubbles()
 
     def _nothing(self, names, reason: str) -> None:
-        self.why.value = self.sim_info.value = self.run_info.value = ""
+        self.why.value = self.sim_info.value = ""
         for name in names:
-            self.show_if_changed(name, ("none", reason), lambda name=name: no_result_figure(name, reason))
+            wide = name == "bubbles"
+            self.show_if_changed(name, ("none", reason), lambda name=name, wide=wide: no_result_figure(
+                FIGURE_TITLES[name], reason, width=110 if wide else 58))
 
     @staticmethod
     def _threshold_html(record, threshold: float) -> str:
         exits = record.exits(threshold)
-        return (f"<span class='wb-threshold-info' style='font-size:90%;color:#555'>on the dev set: accuracy "
+        early = float((exits < record.num_layers - 1).mean())
+        return (f"<span class='wb-threshold-info' style='font-size:90%;color:#555'>a ramp's answer exits when its "
+                f"entropy is below {threshold:.2f} nats; on the dev set: accuracy "
                 f"{100 * record.accuracy(threshold):.1f}% (stock {100 * record.stock_accuracy():.1f}%), "
-                f"{exits.mean() + 1:.2f} of {record.num_layers} layers on average</span>")
+                f"{100 * early:.0f}% leave early, {exits.mean() + 1:.2f} of {record.num_layers} layers on average"
+                "</span>")
+
+    def _exits_html(self, share: float) -> str:
+        """The few-exits line: shown while fewer than :data:`FEW_EXITS` of the samples leave early."""
+        if share >= FEW_EXITS:
+            return ""
+        who = "no sample leaves" if share < 0.0005 else f"{100 * share:.1f} % of samples leave"
+        return (f"<div class='wb-few-exits' style='background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;"
+                f"padding:3px 10px;margin:2px 0;font-size:90%;color:#6b4e16'>At this threshold "
+                f"({self.threshold.value:.2f} nats) {who} before the last layer (the forecast E3 plans with): "
+                f"E3's gain over the early-exit model here comes from pipelining the layers over GPUs, not from "
+                f"exits. Raise the threshold, or use an easier mix, to see exits shrink the batch.</div>")
 
     @staticmethod
-    def _why_html(plan) -> str:
-        lines = plan.explain().splitlines()
-        items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines)
-        return (f"<div class='wb-why' style='font-size:90%'><b>Why this split</b><ul style='margin:2px 0;"
-                f"padding-left:18px'>{items}</ul></div>")
+    def _why_html(plan, profile) -> str:
+        """The plan and why, in the page's words: one-based splits, numbers with separators, the worst case
+        named as the optimizer's model, cuts where the batch has not shrunk said as such; an empty plan's
+        reason without the duplicate "no plan" and without slack advice (:func:`no_plan_text`)."""
+        if not plan:
+            items = [no_plan_text(plan.reason)]
+        else:
+            items = [f"{len(plan.splits)} split{'s' if len(plan.splits) > 1 else ''}, goodput {plan.goodput:,.0f} "
+                     f"samples/s, cycle {1e3 * plan.cycle_s:.3g} ms; modelled worst-case latency "
+                     f"{1e3 * plan.latency_s:.3g} ms of the {1e3 * plan.budget_s:.3g} ms budget (SLO less slack; "
+                     "the optimizer's model, without queueing or batching waits)"]
+            for row in plan.rows():
+                items.append(f"split {row['split']}: {row['layers']} on {row['replicas']} × {row['gpu_type']}, "
+                             f"batch {row['batch']}, {row['stage_ms']:.3g} ms"
+                             + (f" (after a {row['transfer_in_ms']:.3g} ms transfer)" if row["split"] > 1 else ""))
+            items.append(f"binding: {plan.binding}")
+            cuts = [start for start, _ in plan.splits[1:]]
+            if cuts:
+                left = [profile[c - 1] for c in cuts]
+                where = ", ".join(f"after layer {c - 1} ({100 * f:.3g}% left)" for c, f in zip(cuts, left))
+                if min(left) >= 0.995:
+                    items.append(f"cut {where}: the batch has not shrunk there, so the cuts pipeline the layers "
+                                 "over GPUs rather than follow exits")
+                else:
+                    items.append(f"cut {where}: replicas keep every split's batch and time in step")
+            else:
+                items.append("no cut: the whole model on one GPU type beats every split within the SLO")
+            if plan.unsplit and plan.unsplit.get("goodput"):
+                u = plan.unsplit
+                items.append(f"{plan.goodput / u['goodput']:.2f}x the goodput of the best unsplit plan "
+                             f"({u['replicas']} × {u['gpu_type']}: {u['goodput']:,.0f} samples/s)")
+            elif len(plan.splits) > 1:
+                items.append("no unsplit plan (data-parallel copies of the whole model) meets the SLO")
+        body = "".join(f"<li>{html.escape(item)}</li>" for item in items)
+        head = "Why this split" if plan else "No split plan"
+        return (f"<div class='wb-why' style='font-size:90%;overflow-wrap:anywhere'><b>{head}</b><ul "
+                f"style='margin:2px 0;padding-left:18px'>{body}</ul></div>")
 
     def run_key(self, s: dict | None = None) -> tuple:
-        """The settings a real run belongs to (its measurement shows while they are the page's)."""
+        """The settings a real run uses, and so belongs to: task, mix, threshold and arrival pattern (it makes
+        its own plan for CPU replicas of this host, with its own SLO, batch and rate)."""
         s = s or self.settings()
-        return (s["task"], s["easy"], s["threshold"], s["slo_s"], s["batch_size"], tuple(s["gpus"].items()),
-                s["pattern"], s["rate"])
+        return (s["task"], s["easy"], s["threshold"], s["pattern"])
 
     def _show_bubbles(self) -> None:
-        """The simulated bubbles of the page's plan, or, when a real run of these settings exists, its measured
-        bubbles over the simulator's prediction of that host run."""
-        run = self.runs.get(self.run_key())
-        sim, plan = self.simulation, self.plan
+        """The simulated bubbles of the page's plan, with the offered rate against what the plan sustains."""
+        sim, plan, s = self.simulation, self.plan, self.settings()
+        n = len(sim.requests)
+        arrivals = [r.arrival_s for r in sim.requests]
+        last = max(arrivals, default=0.0)
+        drawn = n / last if last > 0 else float(s["rate"])
+        share = s["rate"] / plan.goodput if plan.goodput else math.inf
+        capped = " (capped to keep a redraw short)" if n == SIM_MAX_REQUESTS else ""
+        offered = (f"offered {s['rate']:,.0f}/s = {100 * share:,.0f}% of what the plan sustains "
+                   f"({plan.goodput:,.0f}/s)")
+        drew = (f"; this draw's arrivals average {drawn:,.0f}/s over {last:.2f} s"
+                if abs(drawn - s["rate"]) > 0.1 * s["rate"] else "")
         self.sim_info.value = (
-            f"<span class='wb-sim-info'>Simulated {len(sim.requests)} {self.pattern.value} requests at "
-            f"{self.rate.value:,} per second: goodput {sim.goodput:,.0f} samples/s, p50 {1e3 * sim.p50_latency_s:.2f} "
-            f"ms, p95 {1e3 * sim.p95_latency_s:.2f} ms, {100 * sim.drop_rate:.1f}% dropped, "
-            f"{100 * sim.straggler_rate:.1f}% past the SLO.</span>")
+            f"<span class='wb-sim-info'>Simulated {n:,} {self.pattern.value} requests{capped} at "
+            f"{self.rate.value:,} per second, {offered}{drew}: goodput {sim.goodput:,.0f} samples/s, p50 "
+            f"{1e3 * sim.p50_latency_s:.2f} ms, p95 {1e3 * sim.p95_latency_s:.2f} ms (with queueing and batching "
+            f"waits; the plan's modelled worst case without them is {1e3 * plan.latency_s:.2f} ms), "
+            f"{100 * sim.drop_rate:.1f}% dropped, {100 * sim.straggler_rate:.1f}% past the SLO.</span>")
+        bubbles = bubble_timeline(sim.timeline, last_arrival_s=last)
+        title = (f"Pipeline bubbles per replica, simulated: {offered}<br><sub>{len(plan.splits)} split(s) on "
+                 f"{sum(plan.replicas)} GPUs, {n:,} {self.pattern.value} requests over {1e3 * sim.duration_s:,.0f} "
+                 f"ms, the first {1e3 * bubbles.end:.1f} ms drawn; {idle_text(bubbles)}; idle time after the last "
+                 "arrival is the drain, not a bubble</sub>")
+        self.show_if_changed("bubbles", ("sim", id(sim)), lambda: bubbles_figure(bubbles, title=title))
+
+    def _show_host_run(self) -> None:
+        """The real run of this task, mix, threshold and pattern in its own slot (its measured bubbles over the
+        simulator's prediction of that host run); hidden, with a line saying why, when there is none."""
+        slot = self.figure_slot("hostrun")
+        run = self.runs.get(self.run_key())
         if run is None:
-            self.run_info.value = ""
-            bubbles = bubble_timeline(sim.timeline)
-            title = (f"Pipeline bubbles per replica, simulated (first {1e3 * bubbles.end:.1f} ms of "
-                     f"{1e3 * sim.duration_s:.0f} ms)<br><sub>{len(plan.splits)} split(s) on "
-                     f"{sum(plan.replicas)} GPUs; {idle_text(bubbles)}</sub>")
-            self.show_if_changed("bubbles", ("sim", id(sim)), lambda: bubbles_figure(bubbles, title=title))
+            slot.layout.display = "none"
+            self.run_info.value = ("" if not self.runs else
+                                   "<span class='wb-run-info'>The real run(s) so far used another task, mix, "
+                                   "threshold or arrival pattern; a run shows here while those are the page's "
+                                   "(or run again).</span>")
             return
         real = run["run"]
         served, predicted, hp = real.served, real.simulated, real.plan
         end = max(span.end for span in served.timeline.spans + predicted.timeline.spans if span.kind == "compute")
-        measured_b = bubble_timeline(served.timeline, end)
-        predicted_b = bubble_timeline(predicted.timeline, end)
-        title = (f"Pipeline bubbles on this host: {len(hp.splits)} split(s) on {sum(hp.replicas)} CPU replicas, "
-                 f"measured on Ray Serve (hatched) vs simulated<br><sub>measured {idle_text(measured_b)}; "
-                 f"simulated {idle_text(predicted_b)}</sub>")
-        self.show_if_changed("bubbles", ("run", id(served)),
+        last = max((r.arrival_s for r in predicted.requests), default=None)
+        measured_b = bubble_timeline(served.timeline, end, last_arrival_s=last)
+        predicted_b = bubble_timeline(predicted.timeline, end, last_arrival_s=last)
+        title = (f"Real run on this host: its own plan, {len(hp.splits)} split(s) on {sum(hp.replicas)} CPU "
+                 f"replicas<br><sub>measured on Ray Serve (hatched) vs simulated: measured {idle_text(measured_b)};"
+                 f"<br>simulated {idle_text(predicted_b)}</sub>")
+        self.show_if_changed("hostrun", ("run", id(served)),
                              lambda: bubbles_figure(predicted_b, measured_b, title=title))
+        slot.layout.display = None
         lines = "".join(f"<li>{html.escape(line)}</li>" for line in real.lines())
-        self.run_info.value = (f"<div class='wb-run-info'><b>Measured on this host</b> (plan: "
-                               f"{html.escape(hp.explain().splitlines()[0])})<ul style='margin:2px 0'>{lines}</ul>"
-                               "</div>")
+        self.run_info.value = (f"<div class='wb-run-info'><b>Measured on this host</b> (its own CPU plan, not the "
+                               f"GPU plan above: {html.escape(hp.explain().splitlines()[0])})"
+                               f"<ul style='margin:2px 0'>{lines}</ul></div>")
 
     # -- the real run
 
     def _run_for_real(self, handle):
         """Worker thread: :func:`~workbench.earlyexit.realrun.real_run` for this task, mix, threshold and
-        arrival pattern on CPU replicas of this host (its own plan, SLO and batch: see ``runs_note``)."""
+        arrival pattern on CPU replicas of this host (its own plan, SLO and batch: see ``runs_note``). Its
+        stages show beside the button: planning, starting Ray and deploying (no callback comes then), then
+        serving k of N as requests are answered."""
         from workbench.earlyexit.realrun import real_run
 
         s = self.settings()
-        handle.progress(0, HOST_REQUESTS)
-        run = real_run(task=s["task"], preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
-                       batch_size=HOST_BATCH, easy=s["easy"], threshold=s["threshold"], pattern=s["pattern"],
-                       requests=HOST_REQUESTS, progress=handle.progress)
+        self._stage(handle, f"planning for {HOST_REPLICAS} CPU replicas, starting Ray and deploying the splits "
+                            "(about 20-40 s) ...")
+
+        def progress(done: int, total: int) -> None:
+            handle.progress(done, total)
+            self._stage(handle, f"serving: {done} of {total} requests answered")
+
+        try:
+            run = real_run(task=s["task"], preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
+                           batch_size=HOST_BATCH, easy=s["easy"], threshold=s["threshold"], pattern=s["pattern"],
+                           requests=HOST_REQUESTS, progress=progress)
+        finally:
+            self._stage(handle, "")
         return None if handle.should_stop() else {"key": self.run_key(s), "run": run}
 
+    def _stage(self, handle, text: str) -> None:
+        """Say the real run's stage beside its button (posted to the kernel's loop from the worker thread)."""
+        value = f"<span class='wb-run-stage' style='color:#555'>{html.escape(text)}</span>" if text else ""
+
+        def show() -> None:
+            self.run_stage.value = value
+        self.runner._post(show)
+
     def _show_measured(self, outcome: dict | None, cancelled: bool) -> None:
-        """Kernel loop: keep the run with its settings; draw it if they are still the page's."""
+        """Kernel loop: keep the run under the settings it used; draw it while they are the page's."""
         if outcome is None:
             self.run_info.value = "<span class='wb-run-info'>cancelled: the run's result was dropped</span>"
             return
         self.runs[outcome["key"]] = outcome
-        if self.run_key() == outcome["key"] and self.plan:
-            self._show_bubbles()
-        else:
-            self.run_info.value = ("<span class='wb-run-info'>the settings changed during the run; its measurement "
-                                   "shows when they are set back</span>")
+        self._show_host_run()
+        if self.run_key() != outcome["key"]:
+            self.run_info.value = ("<span class='wb-run-info'>The task, mix, threshold or arrival pattern changed "
+                                   "during the run; its measurement shows when they are set back.</span>")
+
+
+def exit_share(profile) -> float:
+    """The share of samples that leave before the last layer: 1 - the fraction left after the last ramp
+    before the classifier."""
+    return 1.0 - float(profile[-2]) if len(profile) > 1 else 0.0
+
+
+def sim_requests(s: dict) -> int:
+    """Requests one simulation serves: at least :data:`SIM_REQUESTS`, :data:`SIM_SLOS` SLOs of arrivals and,
+    for bursty arrivals, :data:`SIM_BURSTS` on/off cycles; at most :data:`SIM_MAX_REQUESTS`."""
+    from workbench.earlyexit.simulator import ArrivalProcess
+
+    want = max(SIM_REQUESTS, s["rate"] * s["slo_s"] * SIM_SLOS)
+    if s["pattern"] == "bursty":
+        arrivals = ArrivalProcess("bursty", s["rate"], count=1)
+        want = max(want, s["rate"] * arrivals.burst_s * arrivals.burst_factor * SIM_BURSTS)
+    return int(min(SIM_MAX_REQUESTS, math.ceil(want)))

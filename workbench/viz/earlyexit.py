@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -27,6 +29,11 @@ SYSTEMS = {"e3": ("E3 (split, replicated)", "#E45756", "solid"),
            "stock": ("stock model, no exits (data parallel)", "#7f7f7f", "dot")}
 BUBBLE = "bubble"
 """The label of an idle gap between two batches of one replica (a ``stall`` span in the Gantt)."""
+DRAIN = "drain"
+"""The label of a replica's idle time after the last request arrived (the pipeline emptying), not a bubble."""
+DRAIN_KIND = "queue"
+"""The span kind of the drain (the timeline's kinds are fixed; ``queue`` draws grey, and no queue lane is drawn
+in the bubbles figure, so the kind means the drain there)."""
 BUBBLE_SPANS = 160
 """At most this many batches are drawn in the bubbles Gantt: the figure shows the run's start up to them."""
 
@@ -76,23 +83,27 @@ def profile_figure(series, batch_size: int, title: str | None = None) -> go.Figu
     said = (f"forecast off by {100 * error:.1f} points on average over the ramps" if error is not None
             else "no forecast before the first window")
     title = title or (f"Batch size after each exit ramp (input batch {batch_size})<br><sub>{window} windows of a "
-                      f"drifting mix; {said}</sub>")
+                      f"drifting mix;<br>{said}</sub>")
+    yaxis = {"title": f"samples left in the batch (of {batch_size})", "range": [0, batch_size * 1.05]}
+    if batch_size < 8:                   # whole samples on the axis; the lines are averages (hover: 2 decimals)
+        yaxis.update(title=f"samples left, on average (of {batch_size})", tickmode="linear", tick0=0, dtick=1)
     fig.update_layout(template=TEMPLATE, title=title, height=420, margin={**MARGIN, "t": 80},
-                      xaxis={"title": "exit ramp after layer", "tickmode": "linear", "dtick": 1},
-                      yaxis={"title": f"samples left in the batch (of {batch_size})",
-                             "range": [0, batch_size * 1.05]})
+                      xaxis={"title": "exit ramp after layer", "tickmode": "linear", "dtick": 1}, yaxis=yaxis)
     return fig
 
 
 # -- the split plan
 
-def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None = None) -> go.Figure:
+def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None = None,
+                no_plan: str | None = None) -> go.Figure:
     """E3's plan: for split i one trace with a bar per replica over layers ``[start, end)``, in the colour of
     its GPU type, labelled with the replica's batch and the split's stage time; a dashed line at each cut with
-    the share of the batch still present there (from ``profile``, the fractions the optimizer got). An empty
-    plan draws its explanation instead."""
+    the share of the batch still present there (from ``profile``, the fractions the optimizer got), the labels
+    staggered over two rows when there are three cuts or more. An empty plan draws ``no_plan`` (default: its
+    reason, :func:`no_plan_text`) wrapped to a half-width slot instead."""
     if not plan.splits:
-        return message_figure(title or "E3's split plan: none", _wrap(plan.explain()), height=420)
+        return message_figure(title or "E3's split plan: none meets the SLO",
+                              _wrap(no_plan or no_plan_text(plan.reason), HALF_WRAP), height=420)
     L = plan.splits[-1][1]
     fig = go.Figure()
     for i, ((start, end), r, gpu, b, stage) in enumerate(zip(plan.splits, plan.replicas, plan.gpu_types,
@@ -108,24 +119,47 @@ def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None 
                            "%{customdata[4]}<br>batch %{customdata[2]} per replica, stage %{customdata[3]:.2f} ms"
                            "<extra></extra>")))
     shapes, notes = [], []
-    for start, _ in plan.splits[1:]:
-        left = f", {100 * profile[start - 1]:.3g}% of the batch left" if profile is not None else ""
+    cuts = [start for start, _ in plan.splits[1:]]
+    stagger = len(cuts) >= 3
+    for k, start in enumerate(cuts):
+        left = f": {100 * profile[start - 1]:.3g}% left" if profile is not None else ""
         shapes.append({"type": "line", "xref": "x", "x0": start, "x1": start, "yref": "paper", "y0": 0, "y1": 1,
                        "line": {"color": INK, "dash": "dash", "width": 1.5}})
         notes.append({"xref": "x", "x": start, "yref": "paper", "y": 1, "yanchor": "bottom", "showarrow": False,
-                      "text": f"cut after layer {start - 1}{left}", "font": {"size": 11}})
+                      "yshift": 15 if stagger and k % 2 else 0, "text": f"after layer {start - 1}{left}",
+                      "font": {"size": 11}})
     rows = sum(plan.replicas)
-    title = title or (f"E3's split plan: {len(plan.splits)} split{'s' if len(plan.splits) > 1 else ''}, "
+    title = title or (f"E3's split plan: {len(plan.splits)} split{'s' if len(plan.splits) > 1 else ''} on "
                       f"{rows} GPU{'s' if rows > 1 else ''}, goodput {plan.goodput:,.0f} samples/s"
-                      f"<br><sub>cycle {1e3 * plan.cycle_s:.2f} ms, worst-case latency {1e3 * plan.latency_s:.2f} "
-                      f"of {1e3 * plan.budget_s:.1f} ms (SLO less slack); input batch {plan.batch_size}</sub>")
+                      f"<br><sub>input batch {plan.batch_size}, cycle {1e3 * plan.cycle_s:.2f} ms; modelled worst-case "
+                      f"latency {1e3 * plan.latency_s:.2f} of {1e3 * plan.budget_s:.1f} ms (SLO less slack)<br>"
+                      "(the optimizer's model: no queueing or batching wait)</sub>")
     fig.update_layout(template=TEMPLATE, title=title, barmode="overlay", bargap=0.2, shapes=shapes,
-                      annotations=notes, height=max(340, 230 + 26 * rows), margin={**MARGIN, "t": 100},
+                      annotations=notes, height=max(360, 250 + 26 * rows),
+                      margin={**MARGIN, "t": 135 if stagger else 120},
                       uniformtext={"minsize": 9, "mode": "hide"},
                       xaxis={"title": "layers (each bar runs its split's layers)", "range": [0, L],
                              "tickmode": "linear", "dtick": 1},
                       yaxis={"title": "GPU (replica)", "autorange": "reversed"})
     return fig
+
+
+HALF_WRAP = 58
+"""Characters per line of a message in a half-width slot (about 600 px at 1280 px)."""
+
+
+def no_plan_text(reason: str) -> str:
+    """The optimizer's reason for an empty plan as the page says it: one "no plan" (not "no plan: no plan
+    meets ..."), and no advice to lower the slack, which the page has no control for (it keeps E3's 20 %)."""
+    import re
+
+    text = reason.strip()
+    if text.startswith("no plan: "):
+        text = text[len("no plan: "):]
+    text = re.sub(r", lower the slack or the batch size \((\d+)\),", r", lower the input batch size (\1)", text)
+    text = text.replace("lower the slack or ", "lower ")
+    text = re.sub(r"less (\d+)% slack\)", r"less E3's \1% slack for queueing)", text)
+    return text[:1].upper() + text[1:]
 
 
 def _wrap(text: str, width: int = 110) -> str:
@@ -150,46 +184,83 @@ def is_replica_lane(lane: str) -> bool:
     return "replica" in lane and not lane.endswith("queue")
 
 
-def bubble_timeline(timeline: Timeline, end_s: float | None = None, max_spans: int = BUBBLE_SPANS) -> Timeline:
+def one_based(lane: str) -> str:
+    """The engine's 0-based lane "split 0 · replica 0" as the page numbers splits and replicas: "split 1 ·
+    replica 1" (as the plan figure and the plan's explanation do); other lanes unchanged."""
+    import re
+
+    m = re.fullmatch(r"split (\d+) · replica (\d+)", lane)
+    return f"split {int(m[1]) + 1} · replica {int(m[2]) + 1}" if m else lane
+
+
+def bubble_timeline(timeline: Timeline, end_s: float | None = None, max_spans: int = BUBBLE_SPANS,
+                    last_arrival_s: float | None = None) -> Timeline:
     """Each replica's batches (``compute`` spans of its lane) from 0 to ``end_s`` and the gaps between them as
-    ``stall`` spans labelled :data:`BUBBLE`. Without ``end_s``: up to the end of the ``max_spans``-th batch (all
-    of them when fewer)."""
+    ``stall`` spans labelled :data:`BUBBLE`, on lanes numbered from 1 (:func:`one_based`). Without ``end_s``:
+    up to the end of the ``max_spans``-th batch (all of them when fewer). With ``last_arrival_s``, idle time
+    after the last arrival is the pipeline draining, not a bubble: a :data:`DRAIN_KIND` span labelled :data:`DRAIN`."""
     compute = sorted((s for s in timeline.spans if s.kind == "compute" and is_replica_lane(s.lane)),
                      key=lambda s: s.start)
     if end_s is None:
         end_s = max((s.end for s in compute[:max_spans]), default=0.0)
     kept = [s for s in compute if s.start < end_s]
-    spans = list(kept)
+    spans = [replace(s, lane=one_based(s.lane)) for s in kept]
+    drain_from = end_s if last_arrival_s is None else max(0.0, min(end_s, last_arrival_s))
     for lane in dict.fromkeys(s.lane for s in compute):
         mine = [s for s in kept if s.lane == lane]
         device = next(s.device for s in compute if s.lane == lane)
+        name = one_based(lane)
+
+        def idle(a: float, b: float) -> None:
+            if a < min(b, drain_from):
+                spans.append(Span(name, "stall", a, min(b, drain_from), BUBBLE, {}, device))
+            if max(a, drain_from) < b:
+                spans.append(Span(name, DRAIN_KIND, max(a, drain_from), b, DRAIN, {}, device))
+
         t = 0.0
         for s in mine:
             if s.start > t:
-                spans.append(Span(lane, "stall", t, s.start, BUBBLE, {}, device))
+                idle(t, s.start)
             t = max(t, s.end)
         if t < end_s:
-            spans.append(Span(lane, "stall", t, end_s, BUBBLE, {}, device))
+            idle(t, end_s)
     spans.sort(key=lambda s: (s.start, s.lane))
     return Timeline(tuple(spans), timeline.source, name=timeline.name)
 
 
 def idle_shares(bubbles: Timeline) -> dict[str, float]:
-    """Per replica lane of a :func:`bubble_timeline`: the share of its time spent in bubbles."""
+    """Per replica lane of a :func:`bubble_timeline`: the share of its time spent in bubbles (the drain after
+    the last arrival counts neither as a bubble nor as time)."""
     out = {}
     for lane in bubbles.lanes:
-        spans = [s for s in bubbles.spans if s.lane == lane]
+        spans = [s for s in bubbles.spans if s.lane == lane and s.kind != DRAIN_KIND]
         total = sum(s.duration for s in spans)
         out[lane] = sum(s.duration for s in spans if s.kind == "stall") / total if total > 0 else 0.0
     return out
 
 
+TRACE_WORDS = {"compute": "busy", "stall": BUBBLE, DRAIN_KIND: "drain, no more arrivals", "predicted": "simulated"}
+"""The shared Gantt's trace names ("stall (predicted)") in this page's words ("bubble (simulated)")."""
+
+
 def bubbles_figure(predicted: Timeline, measured: Timeline | None = None, title: str = "") -> go.Figure:
-    """The shared Gantt of :func:`bubble_timeline` results: per replica, batches (compute) and bubbles (stall),
-    the prediction solid and a measured run hatched; each row's idle share in the hover of its bubbles and, for
-    the prediction (and the measurement), in the title."""
+    """The shared Gantt of :func:`bubble_timeline` results: per replica, batches (busy) and bubbles, the
+    simulation solid and a measured run hatched; each row's idle share in the hover of its bubbles and, for
+    the simulation (and the measurement), in the title. Traces are named in the page's words
+    (:data:`TRACE_WORDS`): "busy (simulated)", "bubble (simulated)", "busy (measured)", ..."""
     fig = gantt_figure(predicted, measured, title=title or "Pipeline bubbles per replica")
-    fig.update_layout(xaxis_title="time since the first request (ms)")
+
+    def words(text: str) -> str:
+        for old, new in TRACE_WORDS.items():
+            text = re.sub(rf"\b{old}\b", new, text)
+        return text
+
+    for trace in fig.data:
+        if trace.name:
+            trace.name = words(trace.name)
+        if getattr(trace, "hovertemplate", None):
+            trace.hovertemplate = words(trace.hovertemplate)
+    fig.update_layout(xaxis_title="time since the first request (ms)", margin={"t": 90})
     return fig
 
 
@@ -230,13 +301,17 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_m
         notes.append({"xref": "x", "x": math.log10(batch_size), "yref": "paper", "y": 1, "yanchor": "bottom",
                       "showarrow": False, "text": f"this page: {batch_size}"})
     here = next((r for r in rows if int(r["batch"]) == batch_size), None)
-    gain = ""
+    slo = f" of {slo_ms:g} ms" if slo_ms else ""
     if here and here.get("e3") and here.get("early_exit"):
-        gain = f"; at batch {batch_size} E3 gives {here['e3'] / here['early_exit']:.2f}x the early-exit model's"
-    title = title or (f"Goodput against the input batch size (the optimizer's prediction){gain}"
-                      f"<br><sub>samples per second meeting the SLO{f' of {slo_ms:g} ms' if slo_ms else ''}, every "
-                      "system on the same GPUs</sub>")
-    fig.update_layout(template=TEMPLATE, title=title, height=420, margin={**MARGIN, "t": 80}, shapes=shapes,
+        head = f"E3: {here['e3'] / here['early_exit']:.2f}x the early-exit model's goodput at batch {batch_size}"
+    else:
+        head = "Goodput against the input batch size"
+    title = title or (f"{head}<br><sub>the optimizer's prediction: samples/s meeting the SLO{slo},<br>every system "
+                      "on the same GPUs</sub>")
+    if not any(r.get(key) for r in rows for key in SYSTEMS):
+        notes.append({"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.55, "showarrow": False,
+                      "font": {"size": 14}, "text": f"no batch size meets the SLO{slo}<br>on these GPUs"})
+    fig.update_layout(template=TEMPLATE, title=title, height=420, margin={**MARGIN, "t": 95}, shapes=shapes,
                       annotations=notes,
                       xaxis={"title": "input batch size (samples)", "type": "log", "tickvals": batches,
                              "ticktext": [str(b) for b in batches]},
@@ -244,6 +319,7 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_m
     return fig
 
 
-def no_result_figure(name: str, reason: str, height: int = 360) -> go.Figure:
-    """What a slot shows when the settings give nothing to draw."""
-    return message_figure(name, _wrap(reason), height=height)
+def no_result_figure(title: str, reason: str, height: int = 360, width: int = HALF_WRAP) -> go.Figure:
+    """What a slot shows when the settings give nothing to draw: ``title`` over ``reason`` wrapped to
+    ``width`` characters a line."""
+    return message_figure(title, _wrap(reason, width), height=height)
