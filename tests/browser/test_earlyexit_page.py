@@ -53,6 +53,20 @@ def wait_until_moved(page, seen: dict, *names, timeout_s: float = 90.0) -> None:
             time.sleep(0.3)
 
 
+TITLE_OVERFLOW_JS = """() => [...document.querySelectorAll('.wb-figure')].flatMap((slot) => {
+  const box = slot.getBoundingClientRect();
+  return [...slot.querySelectorAll('.gtitle, .annotation-text')].filter((t) => {
+    const r = t.getBoundingClientRect();
+    return r.width > 0 && (r.right > box.right + 2 || r.left < box.left - 2);
+  }).map((t) => slot.dataset.name + ': ' + t.textContent);
+})"""
+
+
+def assert_titles_fit(page) -> None:
+    """No figure's title or note runs past its slot (a title cut off on the right hides its key number)."""
+    assert page.evaluate(TITLE_OVERFLOW_JS) == []
+
+
 def plan_bars(page) -> list[tuple]:
     return [(t[4][0], t[4][0] + t[1][0], len(t[2])) for t in traces(page, "plan")]
 
@@ -72,6 +86,9 @@ def test_every_control_moves_its_figures(voila_server, page):
     assert f"goodput {sim.goodput:,.0f} samples/s" in page.locator(".wb-sim-info").inner_text()
     assert plan.binding in page.locator(".wb-why").inner_text()
     seen = {n: figure_state(page, n) for n in FIGURES}
+    assert_titles_fit(page)
+    assert "leave before the last layer" in page.locator(".wb-few-exits").inner_text() or \
+        page.locator(".wb-few-exits").count() == 0
 
     set_readout(page, "SLO (ms)", 20)
     wait_for_title(page, "plan", "of 16.0 ms")
@@ -90,7 +107,7 @@ def test_every_control_moves_its_figures(voila_server, page):
 
     select(page, "Easy:hard mix", label="20:80")
     wait_until_moved(page, seen, "profile")
-    set_readout(page, "Exit threshold", 0.5)
+    set_readout(page, "Exit threshold (nats)", 0.5)
     page.locator(".wb-threshold-info", has_text="accuracy").wait_for(timeout=60_000)
     wait_until_moved(page, seen, "profile")
 
@@ -112,3 +129,11 @@ def test_every_control_moves_its_figures(voila_server, page):
         time.sleep(0.3)
     page.locator(".wb-sim-info", has_text=f"goodput {sim.goodput:,.0f} samples/s").wait_for(timeout=60_000)
     assert page.locator(".wb-error").count() == 0
+    assert_titles_fit(page)
+
+    set_readout(page, "SLO (ms)", 1)                          # no plan: the reason fits its half-width slot
+    page.locator(".wb-figure[data-name='goodput'] .annotation-text", has_text="no batch size meets").wait_for(
+        timeout=60_000)
+    page.locator(".wb-figure[data-name='plan'] .annotation-text", has_text="raise the SLO").first.wait_for(
+        timeout=60_000)
+    assert_titles_fit(page)

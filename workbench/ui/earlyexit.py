@@ -403,6 +403,13 @@ class EarlyExitPanel(Panel):
                    f"({plan.goodput:,.0f}/s)")
         drew = (f"; this draw's arrivals average {drawn:,.0f}/s over {last:.2f} s"
                 if abs(drawn - s["rate"]) > 0.1 * s["rate"] else "")
+        if s["pattern"] == "bursty":
+            from workbench.earlyexit.simulator import ArrivalProcess
+
+            bursts = ArrivalProcess("bursty", s["rate"], count=1)
+            cycle = bursts.burst_s * bursts.burst_factor
+            drew += (f" ({last / cycle:.1f} on/off cycles of {cycle:g} s on average"
+                     + ("; too few to average out the bursts" if last < 3 * cycle else "") + ")")
         self.sim_info.value = (
             f"<span class='wb-sim-info'>Simulated {n:,} {self.pattern.value} requests{capped} at "
             f"{self.rate.value:,} per second, {offered}{drew}: goodput {sim.goodput:,.0f} samples/s, p50 "
