@@ -160,3 +160,15 @@ def test_profile_lines_are_the_measured_windows_and_the_forecast():
     assert fig.layout.yaxis.title.text == "samples left in the batch (of 16)"
     one = profile_figure(series, 1).layout.yaxis                # batch 1: whole samples on the axis
     assert one.dtick == 1 and "on average" in one.title.text
+
+
+def test_cut_labels_are_staggered_with_many_splits():
+    """Catches: the labels of three or more cuts drawn on one row, over each other."""
+    from workbench.earlyexit.optimizer import SplitPlan
+
+    splits = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 6)]
+    p = SplitPlan(splits, [1] * 5, ["v100"] * 5, [16] * 5, 1000.0, stage_s=[1e-3] * 5, cycle_s=1e-3,
+                  latency_s=5e-3, budget_s=0.04, batch_size=16)
+    notes = plan_figure(p, PROFILE).layout.annotations
+    assert [n.yshift for n in notes] == [0, 15, 0, 15]
+    assert all(len(n.text) <= 24 for n in notes)

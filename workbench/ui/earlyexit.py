@@ -3,7 +3,8 @@ arrival pattern and rate -> the batch size left after every ramp (measured windo
 forecast E3 plans with), E3's split plan and why, the simulated pipeline bubbles per replica, and goodput of E3,
 the early-exit model as it is and the stock model against the batch size. The optimizer and the simulator
 redraw as the controls move; "Run for real" serves a small copy of the plan on Ray Serve on this host in the
-background and overlays its measured bubbles on the simulator's prediction of that same run."""
+background (its own plan for CPU replicas; it uses the task, mix, threshold and arrivals only) and draws its
+measured bubbles over the simulator's prediction of that same run, in a slot of its own."""
 from __future__ import annotations
 
 import html
