@@ -270,3 +270,15 @@ def test_exits_can_answer_when_the_batch_leaves_the_split():
     late = simulate([(0, 2)], [1], [2], exit_at_split_end=True, **args)
     assert [r.completion_s for r in early.requests] == approx([0.010, 0.015])
     assert [r.completion_s for r in late.requests] == approx([0.015, 0.015])
+
+
+def test_under_overload_the_budget_rule_keeps_serving_what_can_still_make_it():
+    """Two splits of 10 ms per batch of 4, SLO 100 ms, offered 5x their capacity of 400/s: FIFO with the
+    hopeless rule serves samples about to expire, which then miss downstream; the budget rule drops those
+    that have spent their slack and keeps most of the capacity."""
+    arrivals = ArrivalProcess("poisson", rate=2000, count=4000)
+    args = dict(slo_s=0.1, arrivals=arrivals, service_s=lambda i, b: 0.01, exits=[1] * 4000)
+    hopeless = simulate([(0, 1), (1, 2)], [1, 1], [4, 4], drop="hopeless", **args)
+    budget = simulate([(0, 1), (1, 2)], [1, 1], [4, 4], drop="budget", **args)
+    assert budget.goodput > 300 and budget.goodput > 1.5 * hopeless.goodput
+    assert budget.straggler_rate == 0

@@ -194,7 +194,8 @@ class Scenario:
                  seed: int = 0, profile: BatchProfile | None = None):
         """Serve ``requests`` arrivals through ``plan`` in the simulator, exits drawn from this scenario's
         profile (or ``profile``: the truth when the plan was made for a forecast). ``rate`` defaults to 90 %
-        of the plan's goodput. A send between splits carries one downstream batch (each replica has its own
+        of the plan's goodput. Samples that have spent the SLO's slack waiting are dropped (``drop="budget"``), so
+        an overloaded plan keeps serving what can still make it. A send between splits carries one downstream batch (each replica has its own
         link), where the optimizer's transfer stage carries a whole cycle's survivors over one link."""
         from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 
@@ -207,7 +208,8 @@ class Scenario:
         per_link = [send(plan.splits[i][1], plan.batch_sizes[i + 1]) for i in range(len(plan.splits) - 1)]
         return simulate_plan(plan, slo_s=self.slo_s, arrivals=ArrivalProcess(pattern, rate, count=requests),
                              layer_latency=self.layer_latency(), transfer_s=per_link or 0.0,
-                             exits=profile or self.profile(), slack=self.slack, seed=seed, pipelined=self.pipelined)
+                             exits=profile or self.profile(), slack=self.slack, seed=seed, pipelined=self.pipelined,
+                             drop="budget")
 
 
 def inside_ramps(splits) -> set[int]:

@@ -25,8 +25,11 @@ Rules (the paper names them; where it is silent, the choice is ours and stated h
   ``drop="hopeless"`` (default) the earliest return is this split at batch size 1 (per-split service
   times) or its first layer at batch size 1 (per-layer times): the sample would miss even if it exited
   at its next ramp. ``drop="worst_case"`` uses the rest of the model at batch size 1 plus the transfers
-  (a sample that might miss if it runs to the end is dropped). Neither rule knows where a sample will
-  exit. ``drop="never"`` serves everyone.
+  (a sample that might miss if it runs to the end is dropped). ``drop="budget"`` uses the rest of the plan at
+  its full batch sizes plus the transfers (what the batching rule plans with): a sample that has spent its
+  slack waiting is dropped, so that under overload the replicas serve samples that can still make it
+  instead of those about to expire (FIFO with the milder rules collapses to a fraction of the plan's goodput).
+  None of the rules knows where a sample will exit. ``drop="never"`` serves everyone.
 - **Stragglers**: a request that completes after its SLO is marked a straggler (served, not counted in
   goodput). A *replica* is marked a straggler (§3.3) when its observed service times exceed the profile's
   by more than ``straggler_tolerance`` (20%): set ``replica_slowdown`` to simulate a slow GPU.
@@ -60,7 +63,7 @@ from workbench.timeline import Counter, Span, Timeline
 PATTERNS = ("uniform", "poisson", "bursty")
 MAX_REQUESTS = 1_000_000
 """The most requests one simulation takes (about a minute of SimPy on one core)."""
-DROP_RULES = ("hopeless", "worst_case", "never")
+DROP_RULES = ("hopeless", "worst_case", "budget", "never")
 EPS = 1e-12
 DEFAULT_SLACK = 0.2
 """E3's SLO slack in its evaluation (§4): the optimizer and the batcher plan for 80% of the SLO."""
@@ -541,7 +544,9 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
     for i in reversed(range(n)):
         acc += split_s(i, batch_sizes[i]) + transfer[i]
         rest[i] = acc
-    if drop == "worst_case":
+    if drop == "budget":
+        earliest = tuple(rest)
+    elif drop == "worst_case":
         earliest = tuple(sum(split_s(j, 1) for j in range(i, n)) + sum(transfer[i:n - 1]) for i in range(n))
     else:
         earliest = tuple(split_s(i, 1) if per_layer is None else per_layer(i, splits[i][0], 1) for i in range(n))
