@@ -12,13 +12,14 @@ import math
 
 import ipywidgets as widgets
 
+from workbench.devices import profile_names
 from workbench.errors import WorkbenchError
 from workbench.presets import default_preset
 from workbench.ui.base import BackgroundRun, Panel
 from workbench.viz.earlyexit import (bubble_timeline, bubbles_figure, goodput_figure, idle_text, no_plan_text,
                                      no_result_figure, plan_figure, profile_figure)
 
-GPU_TYPES = ("v100", "p100", "k80", "a6000")
+GPU_TYPES = tuple(profile_names("e3", host=False))
 """E3's GPU presets (workbench.devices); their layer times are estimates (workbench.earlyexit.profiles)."""
 MAX_GPUS = 32
 SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -175,6 +176,8 @@ class EarlyExitPanel(Panel):
                               *self.gpus.values())
         gpu_row = widgets.HBox([widgets.HTML("<span style='width:150px;display:inline-block'>GPUs per type</span>"),
                                 *self.gpus.values()])
+        # the real run's figure is in the page only while a run of these settings exists
+        self.hostrun_box = widgets.Box([], layout=widgets.Layout(width="100%"))
         self.children = [
             widgets.HTML(INTRO),
             widgets.HBox([self.task, self.mix]),
@@ -194,9 +197,8 @@ class EarlyExitPanel(Panel):
             self.runner,
             self.run_stage,
             self.run_info,
-            self.figure_slot("hostrun"),
+            self.hostrun_box,
         ]
-        self.figure_slot("hostrun").layout.display = "none"       # until a real run of these settings exists
         for name in ("profile", "goodput", "plan"):
             self.figure_slot(name).layout.flex = "1 1 0%"
         self.refresh()
@@ -430,7 +432,7 @@ class EarlyExitPanel(Panel):
         slot = self.figure_slot("hostrun")
         run = self.runs.get(self.run_key())
         if run is None:
-            slot.layout.display = "none"
+            self.hostrun_box.children = ()
             self.run_info.value = ("" if not self.runs else
                                    "<span class='wb-run-info'>The real run(s) so far used another task, mix, "
                                    "threshold or arrival pattern; a run shows here while those are the page's "
@@ -447,7 +449,7 @@ class EarlyExitPanel(Panel):
                  f"<br>simulated {idle_text(predicted_b)}</sub>")
         self.show_if_changed("hostrun", ("run", id(served)),
                              lambda: bubbles_figure(predicted_b, measured_b, title=title))
-        slot.layout.display = None
+        self.hostrun_box.children = (slot,)
         lines = "".join(f"<li>{html.escape(line)}</li>" for line in real.lines())
         self.run_info.value = (f"<div class='wb-run-info'><b>Measured on this host</b> (its own CPU plan, not the "
                                f"GPU plan above: {html.escape(hp.explain().splitlines()[0])})"
