@@ -282,3 +282,25 @@ def test_under_overload_the_budget_rule_keeps_serving_what_can_still_make_it():
     budget = simulate([(0, 1), (1, 2)], [1, 1], [4, 4], drop="budget", **args)
     assert budget.goodput > 300 and budget.goodput > 1.5 * hopeless.goodput
     assert budget.straggler_rate == 0
+
+
+def test_a_straggling_replica_is_excluded_after_its_first_batches_and_the_others_take_its_share():
+    """One split, two replicas, 10 ms a batch of 1; replica 1 runs 4x slower. Excluded after 2 batches, it
+    serves exactly 2 and the fast replica serves the rest; the last replica of a split is never excluded."""
+    args = dict(slo_s=1.0, arrivals=ArrivalProcess("uniform", rate=60, count=300), service_s=lambda i, b: 0.01,
+                replica_slowdown={(0, 1): 4.0}, drop="never")
+    marked = simulate([(0, 2)], [2], [1], **args)
+    excluded = simulate([(0, 2)], [2], [1], exclude_stragglers_after=2, **args)
+    slow = [r for r in excluded.replicas if r.replica == 1][0]
+    assert len(slow.busy) == 2 and slow.straggler and slow.excluded_s == approx(slow.busy[-1].end_s)
+    assert [r.excluded_s for r in marked.replicas] == [None, None]
+    assert excluded.p95_latency_s < marked.p95_latency_s
+    alone = simulate([(0, 2)], [1], [1], slo_s=1.0, arrivals=[0.0, 0.1, 0.2, 0.3], service_s=lambda i, b: 0.01,
+                     replica_slowdown={(0, 0): 4.0}, exclude_stragglers_after=1)
+    assert alone.replicas[0].excluded_s is None and len(alone.replicas[0].busy) == 4
+
+
+def test_exclusion_needs_a_whole_number_of_batches():
+    with pytest.raises(WorkbenchError, match="number of batches >= 1"):
+        simulate([(0, 2)], [1], [1], slo_s=1.0, arrivals=[0.0], service_s=lambda i, b: 0.01,
+                 exclude_stragglers_after=0)

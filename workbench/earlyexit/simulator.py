@@ -32,7 +32,9 @@ Rules (the paper names them; where it is silent, the choice is ours and stated h
   None of the rules knows where a sample will exit. ``drop="never"`` serves everyone.
 - **Stragglers**: a request that completes after its SLO is marked a straggler (served, not counted in
   goodput). A *replica* is marked a straggler (§3.3) when its observed service times exceed the profile's
-  by more than ``straggler_tolerance`` (20%): set ``replica_slowdown`` to simulate a slow GPU.
+  by more than ``straggler_tolerance`` (20%): set ``replica_slowdown`` to simulate a slow GPU. With
+  ``exclude_stragglers_after=n`` a replica so marked after n batches stops taking batches (§3.3's remedy);
+  the rest of its split serves its share.
 - **Exits inside a split** return at once: with per-split service times (``service_s``) at the end of
   the batch's run of that split; with per-layer times (``layer_s``) right after their layer, the batch
   running each later layer of the split with only the samples still in it.
@@ -180,6 +182,7 @@ class ReplicaResult:
     busy: tuple[BusyPeriod, ...]
     slowdown: float                   # observed / profiled service time, mean over its batches (1 if none)
     straggler: bool                   # slowdown above 1 + straggler_tolerance
+    excluded_s: float | None = None   # when it stopped taking batches as a straggler (exclude_stragglers)
 
     @property
     def lane(self) -> str:
@@ -265,6 +268,8 @@ class _Run:
         self.queue_log: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]
         self.busy = {(i, r): [] for i in range(n) for r in range(cfg.replicas[i])}
         self.ratios = {key: [] for key in self.busy}
+        self.active = list(cfg.replicas)
+        self.excluded: dict[tuple[int, int], float] = {}
         self.sends: list[list[BusyPeriod]] = [[] for _ in range(n)]
         self.counts = [_Tally() for _ in range(n)]
 
@@ -338,6 +343,14 @@ class _Run:
             self.busy[(i, r)].append(BusyPeriod(start, env.now, len(batch)))
             self.ratios[(i, r)].append(slow)
             self.counts[i][len(batch)] += 1
+            seen = self.ratios[(i, r)]
+            if (cfg.exclude_after and len(seen) >= cfg.exclude_after and self.active[i] > 1
+                    and float(np.mean(seen)) > 1 + cfg.tolerance + EPS):
+                self.active[i] -= 1             # the others of its split take its share from now on
+                self.excluded[(i, r)] = env.now
+                if survivors := [s for s in batch if s.exit >= cfg.splits[i][1]]:
+                    env.process(self._transfer(i, survivors))
+                return
             survivors = [s for s in batch if s.exit >= cfg.splits[i][1]]
             if survivors:
                 if cfg.pipelined:
@@ -371,6 +384,8 @@ class _Config:
     earliest_return: tuple[float, ...] = ()
     batch_wait: float | None = None   # Ray Serve's batch_wait_timeout_s instead of the SLO rule
     exit_at_split_end: bool = False   # per-layer compute, but exits answer when the batch leaves the split
+    exclude_after: int | None = None  # batches after which a straggling replica stops taking batches
+    tolerance: float = 0.2
 
     def run_batch(self, i: int, batch: list[_Sample]) -> tuple[dict, float]:
         """When each exiting sample of ``batch`` returns (seconds after the start) and the batch's service time
@@ -454,12 +469,17 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
              slack: float = DEFAULT_SLACK, seed: int = 0, drop: str = "hopeless", pipelined: bool = True,
              replica_slowdown: Mapping[tuple[int, int], float] | None = None, straggler_tolerance: float = 0.2,
              devices: Sequence[str] | None = None, name: str = "E3 serving simulation",
-             batch_wait_s: float | None = None, exit_at_split_end: bool = False) -> SimulationResult:
+             batch_wait_s: float | None = None, exit_at_split_end: bool = False,
+             exclude_stragglers_after: int | None = None) -> SimulationResult:
     """Simulate serving ``arrivals`` through the split plan; see the module docstring for the rules.
 
     - ``batch_wait_s``: a replica dispatches a batch that is not full once its oldest sample has waited this
       long in the split's queue (what Ray Serve's ``batch_wait_timeout_s`` does), instead of E3's rule of
       waiting as long as the SLO's budget allows. None: E3's rule.
+    - ``exclude_stragglers_after``: E3 §3.3's remedy. A replica whose mean slowdown over its first this many
+      batches (or any later point) exceeds ``1 + straggler_tolerance`` stops taking batches; the other replicas
+      of its split take its share. The last replica of a split is never excluded. None: stragglers are only
+      marked.
     - ``exit_at_split_end``: with ``layer_s``, the batch still shrinks inside a split, but its exiting samples
       answer when the batch is done with the split (what the Ray Serve deployments do), not right after
       their own layer.
@@ -510,6 +530,11 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
             raise WorkbenchError(f"replica_slowdown {factor!r} for {key} must be a factor > 0")
     if not (_real(straggler_tolerance) and straggler_tolerance >= 0):
         raise WorkbenchError(f"straggler_tolerance {straggler_tolerance} must be >= 0")
+    if exclude_stragglers_after is not None and not (
+            isinstance(exclude_stragglers_after, numbers.Integral) and not isinstance(exclude_stragglers_after, bool)
+            and 1 <= exclude_stragglers_after <= MAX_REQUESTS):
+        raise WorkbenchError(f"exclude_stragglers_after {exclude_stragglers_after!r} is a number of batches >= 1 "
+                             "(or None: stragglers are only marked)")
     devices = tuple(str(d) for d in devices) if devices is not None else ("simulated",) * n
     if len(devices) != n:
         raise WorkbenchError(f"{len(devices)} devices for {n} splits: give one per split")
@@ -554,7 +579,8 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
         raise WorkbenchError(f"batch_wait_s {batch_wait_s!r} is seconds in 0..the SLO ({slo_s:g} s)")
     cfg = _Config(splits, replicas, batch_sizes, devices, transfer, float(slo_s), float(slack), drop,
                   bool(pipelined), slowdown, split_s, per_layer, tuple(rest), earliest,
-                  None if batch_wait_s is None else float(batch_wait_s), bool(exit_at_split_end))
+                  None if batch_wait_s is None else float(batch_wait_s), bool(exit_at_split_end),
+                  exclude_stragglers_after, float(straggler_tolerance))
 
     budget = float(slo_s) * (1 - float(slack))
     samples = [_Sample(j, float(t), int(e), float(slo_s), budget) for j, (t, e) in enumerate(zip(times, exit_layers))]
@@ -589,7 +615,8 @@ def _results(cfg: _Config, sim: _Run, tolerance: float, name: str) -> Simulation
     replica_results = []
     for (i, r), busy in sim.busy.items():
         ratio = float(np.mean(sim.ratios[(i, r)])) if sim.ratios[(i, r)] else 1.0
-        replica_results.append(ReplicaResult(i, r, cfg.devices[i], tuple(busy), ratio, ratio > 1 + tolerance + EPS))
+        replica_results.append(ReplicaResult(i, r, cfg.devices[i], tuple(busy), ratio, ratio > 1 + tolerance + EPS,
+                                             sim.excluded.get((i, r))))
     split_results = tuple(
         SplitResult(i, cfg.splits[i], cfg.replicas[i], cfg.batch_sizes[i], cfg.devices[i], tuple(sim.queue_log[i]),
                     dict(sorted(sim.counts[i].items())), tuple(sim.sends[i]))
