@@ -133,6 +133,13 @@ def mix_profile(record: RampRecord, easy: float, threshold: float, disabled=(), 
     return BatchProfile.from_exit_layers(record.exits(threshold, disabled)[rows], record.num_layers)
 
 
+def mix_texts(prepared: PreparedModel, easy: float, n: int, seed: int = 0) -> list[str]:
+    """The dev texts of :func:`mix_rows`'s workload, in its order."""
+    dev = load_task(prepared.task).dev
+    index = {i: j for j, i in enumerate(dev.ids)}
+    return [dev.texts[index[prepared.record.dev_ids[r]]] for r in mix_rows(prepared.record, easy, n, seed)]
+
+
 def measure_mix(prepared: PreparedModel, easy: float, threshold: float, n: int = 256, seed: int = 0,
                 batch_size: int = 32) -> tuple[BatchProfile, np.ndarray]:
     """Real inference: run the model on a workload of mix ``easy`` and return its batch profile and the exit
@@ -142,12 +149,8 @@ def measure_mix(prepared: PreparedModel, easy: float, threshold: float, n: int =
     from workbench.models.tokenizer import encoder_tokenizer
 
     model = prepared.model.configure(threshold=threshold)
-    spec = task_spec(prepared.task)
-    dev = load_task(prepared.task).dev
-    index = {i: j for j, i in enumerate(dev.ids)}
-    rows = mix_rows(prepared.record, easy, n, seed)
-    texts = [dev.texts[index[prepared.record.dev_ids[r]]] for r in rows]
-    tok = encoder_tokenizer(spec.max_length)
+    texts = mix_texts(prepared, easy, n, seed)
+    tok = encoder_tokenizer(task_spec(prepared.task).max_length)
     exits = []
     with torch.no_grad():
         for s in range(0, n, batch_size):

@@ -75,8 +75,8 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
     plan's goodput. Bad input raises before Ray starts; a plan no replica count meets raises with the reason."""
     import torch
 
-    from workbench.data import load_task, task_spec
-    from workbench.earlyexit.artifacts import load_model, mix_rows
+    from workbench.data import task_spec
+    from workbench.earlyexit.artifacts import load_model, mix_texts
     from workbench.earlyexit.evaluation import validate_simulator
     from workbench.earlyexit.scenario import Scenario
     from workbench.earlyexit.serve import Workload
@@ -102,10 +102,7 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
         raise WorkbenchError(f"no plan for {replicas} CPU replicas: {plan.reason}")
     rate = float(rate if rate is not None else 0.8 * plan.goodput)
 
-    dev = load_task(task).dev
-    index = {i: j for j, i in enumerate(dev.ids)}
-    rows = mix_rows(prepared.record, easy, requests, seed)
-    texts = [dev.texts[index[prepared.record.dev_ids[r]]] for r in rows]
+    texts = mix_texts(prepared, easy, requests, seed)
     ids, mask = encoder_tokenizer(task_spec(task).max_length)(texts, pad_to=task_spec(task).max_length)
     workload = Workload.from_arrivals(ids, mask, ArrivalProcess(pattern, rate, count=requests), seed=seed)
 
