@@ -3,12 +3,18 @@
 ``accuracy`` reads the trained ramps' dev record; ``plan`` prints E3's split plan and why; ``simulate``
 serves arrivals through it in the SimPy simulator; ``serve`` deploys a plan on Ray Serve for real (a local
 cluster started for the run, or an existing one with ``--address``) and prints the measured run beside the
-simulator's prediction. Every value is checked before anything starts.
+simulator's prediction. Every value is checked while the arguments are parsed, before Ray or torch is
+imported: a type named twice in ``--gpus``, a ``--mix`` whose parts do not sum to 100, a ``--address`` that
+is not an address or where nothing answers are each one usage line and exit status 2. Run on the quick
+preset's artifacts, every command says so in the quick-preset line on stderr (stdout may be JSON).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+import socket
 
 from workbench.argtypes import Bound, Number, count, non_negative, positive, seed
 from workbench.data import TASKS
@@ -22,20 +28,29 @@ requests = count(at_most=Bound(200_000, "a simulation of minutes at most"), unit
 share = Number("", minimum=0, at_most=Bound(0.99, "a slack of the whole SLO leaves no time to serve"), whole=False)
 
 
+MIX_FORM = ("a mix is EASY:HARD, two percentages of 0 or more that sum to 100 (e.g. 80:20), or the easy share "
+            "in 0..1 (e.g. 0.8)")
+
+
 def _mix(text: str) -> float:
-    """``80:20`` (easy:hard) or the easy share itself, ``0.8``."""
+    """``80:20`` (easy:hard, percentages summing to 100) or the easy share itself, ``0.8``. Parts that sum to
+    something else are refused rather than rescaled: ``80:30`` is a slip, not a 73:27 mix."""
     try:
-        if ":" in text:
-            easy, hard = (float(x) for x in text.split(":"))
-            value = easy / (easy + hard)
-        else:
-            value = float(text)
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"a mix is EASY:HARD (e.g. 80:20) or the easy share (0.8), got {text!r}") \
-            from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"the easy share of a mix lies in 0..1, got {text!r}")
-    return value
+        parts = [float(x) for x in text.split(":")] if ":" in text else [float(text)]
+        if len(parts) > 2:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{MIX_FORM}; got {text!r}") from None
+    if len(parts) == 1:
+        if not 0 <= parts[0] <= 1:                     # NaN fails this too
+            raise argparse.ArgumentTypeError(f"{MIX_FORM}; got {text!r}, an easy share outside 0..1")
+        return parts[0]
+    easy, hard = parts
+    if not (easy >= 0 and hard >= 0):                  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{MIX_FORM}; got {text!r}, a negative part")
+    if not math.isclose(easy + hard, 100, abs_tol=1e-6):
+        raise argparse.ArgumentTypeError(f"{MIX_FORM}; got {text!r}, which sums to {easy + hard:g}")
+    return easy / (easy + hard)
 
 
 def _gpus(text: str) -> dict[str, int]:
@@ -89,6 +104,13 @@ def _scenario_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _notice(args) -> None:
+    """The quick-preset line on stderr once the command's artifacts are loaded (nothing for the full preset)."""
+    from workbench.prepare import print_preset_notice
+
+    print_preset_notice(args.preset)
+
+
 def _scenario(args):
     from workbench.earlyexit.scenario import Scenario
 
@@ -111,6 +133,7 @@ def _accuracy(args) -> int:
     from workbench.earlyexit.artifacts import load_record
 
     rec = load_record(args.task, args.preset)
+    _notice(args)
     rows = rec.table(disabled=args.disable)
     if args.json:
         print(json.dumps({"task": args.task, "stock_accuracy": rec.stock_accuracy(), "dev_examples": len(rec.labels),
@@ -135,6 +158,7 @@ def configure_plan(parser: argparse.ArgumentParser) -> None:
 def _plan(args) -> int:
     sc = _scenario(args)
     profile = sc.profile()
+    _notice(args)
     plan = sc.optimize()
     if args.json:
         print(json.dumps({"profile": list(profile.remaining), "plan": plan.to_dict()}, default=str))
@@ -176,6 +200,7 @@ def _summary(result) -> dict:
 def _simulate(args) -> int:
     sc = _scenario(args)
     plan = sc.optimize()
+    _notice(args)
     if not plan:
         print(plan.explain())
         return 2
@@ -202,6 +227,43 @@ replica_count = count(at_most=Bound(16, "CPU replicas of a quarter core each: 4 
                       unit="replicas")
 
 
+RAY_ADDRESS_FORM = "HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:6379), ray://HOST:PORT or auto"
+REACH_TIMEOUT_S = 3.0
+"""How long ``--address`` waits for a TCP connection before it says no Ray answers there."""
+_HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+def ray_address_problem(text: str) -> str | None:
+    """What is wrong with ``--address`` (None: nothing): not one of the forms, or nothing accepts a TCP connection
+    at host:port within REACH_TIMEOUT_S. Plain Python and one socket, so a bad address is refused before Ray or
+    torch is imported (``serve.py`` checks the same again when it connects)."""
+    if text == "auto":                  # Ray finds the cluster itself (RAY_ADDRESS or this machine's head)
+        return None
+    client = text.startswith("ray://")
+    host, sep, port = text.removeprefix("ray://").rpartition(":")
+    if not (sep and _HOST.fullmatch(host) and re.fullmatch(r"[0-9]{1,5}", port) and 1 <= int(port) <= 65535):
+        return f"a Ray address is {RAY_ADDRESS_FORM}; got {text!r}"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S):
+            return None
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        start = f"--ray-client-server-port={port}" if client else f"--port={port}"
+        return (f"no Ray cluster answers at {text} ({reason}); start one on that machine with "
+                f"`ray start --head {start}`, or leave out --address to start a local one")
+
+
+class _RayAddress(argparse.Action):
+    """``--address``, checked as it is parsed (form and a TCP connection), so a bad one is a one-line usage
+    error before anything is imported or started."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        problem = ray_address_problem(values)
+        if problem:
+            raise argparse.ArgumentError(self, problem)
+        setattr(namespace, self.dest, values)
+
+
 def configure_serve(parser: argparse.ArgumentParser) -> None:
     _task(parser)
     parser.add_argument("--replicas", type=replica_count, default=4,
@@ -211,9 +273,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mix", type=_mix, default=0.8, help="easy:hard mix of the workload, e.g. 80:20")
     parser.add_argument("--threshold", type=threshold, default=0.4, help="exit when a ramp's entropy is below this")
     _arrival_options(parser, 64)
-    parser.add_argument("--address", default=None,
-                        help="a running Ray cluster (host:port, as `ray start --head` prints); default: start a "
-                             "local one for this run")
+    parser.add_argument("--address", action=_RayAddress, default=None,
+                        help="a running Ray cluster: host:port (as `ray start --head` prints), ray://host:port or "
+                             "auto; default: start a local one for this run")
     parser.add_argument("--num-cpus", type=count(at_most=Bound(1024, "a large machine"), unit="CPUs"), default=2,
                         help="CPUs of the local Ray cluster (ignored with --address)")
     parser.add_argument("--trace", default=None, help="write the measured timeline as Perfetto/Chrome trace JSON")
@@ -228,6 +290,7 @@ def _serve(args) -> int:
                    batch_size=args.batch_size, easy=args.mix, threshold=args.threshold, pattern=args.pattern,
                    rate=args.rate, requests=args.requests, seed=args.seed, address=args.address,
                    num_cpus=args.num_cpus)
+    _notice(args)
     if args.trace:
         run.served.timeline.save_chrome_trace(args.trace)
     if args.json:

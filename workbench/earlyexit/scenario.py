@@ -30,10 +30,13 @@ def _number(x) -> bool:
 
 
 def parse_gpus(text: str | Mapping[str, int]) -> dict[str, int]:
-    """``"v100=6,p100=8"`` (or a mapping) -> {type: count}, each type one of E3's presets, counts 0..64."""
+    """``"v100=6,p100=8"`` (or a mapping) -> {type: count}: each type one of E3's presets (or "host") and named
+    once, counts 0..64, at least one GPU in all. A type given twice is refused, not summed: ``v100=6,v100=2`` is
+    more likely a slip for another type than a wish for 8."""
     from workbench.devices import PRESETS
 
     known = [n for n, p in PRESETS.items() if p.paper == "e3"] + ["host"]
+    example = "e.g. v100=6,p100=8"
     if isinstance(text, Mapping):
         items = list(text.items())
     else:
@@ -41,12 +44,18 @@ def parse_gpus(text: str | Mapping[str, int]) -> dict[str, int]:
         for part in filter(None, (p.strip() for p in str(text).split(","))):
             name, sep, count = part.partition("=")
             if not sep:
-                raise WorkbenchError(f"GPUs are given as TYPE=COUNT pairs (e.g. v100=6,p100=8), got {part!r}")
+                raise WorkbenchError(f"GPUs are given as TYPE=COUNT pairs ({example}), got {part!r}")
             items.append((name.strip(), count.strip()))
     out: dict[str, int] = {}
+    given: dict[str, object] = {}
     for name, count in items:
         if name not in known:
-            raise WorkbenchError(f"unknown GPU type {name!r}; E3's: {', '.join(known)}")
+            raise WorkbenchError(f"unknown GPU type {name!r}: GPUs are TYPE=COUNT with TYPE one of "
+                                 f"{', '.join(known)} ({example})")
+        if name in given:
+            raise WorkbenchError(f"GPU type {name} is given twice ({name}={given[name]} and {name}={count}): give "
+                                 f"each type once, TYPE=COUNT ({example})")
+        given[name] = count
         try:
             n = int(count)
             ok = str(count).strip() == str(n) if isinstance(count, str) else n == count
@@ -54,9 +63,10 @@ def parse_gpus(text: str | Mapping[str, int]) -> dict[str, int]:
             ok = False
         if not ok or not 0 <= n <= MAX_GPUS_PER_TYPE:
             raise WorkbenchError(f"the count of {name} GPUs is a whole number in 0..{MAX_GPUS_PER_TYPE}, got {count!r}")
-        out[name] = out.get(name, 0) + n
+        out[name] = n
     if sum(out.values()) == 0:
-        raise WorkbenchError("no GPUs: give at least one (e.g. v100=4); a plan needs somewhere to run")
+        raise WorkbenchError(f"no GPUs: give a count above 0 for at least one type ({example}); a plan needs "
+                             "somewhere to run")
     return out
 
 
