@@ -1,67 +1,74 @@
-"""E3's split optimizer: where to cut an early-exit model, how many replicas of which GPU type each split gets.
+"""E3's split optimizer: where to cut an early-exit model, how many replicas of which GPU type each split gets,
+so that every replica runs full batches.
 
-The paper (E3, SOSP '24, §3.2) prints its recurrence garbled; this module implements its stated intent: choose
-split points, per-split replica counts and GPU types so that every request meets ``SLO x (1 - slack)``, the GPUs
-of each type used stay within the counts given, the cost stays within ``alpha x`` a baseline's, and goodput is
-the largest possible.
+The paper (E3, SOSP '24, §3.2) prints its recurrence garbled; this module implements its stated intent: a
+constant batch per GPU. Every replica of every split runs batches of ``batch_size`` (b) samples; the survivors
+of a split's replicas are merged into full batches of b for the next split, as in the paper's example (two
+batches of 16 enter the first split on two replicas, half exit, the two halves of 8 merge into one batch of 16
+for the second split on one replica). The optimizer chooses split points, per-split replica counts and GPU types
+so that every request meets ``SLO x (1 - slack)``, the GPUs of each type stay within the counts given, the cost
+within ``alpha x`` a baseline's, and goodput is the largest possible.
 
-The model (one pipeline cycle)
-------------------------------
-- Every cycle the pipeline takes in ``batch_size`` samples (B). ``batch_profile[k]`` is the fraction of them still
-  present after layer k's exit ramp, so layer k sees ``f_k = batch_profile[k-1]`` of them (``f_0 = 1``).
-- A split of layers ``[s, e)`` with ``r`` replicas of one GPU type shares the ``B f_s`` samples it receives
-  evenly: a replica's batch at layer k is ``ceil(B f_k / r)`` (the samples that exited earlier, within the split
-  too, have left; an expected share rounds up to a whole sample). ``batch_sizes`` reports it at the split's
-  first layer: the batch a replica is served with.
-- A replica's compute time for the split, its *stage time*, is the sum over its layers of
-  ``layer_latency(k, ceil(B f_k / r), gpu_type)``; its replicas run in parallel, so the split handles B input
-  samples per stage time: its throughput is ``replicas x batch / stage time`` samples, ``B / stage time`` in
-  input samples per second.
-- Between consecutive splits the survivors' activations move in ``transfer_s`` seconds (a number, or
-  ``transfer_s(boundary, batch)`` for the ``ceil(B f_boundary)`` samples crossing into the split that starts at
-  layer ``boundary``); a transfer is a pipeline stage of its own, with throughput ``B / transfer seconds``.
-- Pipelined (the default), the stages overlap: the *cycle time* is the largest stage or transfer time, and
-  goodput = ``B / cycle`` = the smallest throughput of any split or transfer, in input samples per second. Not
-  pipelined, a batch goes through every stage before the next enters: the cycle is their sum.
-- A request's latency is the sum of the stage and transfer times along its path; the worst case, a request
-  that reaches the last layer, is the sum over all of them. A plan counts only if that worst case is within the
-  budget ``SLO x (1 - slack)``: then every request meets the SLO. (Requests that exit early are faster; input
-  batching delay and queueing are outside this model.)
-- A split has at least one replica and at most as many as samples it receives per cycle (``floor(B f_s)``,
-  at least 1): a replica with less than one sample per cycle would idle.
+The model (steady state)
+------------------------
+- ``batch_profile[k]`` is the fraction of the input still present after layer k's exit ramp; ``f_k`` (the
+  fraction entering layer k) is ``batch_profile[k-1]``, ``f_0 = 1``.
+- A split of layers ``[s, e)`` runs batches of b at its first layer; inside it the batch shrinks as samples
+  exit: layer k sees ``b f_k / f_s`` samples in expectation. A fractional expected count costs the layer time
+  interpolated between the whole batches around it (``t(0) = 0``), which is exact at batch 1, where a sample
+  is either there or gone. A replica's time for one batch is the split's *stage time* ``T``.
+- Per input sample the split receives ``f_s`` samples, so with ``r`` replicas it keeps up with
+  ``r b / (f_s T)`` input samples per second. A transfer between splits moves one merged batch of b in
+  ``transfer_s`` seconds (a number, or ``transfer_s(boundary, b)``) over one link: ``b / (f_s x)`` input
+  samples per second. Goodput is the smallest of these over the splits and transfers (pipelined, §3.2.2).
+- ``input_batches`` (n) input batches of b enter per *cycle*, one for each replica of the first split; split i
+  then receives ``n f_s`` batches per cycle (``batches_per_cycle``), spread over its replicas; the cycle lasts
+  ``n b / goodput``, which is at least every split's busy time. In the paper's example n = 2 and the second
+  split receives one batch per cycle.
+- A request's latency is the sum along its path of: the wait for its batch to fill (with a ``request_rate`` R,
+  ``b / (R f_s)`` at the split starting at layer s: survivors arrive at ``R f_s``; without one, no wait is
+  counted), the transfer in, and the stage time. The worst case, a request that reaches the last layer, must
+  be within the budget ``SLO x (1 - slack)``. So the rate and the SLO bound the batch, as §3.2 derives B_0
+  from R: see :func:`largest_batch`.
+- With a ``request_rate``, goodput beyond R earns nothing: among plans that sustain R the cheapest wins.
+- Not pipelined (``pipelined=False``, §5.8.7, no model parallelism): every split runs on the same P GPUs of one
+  type, in rounds; a round takes P input batches, and each split waits for all of its copies before the next
+  split starts, so a round lasts the sum of the stage times (and transfers), and goodput is ``P b / round``.
 - Cost is the per-second price of the GPUs a plan uses (``prices``); with ``alpha`` a plan may cost at most
   ``alpha x baseline_cost_per_s`` (by default the price of all the GPUs given).
 
-Where this differs from the paper: the input batch B is given (the paper derives it from the request rate), and
-the paper's constraint that a plan's throughput be at least the baseline's is not imposed: the objective already
-maximises goodput, and the callers compare a plan with the model run as is (see ``SplitPlan.unsplit``).
+The baseline (``SplitPlan.baseline``, :func:`data_parallel`) is the early-exit model as is, data parallel on all
+the same GPUs: every replica runs a batch of b through the whole model, the batch shrinking as samples exit,
+every type whose replica meets the SLO taking part. With no exits, E3's goodput cannot exceed it on one type
+(the stage times add up to the whole model's); at b = 1 neither can it (a sample's expected work is the same).
+
+Where this differs from the paper: the per-replica batch is given (:func:`largest_batch` finds the largest one
+a request rate and SLO allow), and the paper's constraint that a plan's throughput be at least the baseline's
+is not imposed: the objective maximises goodput, and callers compare the plan with ``baseline``.
 
 Among plans with the same goodput the optimizer prefers the lowest cost, then the fewest GPUs, then the lowest
 worst-case latency; :func:`brute_force_splits` enumerates every plan and breaks ties the same way.
-
-E3's own example, a batch of 16 on each of two replicas of the first split whose halves merge into one batch of
-16 for the second, is ``batch_size=32`` with ``replicas == [2, 1]`` and ``batch_sizes == [16, 16]``. The last
-entry of ``batch_profile`` only has to be valid: every sample leaves after the last layer.
 
 The dynamic program
 -------------------
 Labels over (layer boundary, GPUs used per type): a label at boundary e is a way to run layers ``[0, e)``, kept
 only when no other label at e uses no more GPUs of any type and has no more latency (a dense box over the
 used-GPU vectors finds the dominated ones with a running minimum along each type's axis). Pipelined, the
-smallest feasible cycle is searched for among the candidate cycle times (every stage and transfer time within
-the budget), upwards in growing steps from two lower bounds (the smallest cycle, and the smallest at which some
-plan meets the budget, with every GPU type unlimited), then by bisection: first each split gets only the fewest
-replicas that meet the cycle and latency is not tracked (do the GPUs and the cost bound suffice? the busiest
-type's count is then the value in a box over the others), then every replica count with latency tracked (does
-every request meet the SLO too?); that pass at the smallest feasible cycle also breaks the ties. Not pipelined,
-one pass with every replica count minimises the latency, which is the cycle. Labels are kept sorted by latency,
-so an option is tried only with those that can still meet the budget; a replica count no better than a smaller
-one is never tried; lower bounds on the latency, GPUs and cost still to come drop labels that cannot complete.
-The box has ``prod(count + 1)`` cells over the GPU types; more than ``MAX_CELLS`` is refused as bad input.
+smallest feasible time per input sample (the inverse of goodput) is searched for among the candidates (every
+split's and transfer's time per input sample), upwards in growing steps from two lower bounds (with every GPU
+type unlimited: the smallest, and the smallest at which some plan meets the budget), then by bisection: first
+each split gets only the fewest replicas that keep up and latency is not tracked (do the GPUs and the cost bound
+suffice?), then every replica count with latency tracked (does every request meet the SLO too?); that pass at
+the smallest feasible candidate also breaks the ties. Not pipelined, a shortest path over the cuts per type.
+Labels are kept sorted by latency, so an option is tried only with those that can still meet the budget; a
+replica count no better than a smaller one is never tried; lower bounds on the latency, GPUs and cost still to
+come drop labels that cannot complete. The box has ``prod(count + 1)`` cells over the GPU types; more than
+``MAX_CELLS`` is refused as bad input.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 import time
@@ -73,15 +80,40 @@ import numpy as np
 
 from workbench.errors import WorkbenchError
 
-_EPS = 1e-9          # slack for rounding when a share of samples is rounded to a whole sample
+_EPS = 1e-9          # slack for rounding an expected count of samples to a whole one
 _TOL = 1e-9          # relative slack of the lower bounds that prune labels (they sum in another order)
 
 MAX_CELLS = 1 << 22   # the largest box of GPUs-used-per-type vectors (product of count + 1 over the types)
-MAX_TABLE = 1 << 24   # the largest table of stage times: (layers + 1)^2 x GPU types x replica counts
-MAX_BATCH = 1 << 20   # the largest input batch per cycle
+MAX_TABLE = 1 << 24   # the largest table of split times: (layers + 1)^2 x GPU types x replica counts
+MAX_BATCH = 1 << 20   # the largest batch per replica
 MAX_GPUS_PER_TYPE = 4096
+MAX_RATE = 1e9        # requests per second
 
 LayerLatency = Callable[[int, int, str], float]
+
+
+@dataclass(frozen=True)
+class DataParallelPlan:
+    """A model run as is, data parallel: every replica runs batches of ``batch_size`` through every layer.
+
+    ``replicas`` per GPU type taking part (a type whose replica misses the SLO takes none); ``batch_s`` a
+    replica's time for one batch per type; ``goodput`` in input samples per second (0 when no type meets the
+    SLO, and ``reason`` says why)."""
+    replicas: dict[str, int]
+    batch_s: dict[str, float]
+    goodput: float
+    latency_s: float
+    cost_per_s: float
+    batch_size: int
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.goodput > 0
+
+    def to_dict(self) -> dict:
+        return {"replicas": dict(self.replicas), "batch_s": dict(self.batch_s), "goodput": self.goodput,
+                "latency_s": self.latency_s, "cost_per_s": self.cost_per_s, "batch_size": self.batch_size,
+                "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -89,12 +121,15 @@ class SplitPlan:
     """The optimizer's answer: splits, their replicas and GPU types, and why.
 
     ``splits`` are ``(start, end)`` layer ranges (end exclusive) covering every layer; ``replicas``,
-    ``gpu_types``, ``batch_sizes`` (a replica's batch at the split's first layer) and ``stage_s`` (a replica's
-    compute time for its batch) are per split; ``transfers_s`` per boundary between consecutive splits.
-    ``goodput`` is in input samples per second (0 for an empty plan, whose ``reason`` says why there is none).
-    ``binding`` names what sets the cycle; ``reason`` says why this plan; ``table`` is the dynamic program per
-    boundary; ``probes`` the cycle times it tried and whether a plan met each. ``bottlenecks`` lists what sets
-    the cycle as ("compute", split index) or ("transfer", index of the split it feeds) (pipelined only)."""
+    ``gpu_types``, ``batch_sizes`` (the batch every replica of the split runs: ``batch_size``, constant through
+    the model), ``batches_per_cycle`` (batches of b the split receives per cycle) and ``stage_s`` (a replica's
+    time for one batch) are per split; ``transfers_s`` per boundary between consecutive splits.
+    ``input_batches`` batches of b enter per cycle of ``cycle_s``. ``goodput`` is in input samples per second
+    (0 for an empty plan, whose ``reason`` says why there is none). ``fill_s`` per split: the wait for a batch to
+    fill at the request rate (0 without one). ``binding`` names what sets goodput; ``reason`` says why this plan;
+    ``baseline`` is the early-exit model as is, data parallel on all the GPUs; ``table`` is the dynamic program per
+    boundary; ``probes`` the candidates it tried and whether a plan met each. ``bottlenecks`` lists what sets
+    goodput as ("compute", split index) or ("transfer", index of the split it feeds) (pipelined only)."""
     splits: list[tuple[int, int]]
     replicas: list[int]
     gpu_types: list[str]
@@ -102,6 +137,9 @@ class SplitPlan:
     goodput: float
     stage_s: list[float] = field(default_factory=list)
     transfers_s: list[float] = field(default_factory=list)
+    batches_per_cycle: list[float] = field(default_factory=list)
+    fill_s: list[float] = field(default_factory=list)
+    input_batches: int = 0
     cycle_s: float = math.inf
     latency_s: float = math.inf
     budget_s: float = 0.0
@@ -109,11 +147,12 @@ class SplitPlan:
     cost_limit_per_s: float = math.inf
     gpus_used: dict[str, int] = field(default_factory=dict)
     batch_size: int = 0
+    request_rate: float | None = None
     pipelined: bool = True
     binding: str = ""
     bottlenecks: list[tuple[str, int]] = field(default_factory=list)
     reason: str = ""
-    unsplit: dict | None = None
+    baseline: DataParallelPlan | None = None
     table: list[dict] = field(default_factory=list)
     probes: list[dict] = field(default_factory=list)
     solve_s: float = 0.0
@@ -122,33 +161,56 @@ class SplitPlan:
         return bool(self.splits)
 
     @property
+    def unsplit(self) -> dict | None:
+        """The baseline as a dict (the early-exit model as is, data parallel on all the GPUs), or None."""
+        return self.baseline.to_dict() if self.baseline else None
+
+    @property
+    def gain(self) -> float:
+        """Goodput over the baseline's (nan when either has none)."""
+        return self.goodput / self.baseline.goodput if self and self.baseline else math.nan
+
+    @property
     def objective(self) -> tuple[float, float, int, float]:
-        """What the optimizer minimises, in order: cycle (the inverse of goodput), cost, GPUs, worst-case latency."""
-        return (self.cycle_s, self.cost_per_s, sum(self.gpus_used.values()), self.latency_s)
+        """What the optimizer minimises, in order: seconds per input sample (the inverse of goodput, no lower
+        than the request rate's), cost, GPUs, worst-case latency."""
+        per = 1.0 / self.goodput if self.goodput > 0 else math.inf
+        if self.request_rate:
+            per = max(per, 1.0 / self.request_rate)
+        return (per, self.cost_per_s, sum(self.gpus_used.values()), self.latency_s)
 
     def throughputs(self) -> list[float]:
-        """Each split's throughput in input samples per second (``B / stage time``), then each transfer's."""
-        out = [self.batch_size / t if t > 0 else math.inf for t in self.stage_s]
-        return out + [self.batch_size / t if t > 0 else math.inf for t in self.transfers_s]
+        """Each split's throughput in input samples per second, then each transfer's."""
+        out = []
+        for t, r, n in zip(self.stage_s, self.replicas, self.batches_per_cycle):
+            f = n / self.input_batches if self.input_batches else 0.0
+            out.append(r * self.batch_size / (f * t) if f * t > 0 else math.inf)
+        for t, n in zip(self.transfers_s, self.batches_per_cycle[1:]):
+            f = n / self.input_batches if self.input_batches else 0.0
+            out.append(self.batch_size / (f * t) if f * t > 0 else math.inf)
+        return out
 
     def rows(self) -> list[dict]:
         """One row per split, for a table."""
         tput = self.throughputs()
         return [{"split": i + 1, "layers": _layers(s, e), "gpu_type": g, "replicas": r, "batch": b,
-                 "stage_ms": 1e3 * t, "throughput": tput[i],
+                 "batches_per_cycle": n, "stage_ms": 1e3 * t, "throughput": tput[i],
                  "transfer_in_ms": 1e3 * self.transfers_s[i - 1] if i else 0.0}
-                for i, ((s, e), g, r, b, t) in enumerate(zip(self.splits, self.gpu_types, self.replicas,
-                                                              self.batch_sizes, self.stage_s))]
+                for i, ((s, e), g, r, b, n, t) in enumerate(zip(self.splits, self.gpu_types, self.replicas,
+                                                                 self.batch_sizes, self.batches_per_cycle,
+                                                                 self.stage_s))]
 
     def explain(self) -> str:
         """A few lines a dashboard can show: the plan, what binds it, why it was chosen."""
         if not self.splits:
             return f"no plan: {self.reason}"
-        lines = [f"{len(self.splits)} split(s), goodput {self.goodput:,.4g} samples/s, cycle {_ms(self.cycle_s)}, "
-                 f"worst-case latency {_ms(self.latency_s)} of {_ms(self.budget_s)}"]
+        lines = [f"{len(self.splits)} split(s), goodput {self.goodput:,.4g} samples/s, {self.input_batches} "
+                 f"input batch(es) of {self.batch_size} per cycle of {_ms(self.cycle_s)}, worst-case latency "
+                 f"{_ms(self.latency_s)} of {_ms(self.budget_s)}"]
         for row in self.rows():
             lines.append(f"  split {row['split']}: {row['layers']} on {row['replicas']} x {row['gpu_type']}, "
-                         f"batch {row['batch']}, {_ms(row['stage_ms'] / 1e3)}"
+                         f"batch {row['batch']}, {row['batches_per_cycle']:.3g} batch(es) a cycle, "
+                         f"{_ms(row['stage_ms'] / 1e3)} each"
                          + (f" (after a {_ms(row['transfer_in_ms'] / 1e3)} transfer)" if row["split"] > 1 else ""))
         lines.append(f"binding: {self.binding}")
         lines.append(f"why: {self.reason}")
@@ -157,12 +219,14 @@ class SplitPlan:
     def to_dict(self) -> dict:
         return {"splits": [list(s) for s in self.splits], "replicas": list(self.replicas),
                 "gpu_types": list(self.gpu_types), "batch_sizes": list(self.batch_sizes), "goodput": self.goodput,
-                "stage_s": list(self.stage_s), "transfers_s": list(self.transfers_s), "cycle_s": self.cycle_s,
+                "stage_s": list(self.stage_s), "transfers_s": list(self.transfers_s),
+                "batches_per_cycle": list(self.batches_per_cycle), "fill_s": list(self.fill_s),
+                "input_batches": self.input_batches, "cycle_s": self.cycle_s,
                 "latency_s": self.latency_s, "budget_s": self.budget_s, "cost_per_s": self.cost_per_s,
                 "cost_limit_per_s": self.cost_limit_per_s, "gpus_used": dict(self.gpus_used),
-                "batch_size": self.batch_size, "pipelined": self.pipelined, "binding": self.binding,
-                "bottlenecks": [list(b) for b in self.bottlenecks],
-                "reason": self.reason, "unsplit": self.unsplit, "table": list(self.table),
+                "batch_size": self.batch_size, "request_rate": self.request_rate, "pipelined": self.pipelined,
+                "binding": self.binding, "bottlenecks": [list(b) for b in self.bottlenecks],
+                "reason": self.reason, "baseline": self.unsplit, "table": list(self.table),
                 "probes": list(self.probes), "solve_s": self.solve_s}
 
 
@@ -181,7 +245,7 @@ def _real(name: str, value, *, low: float | None = None, low_open: bool = False,
 
 
 def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
-              prices, alpha, baseline_cost_per_s):
+              prices, alpha, baseline_cost_per_s, request_rate=None):
     if not callable(layer_latency):
         raise WorkbenchError(f"layer_latency must be a function (layer, batch, gpu_type) -> seconds, "
                              f"got {type(layer_latency).__name__}")
@@ -241,16 +305,20 @@ def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, 
     sl = _real("slack", slack, low=0.0, high=1.0, high_open=True,
                fix=" (the fraction of the SLO kept in reserve; in [0, 1))")
     if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
-        raise WorkbenchError(f"batch_size must be a whole number >= 1 (the batch the first split receives per "
-                             f"cycle), got {batch_size!r}")
+        raise WorkbenchError(f"batch_size must be a whole number >= 1 (the batch every replica runs), "
+                             f"got {batch_size!r}")
     if batch_size > MAX_BATCH:
-        raise WorkbenchError(f"batch_size {batch_size:,} is beyond {MAX_BATCH:,} samples per cycle")
+        raise WorkbenchError(f"batch_size {batch_size:,} is beyond {MAX_BATCH:,} samples per replica's batch")
+    rate = None
+    if request_rate is not None:
+        rate = _real("request_rate", request_rate, low=0.0, low_open=True, high=MAX_RATE,
+                     fix=f" (input requests per second, in (0, {MAX_RATE:g}])")
     kinds = sum(1 for n in counts.values() if n > 0)
-    table = (len(fracs) + 1) ** 2 * kinds * min(max(counts.values()), int(batch_size))
+    table = (len(fracs) + 1) ** 2 * kinds * max(counts.values())
     if table > MAX_TABLE:
-        raise WorkbenchError(f"{len(fracs)} layers x {kinds} GPU types x up to {min(max(counts.values()), batch_size):,} "
-                             f"replicas per split make a table of {table:,} stage times, beyond {MAX_TABLE:,}: use "
-                             "fewer layers, GPUs of a type or a smaller batch")
+        raise WorkbenchError(f"{len(fracs)} layers x {kinds} GPU types x up to {max(counts.values()):,} replicas "
+                             f"per split make a table of {table:,} split times, beyond {MAX_TABLE:,}: use fewer "
+                             "layers or fewer GPUs of a type")
     used = [g for g, n in counts.items() if n > 0]
     price = None
     if prices is not None:
@@ -273,24 +341,26 @@ def _validate(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, 
         if a is None:
             raise WorkbenchError("baseline_cost_per_s sets a bound only with alpha: give alpha too "
                                  "(cost <= alpha x baseline_cost_per_s)")
-    return fracs, counts, slo, sl, int(batch_size), price, a, base
+    return fracs, counts, slo, sl, int(batch_size), price, a, base, rate
 
 
 # ------------------------------------------------------------------------------------------------- tables
 
 class _Problem:
-    """The validated instance and its tables: every split's stage time for every type and replica count."""
+    """The validated instance and its tables: every split's stage time per type, its time per input sample per
+    replica count, and its latency."""
 
     def __init__(self, layer_latency, fracs, counts, slo, pipelined, transfer_s, slack, batch_size, price, alpha,
-                 baseline):
+                 baseline, rate):
         self.L = L = len(fracs)
         self.fracs = fracs
-        self.f_in = np.array([1.0] + fracs[:-1])                    # fraction of the batch entering layer k
+        self.f_in = f_in = np.array([1.0] + fracs[:-1])                # fraction of the input entering layer k
         self.types = [g for g, n in counts.items() if n > 0]
         self.all_counts = dict(counts)
         self.counts = np.array([counts[g] for g in self.types], dtype=np.int64)
         self.G = G = len(self.types)
-        self.B = B = batch_size
+        self.B = b = batch_size
+        self.rate = rate
         self.slo, self.slack, self.pipelined = slo, slack, pipelined
         self.budget = slo * (1.0 - slack)
         self.priced = price is not None
@@ -303,49 +373,54 @@ class _Problem:
             self.cost_limit = alpha * self.baseline * (1.0 + _TOL)
         self.alpha = alpha
 
-        # replicas: at least 1, at most the samples a split receives per cycle and the GPUs of its type
-        received = np.floor(B * self.f_in + _EPS).astype(np.int64)
-        self.cap = np.minimum(self.counts[None, :], np.maximum(1, received)[:, None])       # (L, G)
-        self.R = R = int(self.cap.max())
-        rr = np.arange(1, R + 1)
-        share = B * self.f_in[:, None] / rr[None, :]                                          # (L, R)
-        self.batch = np.maximum(0, np.ceil(share - _EPS)).astype(np.int64)                   # a replica's batch
         memo: dict[tuple[int, int, int], float] = {}
-        lat = np.zeros((G, R, L))
-        for k in range(L):
-            for g in range(G):
-                for ri in range(R):
-                    b = int(self.batch[k, ri])
-                    if b == 0:
-                        continue
-                    key = (k, b, g)
-                    if key not in memo:
-                        memo[key] = _call_latency(layer_latency, k, b, self.types[g], L)
-                    lat[g, ri, k] = memo[key]
-        self.lat = lat
-        T = np.full((L + 1, L + 1, G, R), np.inf)
+
+        def whole(k: int, n: int, g: int) -> float:
+            if n == 0:
+                return 0.0
+            if (k, n, g) not in memo:
+                memo[k, n, g] = _call_latency(layer_latency, k, n, self.types[g], L)
+            return memo[k, n, g]
+
+        def expected(k: int, q: float, g: int) -> float:
+            lo = math.floor(q + _EPS)
+            frac = q - lo
+            if frac <= _EPS:
+                return whole(k, lo, g)
+            return (1.0 - frac) * whole(k, lo, g) + frac * whole(k, lo + 1, g)
+
+        T3 = np.full((L + 1, L + 1, G), np.inf)                         # a replica's time for one batch of b
         for s in range(L):
-            acc = np.zeros((G, R))
+            acc = np.zeros(G)
             for e in range(s + 1, L + 1):
-                acc = acc + lat[:, :, e - 1]
-                T[s, e] = acc
-        valid = rr[None, None, :] <= self.cap[:, :, None]                                     # (L, G, R)
-        T[:L] = np.where(valid[:, None], T[:L], np.inf)
-        self.T = T
+                q = b * f_in[e - 1] / f_in[s] if f_in[s] > 0 else 0.0
+                acc = acc + np.array([expected(e - 1, min(float(b), q), g) for g in range(G)])
+                T3[s, e] = acc
+        self.T3 = T3
         x = np.zeros(L + 1)
         for s in range(1, L):
-            crossing = int(max(0, math.ceil(B * self.f_in[s] - _EPS)))
-            x[s] = _call_transfer(transfer_s, s, crossing)
+            x[s] = _call_transfer(transfer_s, s, b) if f_in[s] > 0 else 0.0
         self.x = x
-        self.E = x[:, None, None, None] + T                          # latency edge: the transfer in, then compute
-        self.E[0] = T[0]
-        self.C = np.maximum(T, x[:, None, None, None])               # the edge's share of the cycle
-        self.C[0] = T[0]
-        # more replicas that are no faster than fewer of the same type only waste GPUs (the latency x + T and
-        # the cycle max(T, x) of a split both follow its stage time T)
-        dominated = np.zeros(T.shape, dtype=bool)
-        dominated[..., 1:] = T[..., 1:] >= np.minimum.accumulate(T, axis=3)[..., :-1]
-        self.useful = np.isfinite(T) & ~dominated
+        fill = np.zeros(L + 1)
+        if rate is not None:
+            live = f_in > 0
+            with np.errstate(over="ignore"):
+                fill[:L][live] = b / (rate * f_in[live])
+        self.fill = fill
+        self.E3 = x[:, None, None] + T3 + fill[:, None, None]          # latency: fill, transfer in, compute
+        self.R = R = int(self.counts.max())
+        rr = np.arange(1, R + 1)
+        self.rr = rr
+        valid = rr[None, :] <= self.counts[:, None]                                          # (G, R)
+        w = np.append(f_in, 0.0)[:, None, None, None] / b                                    # f_s per start
+        with np.errstate(invalid="ignore"):
+            per = w * np.maximum(T3[..., None] / rr, x[:, None, None, None])                  # s per input sample
+        self.C = np.where(valid[None, None] & np.isfinite(T3)[..., None], per, np.inf)
+        self.E = np.where(valid[None, None], self.E3[..., None], np.inf)
+        # more replicas no faster than fewer of the same type only waste GPUs
+        dominated = np.zeros(self.C.shape, dtype=bool)
+        dominated[..., 1:] = self.C[..., 1:] >= np.minimum.accumulate(self.C, axis=3)[..., :-1]
+        self.useful = np.isfinite(self.C) & ~dominated
         # the box of used-GPU vectors
         self.shape = tuple(int(n) + 1 for n in self.counts)
         self.size = int(np.prod(self.shape))
@@ -354,7 +429,6 @@ class _Problem:
         self.gpus_box = self.U.sum(axis=1)
         self.cost_box = self.cost_of(self.U)
         self.total = int(self.counts.sum())
-        self.rr = rr
         self.rep_cost = rr[None, :] * self.prices[:, None]                 # (G, R): r replicas of type g
         # without latency: a box over the other types, the busiest type's count as the value to minimise
         v = int(np.argmax(self.counts))
@@ -363,6 +437,11 @@ class _Problem:
         rstride = np.array([int(np.prod(self.rshape[i + 1:])) for i in range(len(rest))], dtype=np.int64)
         self.rkey = (self.U[:, rest] * rstride).sum(axis=1) if rest else np.zeros(self.size, np.int64)
         self.rval = self.U[:, v].astype(np.float64)
+
+    @property
+    def floor_per(self) -> float:
+        """Below this time per input sample (the request rate's) more goodput earns nothing."""
+        return 1.0 / self.rate if self.rate else 0.0
 
     def variant(self, **changes) -> _Problem:
         """The same tables under other settings (``budget``, ``cost_limit``, ``pipelined``)."""
@@ -380,15 +459,29 @@ class _Problem:
 
     # the key of a plan, computed the same way for the dynamic program and brute force
     def evaluate(self, plan: Sequence[tuple[int, int, int, int]]) -> tuple[float, float, int, float, np.ndarray]:
-        """(cycle, cost, GPUs, latency, used) of a plan given as (start, end, type index, replicas)."""
-        lam, cyc = 0.0, 0.0
+        """(time per input sample as ranked, cost, GPUs, latency, used) of a plan given as (start, end, type
+        index, replicas); the time per input sample is ranked no lower than the request rate's."""
+        per, lam, used = self.measure(plan)
+        return max(per, self.floor_per), self.cost_of(used), int(used.sum()), lam, used
+
+    def measure(self, plan: Sequence[tuple[int, int, int, int]]) -> tuple[float, float, np.ndarray]:
+        """(seconds per input sample, worst-case latency, GPUs used per type) of a plan."""
         used = np.zeros(self.G, dtype=np.int64)
+        if not self.pipelined:                          # one pool of P GPUs of one type runs every split in turn
+            g, pool = plan[0][2], plan[0][3]
+            rnd = sum(float(self.T3[s, e, g] + self.x[s]) for s, e, _, _ in plan)
+            used[g] = pool
+            return rnd / (pool * self.B), rnd + self.round_fill(pool), used
+        lam, per = 0.0, 0.0
         for s, e, g, r in plan:
             lam = lam + float(self.E[s, e, g, r - 1])
-            cyc = max(cyc, float(self.C[s, e, g, r - 1]))
+            per = max(per, float(self.C[s, e, g, r - 1]))
             used[g] += r
-        cycle = cyc if self.pipelined else lam
-        return cycle, self.cost_of(used), int(used.sum()), lam, used
+        return per, lam, used
+
+    def round_fill(self, pool: int) -> float:
+        """Not pipelined: the wait for a round's ``pool`` input batches to fill at the request rate."""
+        return pool * self.B / self.rate if self.rate else 0.0
 
     def feasible(self, lam: float, cost: float, used) -> bool:
         return lam <= self.budget and cost <= self.cost_limit and bool(np.all(np.asarray(used) <= self.counts))
@@ -444,7 +537,7 @@ def _box_steps(shape: tuple[int, ...]) -> tuple[tuple, tuple]:
     return tuple(run), step
 
 
-def _pareto(shape: tuple[int, ...], key: np.ndarray, val: np.ndarray) -> np.ndarray:
+def _pareto(shape: tuple[int, ...], key: np.ndarray, val: np.ndarray, tie: np.ndarray | None = None) -> np.ndarray:
     """The candidates to keep: for each box cell ``key`` the one with the least ``val``, unless a cell below it
     (no larger along any axis, not the same) has a ``val`` no larger. A running minimum along each axis of the
     box gives every cell the least value below it."""
@@ -468,6 +561,8 @@ def _pareto(shape: tuple[int, ...], key: np.ndarray, val: np.ndarray) -> np.ndar
     else:
         win = np.nonzero(val == best)[0]
     ptr = np.full(size, -1, np.int64)
+    if tie is not None:                         # equal values in a cell: the smallest tie is assigned last, wins
+        win = win[np.argsort(-tie[win], kind="stable")]
     ptr[key[win]] = win                                        # one candidate per cell
     return ptr[ptr >= 0]
 
@@ -510,6 +605,7 @@ def _dp(P: _Problem, tau: float, mode: str) -> _Result:
     cap = 1024
     all_idx = np.zeros(cap, np.int64)           # every boundary's labels one after another
     all_lam = np.zeros(cap)
+    all_ns = np.zeros(cap, np.int64)            # splits so far: fewer wins a tie (the paper minimises splits)
     all_cyc = np.zeros(cap)
     all_key = np.zeros(cap)                     # boundary x spread + latency: sorted, for searching
     spread = 4.0 * lat_cap + 1.0 if math.isfinite(lat_cap) else 0.0
@@ -557,7 +653,8 @@ def _dp(P: _Problem, tau: float, mode: str) -> _Result:
             low = u.min(axis=0)
             sub = tuple(int(n) for n in u.max(axis=0) - low + 1)
             substride = np.array([int(np.prod(sub[g + 1:])) for g in range(len(sub))], dtype=np.int64)
-            who = _pareto(sub, (u - low) @ substride, lam)
+            ns = all_ns[rows] + 1
+            who = _pareto(sub, (u - low) @ substride, lam, ns)
             who = who[np.argsort(lam[who], kind="stable")]
         else:                       # latency not tracked: the busiest type's count is the value, a smaller box
             who = _pareto(P.rshape, P.rkey[cand], P.rval[cand])
@@ -568,9 +665,11 @@ def _dp(P: _Problem, tau: float, mode: str) -> _Result:
         start = offsets[e]
         if start + n > cap:
             cap = max(2 * cap, start + n)
-            all_idx, all_lam, all_cyc, all_key = (np.resize(a, cap) for a in (all_idx, all_lam, all_cyc, all_key))
+            all_idx, all_lam, all_cyc, all_key, all_ns = (np.resize(a, cap) for a in
+                                                          (all_idx, all_lam, all_cyc, all_key, all_ns))
         all_idx[start:start + n] = cand[who]
         all_lam[start:start + n] = lam[who]
+        all_ns[start:start + n] = (ns[who] if track else all_ns[rows[who]] + 1)
         all_key[start:start + n] = e * spread + lam[who]
         all_cyc[start:start + n] = np.maximum(all_cyc[r_], oc[o])
         counts[e] = n
@@ -581,7 +680,7 @@ def _dp(P: _Problem, tau: float, mode: str) -> _Result:
     if counts[L] == 0:
         return stats
     at = slice(offsets[L], offsets[L + 1])
-    cells, lam, cyc = all_idx[at], all_lam[at], all_cyc[at]
+    cells, lam, cyc, nsp = all_idx[at], all_lam[at], all_cyc[at], all_ns[at]
     cost = P.cost_box[cells]
     ok = cost <= P.cost_limit
     if track:
@@ -594,9 +693,9 @@ def _dp(P: _Problem, tau: float, mode: str) -> _Result:
     if not track:
         keys = (gp, cost[idx], cyc[idx])
     elif P.pipelined:
-        keys = (lam[idx], gp, cost[idx])
+        keys = (nsp[idx], lam[idx], gp, cost[idx])
     else:
-        keys = (gp, cost[idx], lam[idx])
+        keys = (nsp[idx], gp, cost[idx], lam[idx])
     j = int(idx[np.lexsort(keys)[0]])
     plan = []
     e = L
@@ -641,10 +740,10 @@ def _latency_floor(P: _Problem, cands: np.ndarray) -> int:
 def _solve(P: _Problem) -> tuple[list | None, list[dict], _Result | None]:
     """The best plan as (start, end, type index, replicas) tuples, the probes tried and the final DP's table."""
     if not P.pipelined:
-        res = _dp(P, math.inf, "full")
-        return res.plan, [{"cycle_s": math.inf, "check": "full", "feasible": res.plan is not None}], res
-    C = P.C[np.isfinite(P.C)]
-    cands = np.unique(C[C <= P.budget])                  # a stage or transfer over the budget breaks the SLO
+        plan = _solve_serial(P)
+        return plan, [{"per_sample_s": math.nan, "check": "shortest path per type and pool",
+                       "feasible": plan is not None}], None
+    cands = np.unique(P.C[np.isfinite(P.C) & (P.E <= P.budget)])   # a split over the budget breaks the SLO
     cands = cands[cands >= _bottleneck_floor(P)]
     cands = cands[_latency_floor(P, cands):]
     probes: list[dict] = []
@@ -653,7 +752,8 @@ def _solve(P: _Problem) -> tuple[list | None, list[dict], _Result | None]:
     def run(i: int, mode: str) -> _Result:
         if (i, mode) not in memo:
             memo[i, mode] = _dp(P, float(cands[i]), mode)
-            probes.append({"cycle_s": float(cands[i]), "check": mode, "feasible": memo[i, mode].plan is not None})
+            probes.append({"per_sample_s": float(cands[i]), "check": mode,
+                           "feasible": memo[i, mode].plan is not None})
         return memo[i, mode]
 
     def smallest(lo: int, mode: str) -> int | None:
@@ -691,20 +791,64 @@ def _solve(P: _Problem) -> tuple[list | None, list[dict], _Result | None]:
     if j is None:
         return None, probes, memo[cands.size - 1, "full"]
     final = run(j, "full")
+    if cands[j] < P.floor_per:                  # more than the request rate: the cheapest plan that sustains it
+        final = _dp(P, P.floor_per, "full")
+        probes.append({"per_sample_s": P.floor_per, "check": "full at the request rate",
+                       "feasible": final.plan is not None})
     return final.plan, probes, final
 
 
-def _best_unsplit(P: _Problem) -> tuple | None:
-    """The best plan with a single split (data parallel replicas of the whole model), or None."""
-    best = None
+def _serial_paths(P: _Problem) -> list[tuple[float, list[tuple[int, int]]]]:
+    """Per GPU type, the cuts with the shortest round (stage times and transfers summed): a shortest path."""
+    out = []
     for g in range(P.G):
-        for r in range(1, int(P.cap[0, g]) + 1):
-            cycle, cost, gpus, lam, used = P.evaluate([(0, P.L, g, r)])
-            if P.feasible(lam, cost, used):
-                key = (cycle, cost, gpus, lam)
-                if best is None or key < best[0]:
-                    best = (key, g, r)
-    return best
+        best = np.full(P.L + 1, np.inf)
+        prev = np.zeros(P.L + 1, np.int64)
+        best[0] = 0.0
+        for e in range(1, P.L + 1):
+            for s in range(e):
+                v = best[s] + float(P.T3[s, e, g] + P.x[s])
+                if v < best[e]:
+                    best[e], prev[e] = v, s
+        cuts, e = [], P.L
+        while e > 0:
+            cuts.append((int(prev[e]), e))
+            e = int(prev[e])
+        out.append((float(best[P.L]), cuts[::-1]))
+    return out
+
+
+def _solve_serial(P: _Problem) -> list | None:
+    """Not pipelined: per type the shortest round, on every pool size that fits; the best by the plan key."""
+    best = None
+    for g, (_, cuts) in enumerate(_serial_paths(P)):
+        for pool in range(1, int(P.counts[g]) + 1):
+            plan = [(s, e, g, pool) for s, e in cuts]
+            per, cost, gpus, lam, used = P.evaluate(plan)
+            key = (per, cost, gpus, lam, len(plan))
+            if P.feasible(lam, cost, used) and (best is None or key < best[0]):
+                best = (key, plan)
+    return best[1] if best else None
+
+
+def _data_parallel(P: _Problem) -> DataParallelPlan:
+    """The early-exit model as is on all the GPUs: each replica runs a batch of b through every layer."""
+    replicas, batch_s, served, worst = {}, {}, 0.0, 0.0
+    fill = P.B / P.rate if P.rate else 0.0
+    for g, name in enumerate(P.types):
+        t = float(P.T3[0, P.L, g])
+        batch_s[name] = t
+        if t + fill <= P.budget * (1 + _TOL):
+            replicas[name] = int(P.counts[g])
+            served += P.counts[g] * P.B / t
+            worst = max(worst, t + fill)
+    if not replicas:
+        fastest = min(batch_s, key=batch_s.get)
+        return DataParallelPlan({}, batch_s, 0.0, math.inf, 0.0, P.B,
+                                f"no GPU type runs a batch of {P.B} through the model within the {_ms(P.budget)} "
+                                f"budget (the fastest, {fastest}, takes {_ms(batch_s[fastest] + fill)})")
+    cost = float(sum(P.prices[P.types.index(g)] * n for g, n in replicas.items()))
+    return DataParallelPlan(replicas, batch_s, float(served), worst, cost, P.B)
 
 
 def _brute(P: _Problem) -> tuple[list | None, int]:
@@ -712,18 +856,29 @@ def _brute(P: _Problem) -> tuple[list | None, int]:
     best: list = [None, None]
     seen = [0]
 
+    def consider(plan):
+        seen[0] += 1
+        per, cost, gpus, lam, u = P.evaluate(plan)
+        if P.feasible(lam, cost, u):
+            key = (per, cost, gpus, lam, len(plan))
+            if best[0] is None or key < best[0]:
+                best[0], best[1] = key, list(plan)
+
+    if not P.pipelined:
+        for cuts in itertools.product((False, True), repeat=L - 1):
+            bounds = [0] + [k + 1 for k, c in enumerate(cuts) if c] + [L]
+            for g in range(G):
+                for pool in range(1, int(P.counts[g]) + 1):
+                    consider([(s, e, g, pool) for s, e in zip(bounds, bounds[1:])])
+        return best[1], seen[0]
+
     def rec(s: int, used: list[int], plan: list):
         if s == L:
-            seen[0] += 1
-            cycle, cost, gpus, lam, u = P.evaluate(plan)
-            if P.feasible(lam, cost, u):
-                key = (cycle, cost, gpus, lam)
-                if best[0] is None or key < best[0]:
-                    best[0], best[1] = key, list(plan)
+            consider(plan)
             return
         for e in range(s + 1, L + 1):
             for g in range(G):
-                for r in range(1, int(P.cap[s, g]) + 1):
+                for r in range(1, int(P.counts[g]) + 1):
                     if used[g] + r > P.counts[g]:
                         break
                     used[g] += r
@@ -743,23 +898,35 @@ def _ms(seconds: float) -> str:
 
 
 def _empty_reason(P: _Problem) -> str:
-    budget = (f"the budget is {_ms(P.budget)} (SLO {_ms(P.slo)} less {100 * P.slack:g}% slack)")
+    budget = (f"the budget is {_ms(P.budget)} (SLO {_ms(P.slo)} less {100 * P.slack:g}% slack"
+              + (f", batches filling at {P.rate:,.4g} requests/s" if P.rate else "") + ")")
+    if not P.pipelined:
+        rounds = [(rnd + P.round_fill(1), g) for g, (rnd, _) in enumerate(_serial_paths(P))]
+        lam, g = min(rounds)
+        if lam > P.budget * (1 + _TOL):
+            return (f"no plan meets the SLO: not pipelined, the shortest round (one GPU of the fastest type, "
+                    f"{P.types[g]}) takes {_ms(lam)}, and {budget}; raise the SLO, lower the slack or the batch "
+                    f"size ({P.B}), or give faster GPUs")
+        cheapest = min(float(P.prices[g]) for lam_g, g in rounds if lam_g <= P.budget * (1 + _TOL))
+        return (f"no plan meets the cost bound: the cheapest plan that meets the SLO costs ${cheapest:.4g}/s, above "
+                f"alpha x baseline = {P.alpha:g} x ${P.baseline:.4g}/s; raise alpha or give cheaper GPUs")
     free = np.zeros(P.L + 1)                       # the lowest latency with every type unlimited
     for s in range(P.L - 1, -1, -1):
         free[s] = np.min(P.E[s, s + 1:] + free[s + 1:, None, None])
     if free[0] > P.budget * (1 + _TOL):
-        return (f"no plan meets the SLO: even with every split on its fastest GPU type at the most replicas, a "
-                f"request that reaches the last layer takes at least {_ms(free[0])}, and {budget}; raise the SLO, "
-                f"lower the slack or the batch size ({P.B}), or give faster GPUs")
-    unbounded = P.variant(cost_limit=math.inf, pipelined=False, budget=math.inf)   # the lowest latency
+        return (f"no plan meets the SLO: even with every split on its fastest GPU type, a request that reaches "
+                f"the last layer takes at least {_ms(free[0])}, and {budget}; raise the SLO, lower the slack or "
+                f"the batch size ({P.B})" + (", raise the request rate" if P.rate else "")
+                + ", or give faster GPUs")
+    unbounded = P.variant(cost_limit=math.inf, pipelined=False, budget=math.inf)   # ranks by latency first
     fastest = _dp(unbounded, math.inf, "full")
-    lam = P.evaluate(fastest.plan)[3] if fastest.plan else math.inf
+    lam = sum(float(P.E[s, e, g, r - 1]) for s, e, g, r in fastest.plan) if fastest.plan else math.inf
     if lam > P.budget:
         return (f"no plan meets the SLO with the GPUs given ({_counts(P)}): the lowest worst-case latency they "
                 f"allow is {_ms(lam)}, and {budget}; give more or faster GPUs or a smaller batch ({P.B})")
     if P.alpha is None:                                          # (not reached: the fastest plan would do)
         return f"no plan meets the SLO with the GPUs given ({_counts(P)}), and {budget}"
-    cheapest = P.variant(cost_limit=math.inf, pipelined=True)     # at any cycle, the cheapest within the SLO
+    cheapest = P.variant(cost_limit=math.inf)                    # at any goodput, the cheapest within the SLO
     plan = _dp(cheapest, math.inf, "full").plan
     cost = cheapest.evaluate(plan)[1] if plan else math.inf
     return (f"no plan meets the cost bound: the cheapest plan that meets the SLO with these GPUs costs "
@@ -778,30 +945,30 @@ def _build(P: _Problem, plan: list | None, probes: list[dict], res: _Result | No
             table.append({"boundary": e, "fraction_in": float(P.f_in[e]) if e < P.L else float(P.fracs[-1]),
                           "labels": int(res.labels[e]), "best_latency_s": float(res.best_lat[e]),
                           "fewest_gpus": int(res.fewest[e])})
-    unsplit = _best_unsplit(P)
-    unsplit_d = None
-    if unsplit is not None:
-        (cyc, cost, gpus, lam), g, r = unsplit
-        unsplit_d = {"gpu_type": P.types[g], "replicas": r, "batch": int(P.batch[0, r - 1]), "cycle_s": cyc,
-                     "latency_s": lam, "goodput": P.B / cyc, "cost_per_s": cost}
-    common = dict(budget_s=P.budget, cost_limit_per_s=P.cost_limit / (1 + _TOL),
-                  batch_size=P.B, pipelined=P.pipelined, unsplit=unsplit_d, table=table, probes=probes)
+    baseline = _data_parallel(P)
+    common = dict(budget_s=P.budget, cost_limit_per_s=P.cost_limit / (1 + _TOL), batch_size=P.B,
+                  request_rate=P.rate, pipelined=P.pipelined, baseline=baseline, table=table, probes=probes)
     if plan is None:
         return SplitPlan([], [], [], [], 0.0, reason=_empty_reason(P), solve_s=time.perf_counter() - started,
                          **common)
-    cycle, cost, gpus, lam, used = P.evaluate(plan)
+    per, lam, used = P.measure(plan)
+    cost = P.cost_of(used)
     splits = [(s, e) for s, e, _, _ in plan]
     replicas = [r for *_, r in plan]
     types = [P.types[g] for _, _, g, _ in plan]
-    batches = [int(P.batch[s, r - 1]) for s, _, _, r in plan]
-    stages = [float(P.T[s, e, g, r - 1]) for s, e, g, r in plan]
+    stages = [float(P.T3[s, e, g]) for s, e, g, _ in plan]
     transfers = [float(P.x[s]) for s, *_ in plan[1:]]
-    goodput = P.B / cycle
-    bottlenecks = _bottlenecks(P, stages, transfers, cycle)
-    binding = _binding(P, splits, bottlenecks, cycle)
-    reason = _reason(P, plan, batches, cycle, lam, cost, goodput, unsplit_d)
-    return SplitPlan(splits, replicas, types, batches, goodput, stage_s=stages, transfers_s=transfers, cycle_s=cycle,
-                     latency_s=lam, cost_per_s=cost, gpus_used={t: int(n) for t, n in zip(P.types, used) if n},
+    n = replicas[0]
+    per_cycle = [n * float(P.f_in[s]) for s, *_ in plan]
+    fills = ([float(P.fill[s]) for s, *_ in plan] if P.pipelined
+             else [P.round_fill(n)] + [0.0] * (len(plan) - 1))
+    goodput = 1.0 / per
+    bottlenecks = _bottlenecks(P, plan, per)
+    binding = _binding(P, splits, bottlenecks, per)
+    reason = _reason(P, plan, per, lam, cost, baseline)
+    return SplitPlan(splits, replicas, types, [P.B] * len(plan), goodput, stage_s=stages, transfers_s=transfers,
+                     batches_per_cycle=per_cycle, fill_s=fills, input_batches=n, cycle_s=n * P.B * per,
+                     latency_s=lam, cost_per_s=cost, gpus_used=used_of(plan, P),
                      binding=binding, bottlenecks=bottlenecks, reason=reason,
                      solve_s=time.perf_counter() - started, **common)
 
@@ -810,80 +977,107 @@ def _layers(s: int, e: int) -> str:
     return f"layer {s}" if e == s + 1 else f"layers {s}-{e - 1}"
 
 
-def _bottlenecks(P: _Problem, stages, transfers, cycle) -> list[tuple[str, int]]:
+def _bottlenecks(P: _Problem, plan, per) -> list[tuple[str, int]]:
     if not P.pipelined:
         return []
-    return ([("compute", i) for i, t in enumerate(stages) if t == cycle]
-            + [("transfer", i + 1) for i, t in enumerate(transfers) if t == cycle])
+    tol = per * 1e-12
+    compute = [("compute", i) for i, (s, e, g, r) in enumerate(plan)
+               if P.f_in[s] * P.T3[s, e, g] / (r * P.B) >= per - tol]
+    sends = [("transfer", i) for i, (s, *_) in enumerate(plan) if i and P.f_in[s] * P.x[s] / P.B >= per - tol]
+    return compute + sends
 
 
-def _binding(P: _Problem, splits, bottlenecks, cycle) -> str:
+def _binding(P: _Problem, splits, bottlenecks, per) -> str:
     if not P.pipelined:
-        return (f"not pipelined: the cycle ({_ms(cycle)}) is the sum of every split's compute and every transfer; "
-                "the next batch enters when the last split is done")
+        return (f"not pipelined: a round is the sum of every split's stage time and every transfer; the next round "
+                f"enters when the last split is done ({_ms(per)} per input sample)")
     found = [f"split {i + 1}'s compute ({_layers(*splits[i])})" if kind == "compute"
              else f"the transfer into split {i + 1} (after layer {splits[i][0] - 1})" for kind, i in bottlenecks]
-    return f"{' and '.join(found)} set{'s' if len(found) == 1 else ''} the cycle, {_ms(cycle)}"
+    return (f"{' and '.join(found)} set{'s' if len(found) == 1 else ''} goodput, "
+            f"{1 / per:,.4g} input samples/s")
 
 
-def _reason(P: _Problem, plan, batches, cycle, lam, cost, goodput, unsplit) -> str:
+def used_of(plan, P: _Problem) -> dict[str, int]:
+    """GPUs per type a plan (as (start, end, type index, replicas)) uses."""
+    return {P.types[g]: int(n) for g, n in enumerate(P.measure(plan)[2]) if n}
+
+
+def _reason(P: _Problem, plan, per, lam, cost, baseline: DataParallelPlan) -> str:
     parts = []
-    if len(plan) == 1:
+    goodput = 1.0 / per
+    if not P.pipelined:
+        g, pool = plan[0][2], plan[0][3]
+        cuts = [s for s, *_ in plan[1:]]
+        parts.append(f"not pipelined: every split in turn on the same {pool} x {P.types[g]}"
+                     + (f", cut after layer(s) {', '.join(str(c - 1) for c in cuts)}" if cuts else ", no cut"))
+    elif len(plan) == 1:
         s, e, g, r = plan[0]
-        parts.append(f"no cut: the whole model on {r} x {P.types[g]} (a replica's batch {batches[0]}) has the best "
-                     "goodput; no plan with a cut beats it within the SLO, the GPUs and the cost bound"
+        parts.append(f"no cut: the whole model on {r} x {P.types[g]} at a batch of {P.B} has the best goodput; no "
+                     "plan with a cut beats it within the SLO, the GPUs and the cost bound"
                      + (f" (a transfer costs {_ms(float(P.x[1:P.L].max()))})" if P.L > 1 and P.x[1:P.L].max() > 0
                         else ""))
     else:
         cuts = [s for s, *_ in plan[1:]]
         falls = ", ".join(f"{100 * P.f_in[c]:.3g}% after layer {c - 1}" for c in cuts)
         parts.append(f"cut after layer(s) {', '.join(str(c - 1) for c in cuts)}, where the batch has fallen to {falls}")
-        reps = "; ".join(f"split {i + 1} ({_layers(s, e)}) on {r} x {P.types[g]} at {b} per replica"
-                         for i, ((s, e, g, r), b) in enumerate(zip(plan, batches)))
-        parts.append(f"replicas keep each split's batch and time in step: {reps}")
+        n = plan[0][3]
+        reps = "; ".join(f"split {i + 1} ({_layers(s, e)}) on {r} x {P.types[g]} receives "
+                         f"{n * P.f_in[s]:.3g} batch(es) of {P.B} a cycle"
+                         for i, (s, e, g, r) in enumerate(plan))
+        parts.append(f"{n} input batch(es) of {P.B} a cycle; survivors merge into full batches: {reps}")
     parts.append(f"worst-case latency {_ms(lam)} within the {_ms(P.budget)} budget")
+    if P.rate:
+        parts.append(f"batches fill at {P.rate:,.4g} requests/s" + ("" if goodput >= P.rate * (1 - 1e-9) else
+                     f", more than the {goodput:,.4g} samples/s this plan sustains"))
     if P.priced:
         parts.append(f"cost ${cost:.4g}/s" + (f" of at most ${P.cost_limit / (1 + _TOL):.4g}/s"
                                               if math.isfinite(P.cost_limit) else ""))
-    if unsplit is None:
-        parts.append("no unsplit plan (data-parallel replicas of the whole model) meets the SLO")
-    elif len(plan) > 1:
-        parts.append(f"{goodput / unsplit['goodput']:.3g}x the goodput of the best unsplit plan "
-                     f"({unsplit['replicas']} x {unsplit['gpu_type']}: {unsplit['goodput']:,.4g} samples/s)")
+    if not baseline:
+        parts.append("the early-exit model as is, data parallel on these GPUs, meets no SLO: " + baseline.reason)
+    elif P.rate and goodput >= P.rate * (1 - 1e-9):
+        on = ", ".join(f"{n} x {g}" for g, n in baseline.replicas.items())
+        parts.append(f"sustains the request rate on {sum(used_of(plan, P).values())} GPU(s); the early-exit "
+                     f"model as is, data parallel on {on}, sustains {baseline.goodput:,.4g} samples/s")
+    else:
+        on = ", ".join(f"{n} x {g}" for g, n in baseline.replicas.items())
+        parts.append(f"{goodput / baseline.goodput:.3g}x the goodput of the early-exit model as is, data parallel "
+                     f"on {on} ({baseline.goodput:,.4g} samples/s)")
     return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------- public
 
 def _problem(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
-             prices, alpha, baseline_cost_per_s) -> _Problem:
-    fracs, counts, slo, sl, b, price, a, base = _validate(layer_latency, batch_profile, gpus, slo_s, pipelined,
-                                                          transfer_s, slack, batch_size, num_layers, prices, alpha,
-                                                          baseline_cost_per_s)
-    return _Problem(layer_latency, fracs, counts, slo, pipelined, transfer_s, sl, b, price, a, base)
+             prices, alpha, baseline_cost_per_s, request_rate) -> _Problem:
+    fracs, counts, slo, sl, b, price, a, base, rate = _validate(
+        layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers, prices,
+        alpha, baseline_cost_per_s, request_rate)
+    return _Problem(layer_latency, fracs, counts, slo, pipelined, transfer_s, sl, b, price, a, base, rate)
 
 
 def optimize_splits(layer_latency: LayerLatency, batch_profile: Sequence[float], gpus: Mapping[str, int],
                     slo_s: float, pipelined: bool = True, transfer_s: float | Callable[[int, int], float] = 0.0,
                     slack: float = 0.2, *, batch_size: int = 16, num_layers: int | None = None,
                     prices: Mapping[str, float] | None = None, alpha: float | None = None,
-                    baseline_cost_per_s: float | None = None) -> SplitPlan:
+                    baseline_cost_per_s: float | None = None, request_rate: float | None = None) -> SplitPlan:
     """The plan with the highest goodput whose every request meets ``slo_s x (1 - slack)`` (see the module's
     docstring for the model).
 
     ``layer_latency(layer, batch, gpu_type)``: seconds for one replica to run ``layer`` on ``batch`` samples
-    (called with whole batches >= 1, each once). ``batch_profile[k]``: the fraction of the input batch still
-    present after layer k's exit ramp (non-increasing, in [0, 1], one entry per layer; ``num_layers``, when
-    given, checks its length). ``gpus``: gpu_type -> count. ``batch_size``: the samples the first split
-    receives per cycle. ``transfer_s``: seconds between consecutive splits, or ``transfer_s(boundary, batch)``.
+    (called with whole batches >= 1, each once). ``batch_profile[k]``: the fraction of the input still present
+    after layer k's exit ramp (non-increasing, in [0, 1], one entry per layer; ``num_layers``, when given,
+    checks its length). ``gpus``: gpu_type -> count. ``batch_size``: the batch b every replica runs.
+    ``transfer_s``: seconds to move a batch of b between consecutive splits, or ``transfer_s(boundary, b)``.
     ``prices``: gpu_type -> dollars per second (e.g. ``workbench.devices.PRESETS[t].price_per_s``);
     ``alpha``: plans may cost at most ``alpha x baseline_cost_per_s`` (default: the price of all ``gpus``).
+    ``request_rate``: input requests per second; batches then take time to fill, which counts in the latency,
+    and goodput beyond it earns nothing (the cheapest plan that sustains it wins).
 
     Returns a :class:`SplitPlan`; when no plan meets the SLO (or the cost bound) it has no splits, goodput 0
     and a ``reason``. Bad input raises :class:`~workbench.errors.WorkbenchError` before any work."""
     started = time.perf_counter()
     P = _problem(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
-                 prices, alpha, baseline_cost_per_s)
+                 prices, alpha, baseline_cost_per_s, request_rate)
     plan, probes, res = _solve(P)
     return _build(P, plan, probes, res, started)
 
@@ -892,15 +1086,42 @@ def brute_force_splits(layer_latency: LayerLatency, batch_profile: Sequence[floa
                        slo_s: float, pipelined: bool = True, transfer_s: float | Callable[[int, int], float] = 0.0,
                        slack: float = 0.2, *, batch_size: int = 16, num_layers: int | None = None,
                        prices: Mapping[str, float] | None = None, alpha: float | None = None,
-                       baseline_cost_per_s: float | None = None) -> SplitPlan:
+                       baseline_cost_per_s: float | None = None, request_rate: float | None = None) -> SplitPlan:
     """:func:`optimize_splits` by enumerating every plan (every cut, type and replica count): the same model,
     objective and tie-breaking, for checking the dynamic program on small cases (it grows exponentially)."""
     started = time.perf_counter()
     P = _problem(layer_latency, batch_profile, gpus, slo_s, pipelined, transfer_s, slack, batch_size, num_layers,
-                 prices, alpha, baseline_cost_per_s)
+                 prices, alpha, baseline_cost_per_s, request_rate)
     plan, seen = _brute(P)
-    return _build(P, plan, [{"cycle_s": math.nan, "check": f"brute force over {seen} plans",
+    return _build(P, plan, [{"per_sample_s": math.nan, "check": f"brute force over {seen} plans",
                              "feasible": plan is not None}], None, started)
+
+
+def data_parallel(layer_latency: LayerLatency, batch_profile: Sequence[float], gpus: Mapping[str, int],
+                  slo_s: float, slack: float = 0.2, *, batch_size: int = 16, num_layers: int | None = None,
+                  prices: Mapping[str, float] | None = None, request_rate: float | None = None) -> DataParallelPlan:
+    """A model run as is, data parallel on all ``gpus``, every replica at a batch of ``batch_size``: the early-exit
+    model (its ``batch_profile``) or, with a profile of all ones and the latency of the model without ramps, the
+    stock model. A type whose replica misses the SLO takes no part."""
+    P = _problem(layer_latency, batch_profile, gpus, slo_s, True, 0.0, slack, batch_size, num_layers, prices,
+                 None, None, request_rate)
+    return _data_parallel(P)
+
+
+def largest_batch(layer_latency: LayerLatency, batch_profile: Sequence[float], gpus: Mapping[str, int],
+                  slo_s: float, request_rate: float, *, batches: Sequence[int] = tuple(range(1, 65)),
+                  **options) -> tuple[int, SplitPlan] | None:
+    """E3's B_0 (§3.2): the largest per-replica batch among ``batches`` whose plan sustains ``request_rate``
+    with every request, batch filling included, within the SLO; with that plan. None when no batch does.
+    ``options``: the rest of :func:`optimize_splits`'s keywords."""
+    if not batches:
+        raise WorkbenchError("batches is empty: give the per-replica batch sizes to try, e.g. range(1, 65)")
+    for b in sorted(set(batches), reverse=True):
+        plan = optimize_splits(layer_latency, batch_profile, gpus, slo_s, batch_size=b,
+                               request_rate=request_rate, **options)
+        if plan and plan.goodput >= request_rate * (1 - 1e-9):
+            return b, plan
+    return None
 
 
 # ------------------------------------------------------------------------------------------- benchmarking
