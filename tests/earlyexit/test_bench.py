@@ -30,15 +30,15 @@ def test_quick_bench_without_serving(capsys):
 
     good = {(r["batch"], r["system"]): r for r in tables["goodput"]}
     assert set(good) == {(b, s) for b in (1, 4) for s in ("e3", "as_is", "stock")}
-    # E3 at least matches the early-exit model run as is from batch 4 on the 80:20 mix, and beats the stock model
-    assert good[(4, "e3")]["goodput"] >= good[(4, "as_is")]["goodput"]
-    assert good[(4, "e3")]["goodput"] > good[(4, "stock")]["goodput"]
     assert all(r["attainment"] >= 0.99 for r in good.values())
-    assert "E3 >= as is for every batch >= 4: yes" in out
+    # the ratios printed are the table's, with their band
+    e3 = good[(4, "e3")]
+    lo, hi = e3["e3_over_as_is_band"]
+    assert f"b=4 {e3['e3_over_as_is']:.2f}x [{lo:.2f}-{hi:.2f}]" in out and e3["deploys"] in out
 
     cost = tables["cost"]
-    assert len(cost) == len(tables["goodput"]) and all(r["target"] == 6000 for r in cost)
-    assert all(math.isfinite(r["cost_per_s_for_target"]) for r in cost)
-    assert [r["error_pct"] for r in tables["misprediction"]] == [-20.0, 20.0]
+    assert {(r["batch"], r["system"]) for r in cost} == set(good) and all(r["target"] == 6000 for r in cost)
+    assert all(r["alpha"] == 1.0 for r in cost if r["system"] == "e3")
+    assert all(r["windows"] == 6 for r in tables["misprediction"])
     assert all(r["ramps_disabled"] == len(r["disabled"].split()) for r in tables["ramps"])
-    assert "optimizer median time" in out and "mixes:" in out
+    assert "optimizer median time" in out and "mixes:" in out and "ARIMA on a drifting 80:20 mix" in out

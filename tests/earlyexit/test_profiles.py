@@ -62,15 +62,24 @@ def test_profiles_by_gpu_type_feed_the_optimizer():
     assert plan and plan.splits[-1][1] == 2
 
 
-def test_gpu_profiles_are_estimates_from_the_presets():
+def test_gpu_profiles_read_the_published_batch_curves():
+    from workbench.earlyexit import gpu_curves
+
     for gpu in ("v100", "p100", "k80", "a6000"):
-        assert "estimate, not measured" in PRESETS[gpu].source and "spec sheet" in PRESETS[gpu].source
         p = gpu_profile(gpu, "bert-base")
-        assert not p.measured and "estimate, not measured" in p.source and p.device == gpu
-        shape = LayerShape(768, 12, 3072, 128)
-        for b in (1, 3, 16, 100, 1024):          # linear in the batch: the interpolation is exact everywhere
-            assert p.layer_time(0, b) == approx(PRESETS[gpu].layer_compute_s(m=12, shape=shape, batch=b))
+        assert not p.measured and "published BERT-base batch curve" in p.source and p.device == gpu
+        for b in (1, 3, 16, 64):                 # BERT-base itself: the curve per layer, at every whole batch
+            assert p.layer_time(0, b) == approx(gpu_curves.batch_latency_s(gpu, b) / 12)
+        assert p.ramp_time(0, 8) == approx(lp.RAMP_OVERHEAD_SHARE * p.layer_time(0, 1))
         assert 0 < p.ramp_time(0, 8) < p.layer_time(0, 8)
+        flatter, steeper = gpu_profile(gpu, saturation="flatter"), gpu_profile(gpu, saturation="steeper")
+        assert flatter.layer_time(0, 1) == approx(p.layer_time(0, 1)) == approx(steeper.layer_time(0, 1))
+        assert flatter.layer_time(0, 32) < p.layer_time(0, 32) < steeper.layer_time(0, 32)
+    # a smaller model reads the curve at its work-equivalent batch, never below batch 1
+    small = gpu_profile("v100", "encoder")
+    assert small.layer_time(0, 1) == approx(small.layer_time(0, 4)) == approx(p.layer_time(0, 1) * 0 +
+                                                                             gpu_profile("v100").layer_time(0, 1))
+    assert small.layer_time(0, 64) < gpu_profile("v100").layer_time(0, 64)
     large = gpu_profile("v100", "bert-large")
     assert large.num_layers == 24 and large.layer_time(0, 8) > gpu_profile("v100").layer_time(0, 8)
     assert gpu_profile("v100", "encoder", seq_len=32).seq_len == 32
@@ -78,6 +87,8 @@ def test_gpu_profiles_are_estimates_from_the_presets():
         gpu_profile("host")
     with pytest.raises(WorkbenchError, match="unknown model shape"):
         gpu_profile("v100", "gpt-5")
+    with pytest.raises(WorkbenchError, match="saturation is one of published, flatter, steeper"):
+        gpu_profile("v100", saturation="wild")
     with pytest.raises(WorkbenchError, match="1..1024"):
         gpu_profile("v100").latency(0, 1025)
 

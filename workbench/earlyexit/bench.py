@@ -11,13 +11,17 @@ Tables:
   (:func:`~workbench.earlyexit.evaluation.validate_simulator`): goodput and p50/p95 latency errors, target within
   20%. Skipped, with the reason printed, when Ray Serve cannot be used here or ``--no-serve`` is given.
 - ``goodput`` (Figures 7, 13, 16): simulated goodput of E3, the early-exit model as is and the stock model per
-  cluster (16 V100; 6 V100 + 8 P100 + 15 K80), easy:hard mix and batch size.
-- ``cost`` (Figures 14, 15): GPUs and dollars per second each needs for a fixed goodput, from the goodput runs.
-- ``misprediction`` (§5.8.3): E3 planned with a batch profile off by +-20%, served the true one.
+  cluster (16 V100; 6 V100 + 8 P100 + 15 K80), easy:hard mix and batch size (every replica at that batch),
+  with the band of E3's ratios over the GPU curves' saturation.
+- ``cost`` (Figures 14, 15): GPUs and dollars per second each needs for a fixed goodput: the cheapest
+  data-parallel counts for the baselines, E3's optimizer at that request rate with ``--alpha`` (analytic).
+- ``misprediction`` (§5.8.2-5.8.3): a drifting mix forecast window by window with ARIMA, each plan made with the
+  forecast and served the measured profile; ARIMA's own errors and the capacity lost.
 - ``ramps`` (§5.8.6): E3's plans with the ramps inside each split disabled.
 
-The GPU latencies are estimates from the E3 presets (not measured); the mixes are measured on the trained model
-when `workbench prepare` has made it (rescaled to the deeper model), else parametric (the summary says which).
+The GPU latencies are published BERT batch curves (:mod:`workbench.earlyexit.gpu_curves`; derived for the P100,
+K80 and A6000), not measured here; the mixes are measured on the trained model when `workbench prepare` has
+made it (rescaled to the deeper model), else parametric (the paper's Figure 3; the summary says which).
 ``--quick`` keeps the whole run to about a minute.
 """
 from __future__ import annotations
@@ -37,7 +41,8 @@ MIN_EARLY = 0.05
 """A measured mix is used (``--mix-source auto``) when at least this share of some mix leaves early."""
 
 QUICK = {"batches": [1, 4, 8], "mixes": ["80:20"], "requests": 600, "min_span_slos": 2.0, "repeats": 2,
-         "mispredict_batches": [8], "errors_pct": [-20.0, 20.0], "ramp_batches": [8], "serve_requests": 40, "profile_batches": [1, 2, 4, 8]}
+         "mispredict_batches": [8], "windows": 8, "ramp_batches": [8], "serve_requests": 40,
+         "profile_batches": [1, 2, 4, 8]}
 """--quick: three batch sizes, the 80:20 mix, 600 simulated requests, two optimizer repeats, one batch size for
 the misprediction and ramp tables, 40 real requests."""
 
@@ -45,9 +50,6 @@ BATCHES = count(1, unit="samples", at_most=Bound(64, "the largest batch the laye
 REQUESTS = count(50, unit="requests", at_most=Bound(200_000, "a simulation that still takes seconds"))
 
 
-ERROR_PCT = Number("%", minimum=-99, at_most=Bound(500, "a profile six times the real one"), whole=False)
-"""A batch-profile error in percent: -99 (nearly empty batches) to +500."""
-ERROR_PCT.__name__ = "profile error"
 
 def parser() -> Parser:
     p = Parser(prog="workbench bench e3",
@@ -70,8 +72,10 @@ def parser() -> Parser:
                    help="the fixed goodput of the cost table (the paper: 6000)")
     p.add_argument("--mispredict-batches", nargs="+", type=BATCHES, default=[4, 8, 16],
                    help="batch sizes of the misprediction table")
-    p.add_argument("--errors-pct", nargs="+", type=ERROR_PCT, default=[-50.0, -20.0, 20.0, 50.0],
-                   help="batch-profile errors of the misprediction table, percent")
+    p.add_argument("--windows", type=count(3, unit="windows", at_most=Bound(1000, "a thousand")), default=24,
+                   help="windows of the drifting mix in the misprediction table")
+    p.add_argument("--alpha", type=positive("", Bound(100, "a hundred times the baseline's cost")), default=1.0,
+                   help="E3's cost bound over the cheaper baseline's in the cost table")
     p.add_argument("--ramp-batches", nargs="+", type=BATCHES, default=[4, 8, 16],
                    help="batch sizes of the ramp-disabling table")
     p.add_argument("--no-serve", action="store_true", help="skip the real Ray Serve run (the validation table)")
@@ -225,7 +229,7 @@ def _untrained_validation(opts):
     L = profile.num_layers
     batch = min(4, profile.max_batch)
     plan = optimize_splits(profile.adapter(), [1.0] * (L - 1) + [0.0], {"host": 2}, SERVE_SLO_S,
-                           batch_size=2 * batch, num_layers=L)
+                           batch_size=batch, num_layers=L)
     if not plan:
         return None, f"validation: no plan on this host within {SERVE_SLO_S:g} s ({plan.reason})", None
     rate = 0.25 * plan.goodput
@@ -251,14 +255,19 @@ def goodput_summary(rows: list[dict]) -> list[str]:
             part = [r for r in e3 if r["cluster"] == cluster and r["mix"] == mix]
             big = [r for r in part if r["batch"] >= 4]
             beats = all(r["e3_over_as_is"] >= 1 for r in big)
-            lines.append(f"{cluster} {mix}: E3 / as is " + ", ".join(f"b={r['batch']} {r['e3_over_as_is']:.2f}x"
-                                                                      for r in part)
-                         + "; E3 / stock " + ", ".join(f"{r['e3_over_stock']:.2f}x" for r in part)
-                         + (f"; E3 >= as is for every batch >= 4: {'yes' if beats else 'NO'} (E3 runs the model as is "
-                            "where its own plan would do worse, as the paper's optimizer may)" if big else ""))
+
+            def ratio(r, other):
+                lo, hi = r[f"e3_over_{other}_band"]
+                return f"b={r['batch']} {r[f'e3_over_{other}']:.2f}x [{lo:.2f}-{hi:.2f}]"
+            lines.append(f"{cluster} {mix}: E3 / as is " + ", ".join(ratio(r, "as_is") for r in part)
+                         + "; E3 / stock " + ", ".join(ratio(r, "stock") for r in part)
+                         + "; E3 deploys " + ", ".join(f"b={r['batch']} {r['deploys']}" for r in part)
+                         + (f"; E3 >= as is for every batch >= 4: {'yes' if beats else 'NO'}" if big else ""))
     best = max(e3, key=lambda r: r["e3_over_as_is"], default=None)
     if best:
-        lines.append(f"largest gain over the as-is model {best['e3_over_as_is']:.2f}x ({best['cluster']}, "
+        lines.append("[band]: the ratio of analytic capacities over the GPU curves' saturation (published, flatter, "
+                 "steeper)")
+    lines.append(f"largest gain over the as-is model {best['e3_over_as_is']:.2f}x ({best['cluster']}, "
                      f"{best['mix']}, b={best['batch']}); paper: up to 1.44x homogeneous, 1.70x heterogeneous; "
                      f"over stock up to {max(r['e3_over_stock'] for r in e3):.2f}x (paper: up to 1.30x)")
     return lines
@@ -290,28 +299,29 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         else:
             tables["validation"], line = validation_table(opts)
             summary.append(line)
-    goodput_rows = None
-    if "goodput" in opts.tables or "cost" in opts.tables:
-        goodput_rows = ev.goodput_table(opts.batches, opts.mixes, opts.clusters, scenario, measured)
-        if "goodput" in opts.tables:
-            tables["goodput"] = goodput_rows
-            summary.extend(goodput_summary(goodput_rows))
+    if "goodput" in opts.tables:
+        tables["goodput"] = goodput_rows = ev.goodput_table(opts.batches, opts.mixes, opts.clusters, scenario,
+                                                            measured)
+        summary.extend(goodput_summary(goodput_rows))
     if "cost" in opts.tables:
-        tables["cost"] = rows = ev.cost_table(goodput_rows, opts.target_goodput)
+        tables["cost"] = rows = ev.cost_table(opts.batches, opts.mixes, opts.clusters, scenario,
+                                              opts.target_goodput, opts.alpha, measured=measured)
         savings = [r["saving_pct"] for r in rows if r["system"] == "e3" and math.isfinite(r["saving_pct"])]
-        if savings:
-            summary.append(f"cost for {opts.target_goodput:g} samples/s: E3 saves {min(savings):.0f} to "
-                           f"{max(savings):.0f} % over the cheaper baseline (paper: 35-78 %)")
+        none = sum(1 for r in rows if r["system"] == "e3" and not math.isfinite(r["cost_per_s_for_target"]))
+        summary.append(f"cost for {opts.target_goodput:g} samples/s (analytic, alpha {opts.alpha:g}): "
+                       + (f"E3 saves {min(savings):.0f} to {max(savings):.0f} % over the cheaper baseline"
+                          if savings else "E3 has no plan")
+                       + (f"; no E3 plan within alpha in {none} case(s)" if none else "") + " (paper: 35-78 %)")
     if "misprediction" in opts.tables:
-        tables["misprediction"] = rows = ev.misprediction_table([e / 100 for e in opts.errors_pct],
-                                                                opts.mispredict_batches, opts.mixes, "homogeneous",
-                                                                scenario, measured)
-        for e in opts.errors_pct:
-            losses = [r["loss_pct"] for r in rows if r["error_pct"] == e and math.isfinite(r["loss_pct"])]
-            if losses:
-                summary.append(f"profile off by {e:+g} %: goodput loss {min(losses):.1f} to {max(losses):.1f} % "
-                               f"(paper: {ev.PAPER_MISPREDICTION_LOSS_PCT[0]}-{ev.PAPER_MISPREDICTION_LOSS_PCT[1]} "
-                               "% at 20 %)")
+        tables["misprediction"] = rows = ev.misprediction_table(opts.mispredict_batches, opts.mixes, "homogeneous",
+                                                                scenario, measured, windows=opts.windows,
+                                                                seed=opts.seed)
+        for r in rows:
+            summary.append(f"ARIMA on a drifting {r['mix']} mix ({r['windows']} windows, b={r['batch']}): mean "
+                           f"error {r['arima_mean_abs_error_pct']:.1f} % (worst {r['arima_worst_abs_error_pct']:.1f}"
+                           f" %), capacity lost {r['loss_mean_pct']:.1f} % mean, {r['loss_worst_pct']:.1f} % worst "
+                           f"(paper: {ev.PAPER_MISPREDICTION_LOSS_PCT[0]}-{ev.PAPER_MISPREDICTION_LOSS_PCT[1]} % at "
+                           "20 % error)")
     if "ramps" in opts.tables:
         tables["ramps"] = rows = ev.ramp_table(opts.ramp_batches, opts.mixes, ("homogeneous",), scenario, measured)
         gains = [r["gain_pct"] for r in rows if math.isfinite(r["gain_pct"])]

@@ -7,34 +7,33 @@ reading of answers and the feedback live in :mod:`workbench.labs`.
 
 The lab's set-up is small enough to work by hand: a 6-layer early-exit model (the shipped encoder's depth)
 whose batch profile is :data:`PROFILE`, identical GPUs on which a layer (its ramp included) takes
-``FIXED_MS + PER_SAMPLE_MS x batch`` milliseconds, :data:`TRANSFER_MS` to move survivors between splits, an
-SLO of :data:`SLO_MS` with E3's 20 % slack.
+``FIXED_MS + PER_SAMPLE_MS x batch`` milliseconds, every replica at a batch of :data:`BATCH`, :data:`TRANSFER_MS`
+to move a merged batch between splits, an SLO of :data:`SLO_MS` with E3's 20 % slack.
 """
 from __future__ import annotations
-
-import math
 
 from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.optimizer import SplitPlan, brute_force_splits, optimize_splits
 from workbench.labs import Feedback, check_choice, check_number
 
 PROFILE = (0.75, 0.5, 0.5, 0.25, 0.25, 0.0)
-"""Share of the input batch still present after each layer's ramp (a quarter leaves at ramp 0, another quarter
-at ramp 1, a quarter at ramp 3, the last quarter runs to the end)."""
+"""Share of the input still present after each layer's ramp (a quarter leaves at ramp 0, another quarter at
+ramp 1, a quarter at ramp 3, the last quarter runs to the end)."""
 FIXED_MS = 1.0                 # a layer's cost whatever its batch (kernel launches, the ramp's exit test)
 PER_SAMPLE_MS = 0.25           # and per sample in the batch
-TRANSFER_MS = 0.5              # survivors from one split to the next, per cycle
+TRANSFER_MS = 0.5              # a merged batch from one split to the next
 SLO_MS = 100.0
 SLACK = 0.2
 GPU = "gpu"
+BATCH = 8                      # every replica's batch
 
-REPLICA_PROBLEM = (4, 32)      # exercises 1 and 2: GPUs, input batch per cycle
-CYCLE_PROBLEM = (3, 32)        # exercise 3
-CUT_PROBLEM = (2, 16)          # exercises 4, 5 and 6
-TIGHT_SLO_MS = 20.0            # exercise 5
+MERGE_PROBLEM = (3, BATCH)     # exercises 1, 2 and 3: GPUs, batch per replica
+CUT_PROBLEM = (2, BATCH)       # exercises 4, 5 and 6
+TIGHT_SLO_MS = 18.0            # exercise 5
 PLAN_CHOICES = ("split", "unsplit", "none")
+BATCHES_TOLERANCE = 0.01
 STAGE_TOLERANCE_MS = 0.05
-CYCLE_TOLERANCE_MS = 0.05
+GOODPUT_TOLERANCE = 5.0
 SLO_TOLERANCE_MS = 0.5
 
 
@@ -48,7 +47,7 @@ def layer_latency(layer: int, batch: int, gpu: str = GPU) -> float:
 
 
 def problem(gpus: int, batch_size: int, slo_ms: float = SLO_MS) -> dict:
-    """The optimizer's keyword arguments for ``gpus`` identical GPUs taking ``batch_size`` samples a cycle."""
+    """The optimizer's keyword arguments for ``gpus`` identical GPUs, every replica at ``batch_size``."""
     return dict(layer_latency=layer_latency, batch_profile=list(PROFILE), gpus={GPU: gpus}, slo_s=slo_ms / 1e3,
                 transfer_s=TRANSFER_MS / 1e3, slack=SLACK, batch_size=batch_size, num_layers=len(PROFILE))
 
@@ -73,106 +72,105 @@ def _layers(split: tuple[int, int]) -> str:
 
 
 def describe(p: SplitPlan) -> str:
-    """A plan in one line: its splits, replicas and per-replica batches."""
+    """A plan in one line: its splits, replicas and batches per cycle."""
     if not p:
         return f"no plan ({p.reason})"
-    return "; ".join(f"split {i + 1}: {_layers(s)} on {r} GPU{'s' if r > 1 else ''}, batch {b}"
-                     for i, (s, r, b) in enumerate(zip(p.splits, p.replicas, p.batch_sizes)))
+    return "; ".join(f"split {i + 1}: {_layers(s)} on {r} GPU{'s' if r > 1 else ''}, {n:g} batch(es) of {b} a cycle"
+                     for i, (s, r, b, n) in enumerate(zip(p.splits, p.replicas, p.batch_sizes, p.batches_per_cycle)))
 
 
-def replica_batches(p: SplitPlan, index: int) -> list[int]:
-    """A replica's batch at each layer of split ``index`` of ``p``: ceil(B x entering share / replicas)."""
+def replica_batches(p: SplitPlan, index: int) -> list[float]:
+    """A replica's batch at each layer of split ``index`` of ``p``: b at the split's first layer, then b times
+    the share of its samples still present."""
     s, e = p.splits[index]
-    sizes = profile().batch_sizes(p.batch_size)
-    return [math.ceil(sizes[k] / p.replicas[index] - 1e-9) for k in range(s, e)]
+    prof = profile()
+    return [p.batch_size * prof.entering(k) / prof.entering(s) for k in range(s, e)]
 
 
-# ----------------------------------------------------------------------------- exercise 1: a replica's batch
+# ----------------------------------------------------------------------------- exercise 1: merged batches
 
 
-def replica_plan() -> SplitPlan:
-    return plan(*REPLICA_PROBLEM)
+def merge_plan() -> SplitPlan:
+    return plan(*MERGE_PROBLEM)
 
 
-def replica_batch() -> int:
-    """The batch a replica of the second split of :func:`replica_plan` is served with."""
-    return replica_plan().batch_sizes[1]
+def merged_batches() -> float:
+    """Full batches split 2 of :func:`merge_plan` receives per cycle."""
+    return merge_plan().batches_per_cycle[1]
 
 
-def check_replica_batch(answer) -> Feedback:
-    """Exercise 1: the batch one replica of split 2 receives per cycle (at its first layer)."""
-    p = replica_plan()
-    B, (start, _), r = p.batch_size, p.splits[1], p.replicas[1]
+def check_merged_batches(answer) -> Feedback:
+    """Exercise 1: how many full batches of 8 split 2 receives per cycle."""
+    p = merge_plan()
+    n, (start, _), r = p.input_batches, p.splits[1], p.replicas[1]
     share = profile().entering(start)
-    arriving = B * share
     return check_number(
-        "Exercise 1", answer, replica_batch(), whole=True, minimum=0, maximum=B, quantity="a replica's batch",
-        hint=f"{B} samples enter layer 0 each cycle; look up how many are still there when layer {start} starts "
-             f"(the profile's entry after ramp {start - 1}), then share them among the split's replicas.",
-        why_high=f"the samples that left at ramps 0..{start - 1} never reach split 2, and the survivors are shared "
-                 f"among its {r} replicas: each gets a part of them, not all.",
+        "Exercise 1", answer, merged_batches(), tolerance=BATCHES_TOLERANCE, minimum=0, maximum=n,
+        quantity="a number of batches",
+        hint=f"each of split 1's {n} replicas takes one batch of {p.batch_size} per cycle: count the samples still "
+             f"there when layer {start} starts (the profile's entry after ramp {start - 1}), then how many full "
+             f"batches of {p.batch_size} they make.",
+        why_high=f"the samples that left at ramps 0..{start - 1} never reach split 2: only a share of the "
+                 f"{n} x {p.batch_size} inputs arrive there.",
         why_low=f"the share still present when layer {start} starts is the profile's entry after ramp {start - 1} "
-                f"({share:g}), not a later one; exits inside split 2 happen after its replicas took their batch.",
-        right=f"{B} x {share:g} = {arriving:g} samples reach layer {start}; over {r} replicas that is "
-              f"ceil({arriving:g} / {r}) = {replica_batch()} each. This is how E3 keeps batches full: the split "
-              f"after the shrink gets fewer replicas, and each replica still runs a sizeable batch.")
+                f"({share:g}), not a later one; exits inside split 2 happen after its batch was formed.",
+        right=f"{n} x {p.batch_size} = {n * p.batch_size} samples enter split 1 per cycle; {share:g} of them reach "
+              f"layer {start}: {n * p.batch_size * share:g} samples, {merged_batches():g} full batch(es) of "
+              f"{p.batch_size} for split 2's {r} replica(s). The survivors of two half-empty batches merge into one "
+              "full one: every replica runs the same batch, which is how E3 keeps the GPUs busy.")
 
 
 # ----------------------------------------------------------------------------- exercise 2: a split's stage time
 
 
 def stage_ms() -> float:
-    return _ms(replica_plan().stage_s[1])
+    return _ms(merge_plan().stage_s[1])
 
 
 def check_stage_time(answer) -> Feedback:
-    """Exercise 2: how long a replica of split 2 of :func:`replica_plan` computes per cycle, in ms."""
-    p = replica_plan()
+    """Exercise 2: how long a replica of split 2 of :func:`merge_plan` takes for one batch, in ms."""
+    p = merge_plan()
     start, end = p.splits[1]
     batches = replica_batches(p, 1)
-    terms = " + ".join(f"({FIXED_MS:g} + {PER_SAMPLE_MS:g} x {b})" for b in batches)
+    terms = " + ".join(f"({FIXED_MS:g} + {PER_SAMPLE_MS:g} x {b:g})" for b in batches)
     return check_number(
         "Exercise 2", answer, stage_ms(), unit="ms", tolerance=STAGE_TOLERANCE_MS, minimum=0,
         quantity="a compute time",
-        hint=f"add up layers {start}..{end - 1}, each at FIXED_MS + PER_SAMPLE_MS x its batch; the batch at a "
-             "layer is the replica's share of what is left of the input batch at that layer.",
+        hint=f"add up layers {start}..{end - 1}, each at FIXED_MS + PER_SAMPLE_MS x its batch; the batch is "
+             f"{p.batch_size} at layer {start}, then shrinks as the profile says.",
         why_high="samples leave at the ramps inside the split too, so its later layers run on smaller batches than "
-                 "its first; and the replicas run side by side, so count one replica's batch, not the split's.",
+                 "its first.",
         why_low=f"every layer pays its fixed {FIXED_MS:g} ms, whatever its batch, and all "
-                f"{end - start} layers of the split count.",
-        right=f"batches {batches} at layers {start}..{end - 1}: {terms} = {stage_ms():g} ms. The split's replicas "
-              "each take this long for their share, in parallel.")
+                f"{end - start} layers of the split count; the batch starts full ({p.batch_size}).",
+        right=f"batches {[round(b, 3) for b in batches]} at layers {start}..{end - 1}: {terms} = {stage_ms():g} ms.")
 
 
-# ----------------------------------------------------------------------------- exercise 3: the cycle time
+# ----------------------------------------------------------------------------- exercise 3: goodput
 
 
-def cycle_plan() -> SplitPlan:
-    return plan(*CYCLE_PROBLEM)
+def goodput() -> float:
+    return merge_plan().goodput
 
 
-def cycle_ms() -> float:
-    return _ms(cycle_plan().cycle_s)
-
-
-def check_cycle_time(answer) -> Feedback:
-    """Exercise 3: the pipelined cycle time of :func:`cycle_plan`, in ms."""
-    p = cycle_plan()
-    stages = [_ms(t) for t in p.stage_s]
-    transfers = [_ms(t) for t in p.transfers_s]
-    each = ", ".join(f"split {i + 1} {t:g} ms (batches {replica_batches(p, i)})" for i, t in enumerate(stages))
+def check_goodput(answer) -> Feedback:
+    """Exercise 3: the goodput of :func:`merge_plan`, in input samples per second."""
+    p = merge_plan()
+    tputs = p.throughputs()
+    each = "; ".join(f"split {i + 1}: {r} x {p.batch_size} samples per {_ms(t):g} ms, reached by {100 * n / p.input_batches:g}"
+                     f" % of the inputs: {tputs[i]:,.0f} inputs/s"
+                     for i, (r, t, n) in enumerate(zip(p.replicas, p.stage_s, p.batches_per_cycle)))
     return check_number(
-        "Exercise 3", answer, cycle_ms(), unit="ms", tolerance=CYCLE_TOLERANCE_MS, minimum=0,
-        quantity="a cycle time",
-        hint="work out each split's stage time as in exercise 2; pipelined, the splits and the transfer work on "
-             "different batches at the same time.",
-        why_high="pipelined, a new batch enters as soon as the slowest stage is free: the cycle is the largest "
-                 "stage (or transfer) time, not their sum (the sum is the worst-case latency).",
-        why_low="every stage must finish its batch before it takes the next: the slowest one sets the pace; check "
-                "the batches of the first split's layers.",
-        right=f"{each}, the transfer {', '.join(f'{t:g}' for t in transfers)} ms: the cycle is the largest, "
-              f"{cycle_ms():g} ms ({p.binding}). Goodput = {p.batch_size} / {cycle_ms():g} ms = "
-              f"{p.goodput:,.0f} samples/s; a request that runs every layer takes the sum, {_ms(p.latency_s):g} ms.")
+        "Exercise 3", answer, goodput(), unit="samples/s", tolerance=GOODPUT_TOLERANCE, minimum=0,
+        quantity="a goodput",
+        hint="pipelined, every split works on its own batches at the same time: find how many inputs per second "
+             "each split keeps up with (its replicas x batch / stage time, over the share of inputs that reach "
+             "it); the slowest sets the pace.",
+        why_high="the slowest split sets the pace: a faster split waits for it. Check split 1, which every input "
+                 "goes through.",
+        why_low="a split that only a share of the inputs reach keeps up with more inputs than it runs samples: "
+                "divide by that share; and the replicas work side by side.",
+        right=f"{each}; the transfer {tputs[-1]:,.0f} inputs/s. The smallest is {goodput():,.0f} samples/s "
+              f"({p.binding}); a request that runs every layer takes {_ms(p.latency_s):g} ms.")
 
 
 # ----------------------------------------------------------------------------- exercise 4: where to cut
@@ -182,24 +180,25 @@ def cut_plan() -> SplitPlan:
     return plan(*CUT_PROBLEM)
 
 
-def two_split_cycles() -> dict[int, float]:
-    """For each cut after layer c (one replica per split, the cut problem's GPUs and batch): the cycle, ms."""
-    gpus, B = CUT_PROBLEM
-    sizes = profile().batch_sizes(B)
+def two_split_goodputs() -> dict[int, float]:
+    """For each cut after layer c (one replica per split, the cut problem's batch): goodput, samples/s."""
+    _, b = CUT_PROBLEM
+    prof = profile()
     L = len(PROFILE)
     out = {}
     for c in range(L - 1):
-        first = sum(_ms(layer_latency(k, math.ceil(sizes[k] - 1e-9))) for k in range(c + 1))
-        second = sum(_ms(layer_latency(k, math.ceil(sizes[k] - 1e-9))) for k in range(c + 1, L))
-        out[c] = max(first, second, TRANSFER_MS)
+        f = prof.entering(c + 1)
+        first = sum(layer_latency(k, b * prof.entering(k)) for k in range(c + 1))
+        second = sum(layer_latency(k, b * prof.entering(k) / f) for k in range(c + 1, L))
+        out[c] = min(b / first, b / (f * second), b / (f * TRANSFER_MS / 1e3))
     return out
 
 
-def unsplit_cycle_ms() -> float:
-    """The whole model on every GPU, the batch shared among them (data parallel)."""
-    gpus, B = CUT_PROBLEM
-    sizes = profile().batch_sizes(B)
-    return sum(_ms(layer_latency(k, math.ceil(sizes[k] / gpus - 1e-9))) for k in range(len(PROFILE)))
+def as_is_goodput() -> float:
+    """The whole model on every GPU, each replica's batch shrinking as samples leave (data parallel)."""
+    gpus, b = CUT_PROBLEM
+    prof = profile()
+    return gpus * b / sum(layer_latency(k, b * prof.entering(k)) for k in range(len(PROFILE)))
 
 
 def cut_layer() -> int | None:
@@ -212,22 +211,21 @@ def cut_layer() -> int | None:
 
 def check_cut(answer) -> Feedback:
     """Exercise 4: after which layer E3 cuts the model into two splits on CUT_PROBLEM's GPUs."""
-    cycles, layer = two_split_cycles(), cut_layer()
-    best = min(cycles, key=cycles.get)
-    table = ", ".join(f"after {c}: {t:g} ms" for c, t in cycles.items())
+    goodputs, layer = two_split_goodputs(), cut_layer()
+    best = max(goodputs, key=goodputs.get)
+    table = ", ".join(f"after {c}: {g:,.0f}/s" for c, g in goodputs.items())
     return check_number(
         "Exercise 4", answer, layer, whole=True, minimum=0, maximum=len(PROFILE) - 2, quantity="a cut",
-        hint="for each possible cut, one GPU per split: the cycle is the larger of the two splits' stage times; "
-             "pick the cut with the smallest cycle.",
-        why_high="a late cut leaves the first split with most of the layers at the largest batches: its stage "
-                 "time sets a long cycle while the second split idles.",
-        why_low="an early cut leaves the second split with most of the layers; the batch has not shrunk enough "
-                "yet for it to keep up.",
-        right=f"one GPU per split, the cycle for each cut: {table}. The smallest is after layer {best} "
-              f"({cycles[best]:g} ms), better than the whole model on both GPUs ({unsplit_cycle_ms():g} ms at a "
-              f"batch of {CUT_PROBLEM[1] // CUT_PROBLEM[0]} each): the cut sits where the batch has halved, so "
-              f"both splits take about as long. The dynamic program and brute force both choose it: "
-              f"{describe(cut_plan())}.")
+        hint="for each possible cut, one GPU per split: the goodput is the smaller of what the two splits keep up "
+             "with; pick the cut with the largest.",
+        why_high="a late cut leaves the first split, which every input runs, with most of the layers: it sets a "
+                 "slow pace while the second split idles.",
+        why_low="an early cut leaves the second split with most of the layers while few inputs have left yet: it "
+                "cannot keep up.",
+        right=f"one GPU per split: {table}. The best is after layer {best} ({goodputs[best]:,.0f} samples/s), "
+              f"better than the whole model on both GPUs ({as_is_goodput():,.0f}/s, batches shrinking from "
+              f"{CUT_PROBLEM[1]}): the cut sits where the batch has halved, so both splits take about as long per "
+              f"input. The dynamic program and brute force both choose it: {describe(cut_plan())}.")
 
 
 # ----------------------------------------------------------------------------- exercise 5: a tighter SLO
@@ -251,9 +249,9 @@ def check_tight_slo(answer) -> Feedback:
         "Exercise 5", answer, tight_choice(), PLAN_CHOICES,
         why=f"every request must finish within the SLO less its slack, {TIGHT_SLO_MS:g} x {1 - SLACK:g} = "
             f"{budget:g} ms. The split plan's worst case is its stages and the transfer in a row: "
-            f"{_ms(loose.latency_s):g} ms, too long. The whole model on each GPU takes {unsplit_cycle_ms():g} ms "
-            f"for a batch, which fits: the optimizer picks {describe(tight)}, {tight.goodput:,.0f} samples/s "
-            f"instead of {loose.goodput:,.0f}. Pipelining buys goodput with latency.",
+            f"{_ms(loose.latency_s):g} ms, too long. The whole model on each GPU takes "
+            f"{_ms(loose.baseline.batch_s[GPU]):g} ms for a batch, which fits: the optimizer picks {describe(tight)}, "
+            f"{tight.goodput:,.0f} samples/s instead of {loose.goodput:,.0f}. Pipelining buys goodput with latency.",
         hint="compare each plan's worst-case latency (a request that runs every layer) with the SLO less 20 % "
              "slack; goodput only counts among the plans that fit.")
 
@@ -295,5 +293,6 @@ def check_tightest_slo(answer) -> Feedback:
 
 def answers() -> dict[str, object]:
     """The right answers, by the lab's variable names, for its tests."""
-    return {"my_replica_batch": replica_batch(), "my_stage_ms": round(stage_ms(), 2), "my_cycle_ms": round(cycle_ms(), 2),
-            "my_cut": cut_layer(), "my_tight_plan": tight_choice(), "my_tightest_slo_ms": round(tightest_split_slo_ms(), 1)}
+    return {"my_merged_batches": merged_batches(), "my_stage_ms": round(stage_ms(), 2),
+            "my_goodput": round(goodput()), "my_cut": cut_layer(), "my_tight_plan": tight_choice(),
+            "my_tightest_slo_ms": round(tightest_split_slo_ms(), 1)}

@@ -13,14 +13,14 @@ between them. Two kinds:
   they share cores and a real run is slower than the profile says. It also leaves out what several threads of
   one replica would gain. Cached in the workbench cache under a key of host, torch version, sequence length,
   batch sizes and model shape; ``remeasure=True`` measures again.
-- **Estimated for E3's GPUs** (:func:`gpu_profile`): the V100, P100, K80 and A6000 presets of
-  :mod:`workbench.devices` (spec-sheet FLOP/s, an assumed per-layer overhead and batch saturation; their
-  ``source`` says so) applied to a model's layer shape the way :func:`~workbench.earlyexit.optimizer.bert_problem`
-  does, FLOPs over the device's rate. Not measured: ``measured`` is False and ``source`` says "estimate".
+- **Published for E3's GPUs** (:func:`gpu_profile`): the V100, P100, K80 and A6000 read off published BERT-base
+  batch curves (:mod:`workbench.earlyexit.gpu_curves`; the P100, K80 and A6000 curves derived from measured
+  ones), another model shape at its work-equivalent batch. Not measured here: ``measured`` is False and
+  ``source`` names the curve.
 
 A ramp costs its own time (pooling, pooler, classifier, entropy and the exit test). On a GPU that is mostly
-kernel launches and the host reading the exit decision back, modelled as :data:`RAMP_OVERHEAD_SHARE` of the
-preset's per-layer overhead plus the ramp's FLOPs; measured here it is whatever the ramp takes. Because the
+kernel launches and the host reading the exit decision back, modelled as :data:`RAMP_OVERHEAD_SHARE` of a
+layer's batch-1 time; measured here it is whatever the ramp takes. Because the
 ramp is its own entry, a caller can leave it out where a ramp is disabled (:meth:`LayerProfile.latency`'s
 ``ramp``), and a stock model without exits pays only the last one, its classifier.
 """
@@ -42,17 +42,16 @@ from workbench.errors import WorkbenchError
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 """The batch sizes a profile is measured at; between them it is interpolated linearly."""
 MAX_BATCH = 64
-GPU_BATCH_SIZES = BATCH_SIZES + (128, 256, 512, 1024)
-"""An estimated GPU profile's batch sizes: the optimizer asks for a whole cycle's input on one replica, which
-grows with the replicas of a cluster."""
+GPU_BATCH_SIZES = tuple(range(1, 65)) + (128, 256, 512, 1024)
+"""A GPU profile's batch sizes: every batch a replica may run (1..64), then larger ones for studies."""
 MAX_GPU_BATCH = 1024
 DEFAULT_SEQ_LEN = 64
 """The sentiment task's max_length: the sequence length of a profile when none is given."""
-RAMP_OVERHEAD_SHARE = 0.5
-"""A GPU ramp's fixed cost as a share of the preset's per-layer overhead (an estimate, not measured: a ramp
-is a few small kernels and one read of the exit decision back to the host, about half of a layer's launches)."""
+RAMP_OVERHEAD_SHARE = 0.25
+"""A GPU ramp's cost as a share of a layer's batch-1 time (assumed, not measured: a ramp is a few small kernels
+and one read of the exit decision back to the host, a quarter of a layer's launches)."""
 EMBED_OVERHEAD_SHARE = 0.5
-"""The GPU embedding's fixed cost as a share of the per-layer overhead (an estimate, not measured)."""
+"""The GPU embedding's cost as a share of a layer's batch-1 time (assumed, not measured)."""
 NUM_CLASSES = 2
 
 _VERSION = 1
@@ -327,42 +326,66 @@ def model_shape(name: str | tuple) -> tuple:
                          "(LayerShape, num_layers) tuple")
 
 
-def gpu_profile(gpu: str, shape: str | tuple = "bert-base", *, seq_len: int | None = None,
-                batch_sizes: Sequence[int] = GPU_BATCH_SIZES, num_classes: int = NUM_CLASSES) -> LayerProfile:
-    """An estimated :class:`LayerProfile` of ``shape`` (:func:`model_shape`) on E3's GPU preset ``gpu``.
+SATURATIONS = ("published", "flatter", "steeper")
+"""How a GPU profile reads its published curve: as printed, or with the rise above batch 1 smaller ("flatter",
+batching pays more) or larger ("steeper") by the sources' disagreement (:data:`~workbench.earlyexit.gpu_curves.
+BAND_FRACTION`): the band every goodput figure is given with."""
 
-    A layer is the preset's ``layer_compute_s`` with every head (per-layer overhead, then its FLOPs at the
-    preset's rate, fewer rows reaching less of the peak); a ramp is :data:`RAMP_OVERHEAD_SHARE` of the
-    overhead plus its FLOPs (mean pooling, a hidden x hidden pooler and the classifier); the embedding
-    :data:`EMBED_OVERHEAD_SHARE` of it plus a layer norm. Linear in the batch, so the interpolation between
-    the tabulated sizes is exact."""
+
+def _layer_flops(shape) -> float:
+    """FLOPs of one sample through one layer of ``shape`` (every head)."""
+    return shape.shard_flops() * shape.heads
+
+
+def gpu_profile(gpu: str, shape: str | tuple = "bert-base", *, seq_len: int | None = None,
+                batch_sizes: Sequence[int] = GPU_BATCH_SIZES, num_classes: int = NUM_CLASSES,
+                saturation: str = "published") -> LayerProfile:
+    """A :class:`LayerProfile` of ``shape`` (:func:`model_shape`) on E3's GPU type ``gpu``, from the published
+    BERT-base batch curve of that GPU (:mod:`workbench.earlyexit.gpu_curves`, fp32; derived from a measured
+    GPU's curve for the P100, K80 and A6000, as that module says).
+
+    A layer of another shape or sequence length is read off the BERT-base curve at its work-equivalent batch:
+    ``batch x`` its FLOPs per sample over a BERT-base layer's at 128 tokens, never below batch 1 (the fixed
+    cost a GPU pays for any batch). A ramp (pooler, classifier, entropy, reading the exit decision back to the
+    host: negligible FLOPs) costs :data:`RAMP_OVERHEAD_SHARE` and the embedding :data:`EMBED_OVERHEAD_SHARE` of
+    a layer's batch-1 time, whatever the batch (assumed, not measured). ``saturation``: one of
+    :data:`SATURATIONS`."""
     from dataclasses import replace
 
-    from workbench.devices import PRESETS
+    from workbench.devices import LayerShape
+    from workbench.earlyexit import gpu_curves
 
-    if gpu not in PRESETS or PRESETS[gpu].kind != "gpu":
-        gpus = [n for n, p in PRESETS.items() if p.paper == "e3"]
-        raise WorkbenchError(f"unknown GPU preset {gpu!r}; E3's: {', '.join(gpus)}")
-    device = PRESETS[gpu]
+    if gpu not in gpu_curves.gpus("bert-base"):
+        raise WorkbenchError(f"unknown GPU preset {gpu!r}; E3's: {', '.join(gpu_curves.gpus('bert-base'))}")
+    if saturation not in SATURATIONS:
+        raise WorkbenchError(f"saturation is one of {', '.join(SATURATIONS)}, got {saturation!r}")
     layer_shape, num_layers = model_shape(shape)
     if seq_len is not None:
         layer_shape = replace(layer_shape, seq_len=int(seq_len))
     sizes = _check_sizes(batch_sizes, MAX_GPU_BATCH)
-    d, T = layer_shape.hidden, layer_shape.seq_len
-    ramp_flops = 2 * T * d + 2 * d * d + 2 * d * num_classes + 10 * num_classes
-    embed_flops = 10 * T * d
+    work = _layer_flops(layer_shape) / _layer_flops(LayerShape(768, 12, 3072, gpu_curves.SEQ_LEN))
+    reference = gpu_curves.curve(gpu, "bert-base")
+    per_layer = reference.num_layers
 
-    def small(flops: float, b: int, share: float) -> float:
-        return share * device.layer_overhead_s + device.work_s(flops * b, b * T)
+    def layer_s(b: int) -> float:
+        eq = min(float(gpu_curves.MAX_BATCH), max(1.0, b * work))
+        if saturation == "published":
+            return gpu_curves.batch_latency_s(gpu, eq) / per_layer
+        low, high = gpu_curves.saturation_band(gpu, eq)
+        return (low if saturation == "flatter" else high) / per_layer
 
-    layer = tuple(device.layer_compute_s(m=layer_shape.heads, shape=layer_shape, batch=b) for b in sizes)
-    ramp = tuple(small(ramp_flops, b, RAMP_OVERHEAD_SHARE) for b in sizes)
-    embed = tuple(small(embed_flops, b, EMBED_OVERHEAD_SHARE) for b in sizes)
-    source = (f"estimate, not measured: the {gpu} preset ({device.source}) over the FLOPs of a {layer_shape.hidden}-"
-              f"wide layer at {T} tokens; a ramp {RAMP_OVERHEAD_SHARE:g} x and the embedding "
-              f"{EMBED_OVERHEAD_SHARE:g} x the per-layer overhead plus their FLOPs (assumed)")
-    return LayerProfile(sizes, (layer,) * num_layers, (ramp,) * num_layers, embed, gpu, T, 0, False, source,
-                        hidden=layer_shape.hidden)
+    layer = tuple(layer_s(b) for b in sizes)
+    one = layer_s(1)
+    ramp = (RAMP_OVERHEAD_SHARE * one,) * len(sizes)
+    embed = (EMBED_OVERHEAD_SHARE * one,) * len(sizes)
+    source = (f"published BERT-base batch curve of the {gpu} ({reference.source}; fp32, 128 tokens), a {layer_shape.hidden}-wide "
+              f"layer at {layer_shape.seq_len} tokens read at {work:.3g} x the batch"
+              + ("" if saturation == "published" else f", rise above batch 1 {saturation} by "
+                 f"{100 * gpu_curves.BAND_FRACTION:.3g}%")
+              + f"; a ramp {RAMP_OVERHEAD_SHARE:g} x and the embedding {EMBED_OVERHEAD_SHARE:g} x a layer at batch 1 "
+                "(assumed)")
+    return LayerProfile(sizes, (layer,) * num_layers, (ramp,) * num_layers, embed, gpu, layer_shape.seq_len, 0,
+                        False, source, hidden=layer_shape.hidden)
 
 
 def gpu_profiles(gpus: Iterable[str], shape: str | tuple = "bert-base", **kwargs) -> dict[str, LayerProfile]:
