@@ -55,7 +55,7 @@ def test_an_empty_plan_draws_its_explanation():
     lines = fig.layout.annotations[0].text.split("<br>")
     text = " ".join(lines)
     assert text.lower().count("no plan") == 1 and "raise the SLO" in text and not fig.data
-    assert "lower the slack" not in text and "lower the input batch size (16)" in text
+    assert "lower the slack" not in text and "lower the batch per replica (16)" in text
     assert max(map(len, lines)) <= HALF_WRAP + 12          # a word longer than the rest of a line may stick out
     assert "none meets the SLO" in fig.layout.title.text
 

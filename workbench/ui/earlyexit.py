@@ -1,4 +1,4 @@
-"""The early-exit serving (E3) dashboard: task, SLO, input batch size, GPUs per type, easy:hard mix, exit threshold,
+"""The early-exit serving (E3) dashboard: task, SLO, batch per replica, GPUs per type, easy:hard mix, exit threshold,
 arrival pattern and rate -> the batch size left after every ramp (measured window by window, and the ARIMA
 forecast E3 plans with), E3's split plan and why, the simulated pipeline bubbles per replica, and goodput of E3,
 the early-exit model as it is and the stock model against the batch size. The optimizer and the simulator
@@ -20,10 +20,10 @@ from workbench.viz.earlyexit import (bubble_timeline, bubbles_figure, goodput_fi
                                      no_result_figure, plan_figure, profile_figure)
 
 GPU_TYPES = tuple(profile_names("e3", host=False))
-"""E3's GPU presets (workbench.devices); their layer times are estimates (workbench.earlyexit.profiles)."""
+"""E3's GPU types; their layer times come from published BERT batch curves (workbench.earlyexit.gpu_curves)."""
 MAX_GPUS = 32
 SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-"""The input batch sizes of the goodput figure (and the batch slider's range)."""
+"""The batches per replica of the goodput figure (and the batch slider's range)."""
 SERIES_WINDOWS = 6
 """Windows of the drifting mix behind the forecast: ARIMA(1, 1, 0) needs five past windows, so the last
 window's forecast is the model's; each window more costs ARIMA fits (about 0.3 s here)."""
@@ -38,7 +38,7 @@ SIM_MAX_REQUESTS = 20_000
 redraw stays under about a second; the caption says when the cap shortens the run."""
 FEW_EXITS = 0.25
 """Below this share of samples leaving before the last layer, the page says E3's gain is pipelining, not exits."""
-FIGURE_TITLES = {"plan": "E3's split plan", "goodput": "Goodput against the input batch size",
+FIGURE_TITLES = {"plan": "E3's split plan", "goodput": "Goodput against the batch per replica",
                  "bubbles": "Pipeline bubbles per replica, simulated"}
 """What an empty slot is titled (a figure names itself once it has something to draw)."""
 HOST_REPLICAS = 4
@@ -47,7 +47,7 @@ HOST_SLO_S = 1.0
 HOST_BATCH = 4
 """A real run: E3's plan for this many CPU replicas of this host (their layer times measured here), serving
 this many requests of the page's mix and arrival pattern at 80% of that plan's goodput, within this SLO, at
-this input batch size (the page's GPU SLO and batch sizes are far below what one CPU core takes)."""
+this batch per replica (the page's GPU SLO and batch sizes are far below what one CPU core takes)."""
 CACHE = 128
 SLO = "SLO (ms)"
 
@@ -58,7 +58,7 @@ batch <b>shrinks</b> as it runs and the GPU idles. <b>E3</b> cuts the model wher
 the early splits more <b>replicas</b>, so that every split runs full batches; the splits form a pipeline over
 (possibly mixed) GPUs. The batch profile comes from the trained ramps' real outputs on the task's dev set,
 drawn as an easy:hard mix that drifts window by window; E3 plans with its ARIMA forecast. GPU layer times are
-estimates from the GPUs' spec sheets; <b>Run for real</b> serves the plan's splits on Ray Serve with CPU
+read off published BERT batch curves (derived for the P100, K80 and A6000); <b>Run for real</b> serves the plan's splits on Ray Serve with CPU
 replicas on this host.</p>
 """
 
@@ -83,11 +83,10 @@ def stock_of(sc, num_layers: int):
 
 
 def goodput_rows(plans: dict[int, object], stock: dict[int, object]) -> list[dict]:
-    """Per batch size, the optimizer's goodput of E3's plan, of the best data-parallel copy of the whole
-    early-exit model (the plan's unsplit alternative) and of the stock model (its unsplit plan without exits);
-    0 where none meets the SLO."""
+    """Per batch (every replica's), the optimizer's goodput of E3's plan, of the early-exit model as is and of the
+    stock model, both data parallel on all the same GPUs (the plans' baselines); 0 where none meets the SLO."""
     def unsplit(plan) -> float:
-        return plan.unsplit["goodput"] if plan.unsplit else 0.0
+        return plan.baseline.goodput if plan.baseline else 0.0
 
     return [{"batch": b, "e3": plans[b].goodput, "early_exit": unsplit(plans[b]), "stock": unsplit(stock[b])}
             for b in plans]
@@ -136,7 +135,7 @@ class EarlyExitPanel(Panel):
                                      description="Task", style=label, layout=widgets.Layout(width="520px"))
         self.slo = widgets.FloatSlider(value=slo_ms, min=1, max=500, step=1, description=SLO, style=label,
                                        layout=wide, continuous_update=False, readout_format=".0f")
-        self.batch = widgets.IntSlider(value=batch_size, min=1, max=SWEEP_BATCHES[-1], description="Input batch size",
+        self.batch = widgets.IntSlider(value=batch_size, min=1, max=SWEEP_BATCHES[-1], description="Batch per replica",
                                        style=label, layout=wide, continuous_update=False)
         self.gpus = {g: widgets.BoundedIntText(value=int(gpus.get(g, 0)), min=0, max=MAX_GPUS, description=g.upper(),
                                                style={"description_width": "50px"},
@@ -167,7 +166,7 @@ class EarlyExitPanel(Panel):
         self.runs_note = widgets.HTML(
             f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real uses only the task, mix, "
             f"threshold and arrival pattern above: it makes <b>its own E3 plan for {HOST_REPLICAS} CPU replicas of "
-            f"this host</b> (SLO {1e3 * HOST_SLO_S:.0f} ms, input batch {HOST_BATCH}, 80% of that plan's goodput; "
+            f"this host</b> (SLO {1e3 * HOST_SLO_S:.0f} ms, batch {HOST_BATCH} per replica, 80% of that plan's goodput; "
             f"the GPU plan, SLO, batch and rate above are far below what a CPU core takes), serves {HOST_REQUESTS} "
             f"requests on Ray Serve and draws the measured batches over the simulator's prediction of that same "
             f"run, below.</span>")
@@ -362,7 +361,8 @@ class EarlyExitPanel(Panel):
                      "the optimizer's model, without queueing or batching waits)"]
             for row in plan.rows():
                 items.append(f"split {row['split']}: {row['layers']} on {row['replicas']} × {row['gpu_type']}, "
-                             f"batch {row['batch']}, {row['stage_ms']:.3g} ms"
+                             f"{row['batches_per_cycle']:.3g} batch(es) of {row['batch']} a cycle, "
+                             f"{row['stage_ms']:.3g} ms each"
                              + (f" (after a {row['transfer_in_ms']:.3g} ms transfer)" if row["split"] > 1 else ""))
             items.append(f"binding: {plan.binding}")
             cuts = [start for start, _ in plan.splits[1:]]
@@ -373,15 +373,17 @@ class EarlyExitPanel(Panel):
                     items.append(f"cut {where}: the batch has not shrunk there, so the cuts pipeline the layers "
                                  "over GPUs rather than follow exits")
                 else:
-                    items.append(f"cut {where}: replicas keep every split's batch and time in step")
+                    items.append(f"cut {where}: the survivors of {plan.input_batches} input batch(es) merge into "
+                                 "full batches, so every replica runs the same batch")
             else:
                 items.append("no cut: the whole model on one GPU type beats every split within the SLO")
-            if plan.unsplit and plan.unsplit.get("goodput"):
-                u = plan.unsplit
-                items.append(f"{plan.goodput / u['goodput']:.2f}x the goodput of the best unsplit plan "
-                             f"({u['replicas']} × {u['gpu_type']}: {u['goodput']:,.0f} samples/s)")
-            elif len(plan.splits) > 1:
-                items.append("no unsplit plan (data-parallel copies of the whole model) meets the SLO")
+            base = plan.baseline
+            if base:
+                on = ", ".join(f"{n} × {g}" for g, n in base.replicas.items())
+                items.append(f"{plan.goodput / base.goodput:.2f}x the goodput of the early-exit model as is, data "
+                             f"parallel on {on} at the same batch ({base.goodput:,.0f} samples/s)")
+            else:
+                items.append("the early-exit model as is, data parallel on these GPUs, meets no SLO")
         body = "".join(f"<li>{html.escape(item)}</li>" for item in items)
         head = "Why this split" if plan else "No split plan"
         return (f"<div class='wb-why' style='font-size:90%;overflow-wrap:anywhere'><b>{head}</b><ul "

@@ -7,7 +7,7 @@
 - :func:`bubbles_figure`: per replica, when it computes and when it idles (the pipeline's bubbles), drawn by the
   shared Gantt (:func:`~workbench.viz.timeline.gantt_figure`), a measured run overlaid.
 - :func:`goodput_figure`: goodput of E3, of the early-exit model as it is and of the stock model against the
-  input batch size.
+  batch every replica runs.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def profile_figure(series, batch_size: int, title: str | None = None) -> go.Figu
     error = series.mean_abs_error[-1]
     said = (f"forecast off by {100 * error:.1f} points on average over the ramps" if error is not None
             else "no forecast before the first window")
-    title = title or (f"Batch size after each exit ramp (input batch {batch_size})<br><sub>{window} windows of a "
+    title = title or (f"Batch size after each exit ramp (a batch of {batch_size} entering)<br><sub>{window} windows of a "
                       f"drifting mix;<br>{said}</sub>")
     yaxis = {"title": f"samples left in the batch (of {batch_size})", "range": [0, batch_size * 1.05]}
     if batch_size < 8:                   # whole samples on the axis; the lines are averages (hover: 2 decimals)
@@ -131,7 +131,8 @@ def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None 
     rows = sum(plan.replicas)
     title = title or (f"E3's split plan: {len(plan.splits)} split{'s' if len(plan.splits) > 1 else ''} on "
                       f"{rows} GPU{'s' if rows > 1 else ''}, goodput {plan.goodput:,.0f} samples/s"
-                      f"<br><sub>input batch {plan.batch_size}, cycle {1e3 * plan.cycle_s:.2f} ms; modelled worst-case "
+                      f"<br><sub>a batch of {plan.batch_size} on every replica, {plan.input_batches} input batch"
+                      f"{'es' if plan.input_batches > 1 else ''} a cycle of {1e3 * plan.cycle_s:.2f} ms; worst-case "
                       f"latency {1e3 * plan.latency_s:.2f} of {1e3 * plan.budget_s:.1f} ms (SLO less slack)<br>"
                       "(the optimizer's model: no queueing or batching wait)</sub>")
     fig.update_layout(template=TEMPLATE, title=title, barmode="overlay", bargap=0.2, shapes=shapes,
@@ -156,7 +157,7 @@ def no_plan_text(reason: str) -> str:
     text = reason.strip()
     if text.startswith("no plan: "):
         text = text[len("no plan: "):]
-    text = re.sub(r", lower the slack or the batch size \((\d+)\),", r", lower the input batch size (\1)", text)
+    text = re.sub(r", lower the slack or the batch size \((\d+)\),", r", lower the batch per replica (\1)", text)
     text = text.replace("lower the slack or ", "lower ")
     text = re.sub(r"less (\d+)% slack\)", r"less E3's \1% slack for queueing)", text)
     return text[:1].upper() + text[1:]
@@ -278,7 +279,7 @@ def idle_text(bubbles: Timeline) -> str:
 
 def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_ms: float | None = None,
                    title: str | None = None) -> go.Figure:
-    """Goodput (samples/s) of each system in :data:`SYSTEMS` against the input batch size; ``rows``: one mapping
+    """Goodput (samples/s) of each system in :data:`SYSTEMS` against the batch per replica; ``rows``: one mapping
     per batch size with ``batch`` and each system's goodput (0 or None: no plan meets the SLO, drawn as a gap
     with a cross at 0). The page's batch size is marked; ``slo_ms`` is named in the subtitle."""
     batches = [int(r["batch"]) for r in rows]
@@ -287,12 +288,12 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_m
         values = [r.get(key) or None for r in rows]
         fig.add_trace(go.Scatter(
             x=batches, y=values, mode="lines+markers", name=name, line={"color": color, "dash": dash, "width": 2},
-            hovertemplate=f"{name}<br>input batch %{{x}}: %{{y:,.0f}} samples/s<extra></extra>"))
+            hovertemplate=f"{name}<br>batch %{{x}} per replica: %{{y:,.0f}} samples/s<extra></extra>"))
         missing = [b for b, v in zip(batches, values) if v is None]
         if missing:
             fig.add_trace(go.Scatter(x=missing, y=[0] * len(missing), mode="markers", showlegend=False,
                                      name=f"{name}: no plan", marker={"symbol": "x", "color": color, "size": 9},
-                                     hovertemplate=f"{name}<br>input batch %{{x}}: no plan meets the SLO"
+                                     hovertemplate=f"{name}<br>batch %{{x}} per replica: no plan meets the SLO"
                                                    "<extra></extra>"))
     shapes, notes = [], []
     if batch_size is not None:
@@ -305,15 +306,15 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_m
     if here and here.get("e3") and here.get("early_exit"):
         head = f"E3: {here['e3'] / here['early_exit']:.2f}x the early-exit model's goodput at batch {batch_size}"
     else:
-        head = "Goodput against the input batch size"
+        head = "Goodput against the batch per replica"
     title = title or (f"{head}<br><sub>the optimizer's prediction: samples/s meeting the SLO{slo},<br>every system "
-                      "on the same GPUs</sub>")
+                      "on the same GPUs, every replica at the same batch</sub>")
     if not any(r.get(key) for r in rows for key in SYSTEMS):
         notes.append({"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.55, "showarrow": False,
                       "font": {"size": 14}, "text": f"no batch size meets the SLO{slo}<br>on these GPUs"})
     fig.update_layout(template=TEMPLATE, title=title, height=420, margin={**MARGIN, "t": 95}, shapes=shapes,
                       annotations=notes,
-                      xaxis={"title": "input batch size (samples)", "type": "log", "tickvals": batches,
+                      xaxis={"title": "batch per replica (samples)", "type": "log", "tickvals": batches,
                              "ticktext": [str(b) for b in batches]},
                       yaxis={"title": "goodput (samples/s)", "rangemode": "tozero"})
     return fig
