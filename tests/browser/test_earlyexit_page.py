@@ -96,7 +96,7 @@ def test_every_control_moves_its_figures(voila_server, page):
     wait_until_moved(page, seen, "plan", "goodput")
 
     set_readout(page, "Input batch size", 32)
-    wait_for_title(page, "plan", "a batch of 32 on every replica")
+    wait_for_title(page, "plan", "batch 32 on every replica")
     wait_until_moved(page, seen, "plan", "profile", "goodput", "bubbles")
 
     set_gpus(page, "v100", 2)

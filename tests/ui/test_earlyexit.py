@@ -92,7 +92,7 @@ def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel)
     assert panel.engine_calls["optimize"] > asked["optimize"]
 
     panel.batch.value = 32
-    assert panel.plan.batch_size == 32 and "a batch of 32 on every replica" in titles()["plan"]
+    assert panel.plan.batch_size == 32 and "batch 32 on every replica" in titles()["plan"]
     assert "(of 32)" in panel.figures["profile"].layout.yaxis.title.text
     assert panel.figures["goodput"].layout.shapes[0].x0 == 32
 

@@ -131,13 +131,13 @@ def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None 
     rows = sum(plan.replicas)
     title = title or (f"E3's split plan: {len(plan.splits)} split{'s' if len(plan.splits) > 1 else ''} on "
                       f"{rows} GPU{'s' if rows > 1 else ''}, goodput {plan.goodput:,.0f} samples/s"
-                      f"<br><sub>a batch of {plan.batch_size} on every replica, {plan.input_batches} input batch"
-                      f"{'es' if plan.input_batches > 1 else ''} a cycle of {1e3 * plan.cycle_s:.2f} ms; worst-case "
+                      f"<br><sub>batch {plan.batch_size} on every replica, {plan.input_batches} input batch"
+                      f"{'es' if plan.input_batches > 1 else ''} a cycle of {1e3 * plan.cycle_s:.2f} ms;<br>worst-case "
                       f"latency {1e3 * plan.latency_s:.2f} of {1e3 * plan.budget_s:.1f} ms (SLO less slack)<br>"
                       "(the optimizer's model: no queueing or batching wait)</sub>")
     fig.update_layout(template=TEMPLATE, title=title, barmode="overlay", bargap=0.2, shapes=shapes,
                       annotations=notes, height=max(360, 250 + 26 * rows),
-                      margin={**MARGIN, "t": 135 if stagger else 120},
+                      margin={**MARGIN, "t": 150 if stagger else 135},
                       uniformtext={"minsize": 9, "mode": "hide"},
                       xaxis={"title": "layers (each bar runs its split's layers)", "range": [0, L],
                              "tickmode": "linear", "dtick": 1},
