@@ -89,9 +89,9 @@ def _scenario_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=MODELS, default="encoder",
                         help="the shipped encoder (6 layers) or BERT-BASE/-LARGE's shape (exits of the same mix)")
     parser.add_argument("--gpus", type=_gpus, default={"v100": 4},
-                        help="GPUs per type, e.g. v100=6,p100=8,k80=15 (E3's presets: estimates, not measured)")
+                        help="GPUs per type, e.g. v100=6,p100=8,k80=15 (published BERT batch curves, not measured here)")
     parser.add_argument("--slo-ms", type=slo_ms, default=50.0, help="the latency every request must meet")
-    parser.add_argument("--batch-size", type=batch, default=16, help="input batch size of the first split")
+    parser.add_argument("--batch-size", type=batch, default=16, help="the batch every replica runs")
     parser.add_argument("--mix", type=_mix, default=0.8, help="easy:hard mix of the workload, e.g. 80:20")
     parser.add_argument("--threshold", type=threshold, default=0.4, help="exit when a ramp's entropy is below this")
     parser.add_argument("--disable", type=_ramps, default=(), help="ramps switched off, e.g. 1,2")
@@ -269,7 +269,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=replica_count, default=4,
                         help="CPU replicas the plan may use in all (each a quarter of a core, one torch thread)")
     parser.add_argument("--slo-ms", type=slo_ms, default=1000.0, help="the latency every request must meet")
-    parser.add_argument("--batch-size", type=batch, default=4, help="input batch size of the first split")
+    parser.add_argument("--batch-size", type=batch, default=4, help="the batch every replica runs")
     parser.add_argument("--mix", type=_mix, default=0.8, help="easy:hard mix of the workload, e.g. 80:20")
     parser.add_argument("--threshold", type=threshold, default=0.4, help="exit when a ramp's entropy is below this")
     _arrival_options(parser, 64)

@@ -1,10 +1,10 @@
 """The knobs of an E3 study turned into the optimizer's and the simulator's inputs, in one place.
 
 A :class:`Scenario` is what the page, the commands and the notebooks set: the model (the shipped encoder
-with its trained ramps, or BERT-BASE/-LARGE's shape), GPUs per type, SLO, input batch size, easy:hard mix,
+with its trained ramps, or BERT-BASE/-LARGE's shape), GPUs per type, SLO, the batch every replica runs, easy:hard mix,
 exit threshold, disabled ramps, slack and pipelining. From it come the batch profile (the trained ramps'
 real exits on a workload of that mix; for the BERT shapes, which have no trained ramps here, a profile of
-the same mix drawn like the shipped model's), the layer latencies (E3's GPU presets, estimates; or the host's
+the same mix drawn like the shipped model's), the layer latencies (E3's GPUs, read off published BERT batch curves; or the host's
 measured profile for a real run), the transfers between splits, E3's plan and its simulation.
 """
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Scenario:
             raise WorkbenchError(f"the SLO is a latency in (0, {1e3 * MAX_SLO_S:g}] ms, got {1e3 * self.slo_s:g} ms")
         if not (isinstance(self.batch_size, Integral) and not isinstance(self.batch_size, bool)
                 and 1 <= self.batch_size <= MAX_BATCH):
-            raise WorkbenchError(f"the input batch size is a whole number in 1..{MAX_BATCH}, got {self.batch_size!r}")
+            raise WorkbenchError(f"the batch per replica is a whole number in 1..{MAX_BATCH}, got {self.batch_size!r}")
         if not (_number(self.slack) and 0 <= self.slack < 1):
             raise WorkbenchError(f"the slack is a share of the SLO in [0, 1), got {self.slack!r}")
         check_easy_fraction(self.easy)
