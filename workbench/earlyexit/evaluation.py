@@ -484,10 +484,6 @@ def goodput_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str
     return rows
 
 
-COST_CLUSTERS = {"homogeneous": ("v100",), "heterogeneous": ("v100", "p100", "k80")}
-"""Figure 14 buys V100s only; Figure 15 any mix of V100, P100 and K80."""
-
-
 def cheapest_data_parallel(capacity: Mapping[str, float], prices: Mapping[str, float], target: float,
                            max_per_type: int) -> dict[str, int] | None:
     """The cheapest GPU counts (then the fewest GPUs) whose data-parallel capacities (input samples per second
@@ -512,7 +508,8 @@ def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] =
                target: float = PAPER_TARGET_GOODPUT, alpha: float = 1.0, max_per_type: int = 64,
                measured: Mapping[str, BatchProfile] | None = None) -> list[dict]:
     """Figures 14 and 15: what each system pays for ``target`` input samples per second, every replica at the
-    batch size, buying up to ``max_per_type`` GPUs of each of the cluster's types (:data:`COST_CLUSTERS`).
+    batch size, buying up to ``max_per_type`` GPUs of each of the cluster's types (Figure 14 the homogeneous
+    cluster's, Figure 15 the heterogeneous one's).
 
     The baselines buy the cheapest data-parallel counts (:func:`cheapest_data_parallel`, each GPU's capacity
     analytic); E3 asks its optimizer for the cheapest plan that sustains the target (``request_rate``: batches
@@ -524,7 +521,7 @@ def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] =
     L = model_shape(scenario.shape)[1]
     rows = []
     for cluster in clusters:
-        types = COST_CLUSTERS[cluster]
+        types = tuple(cluster_gpus(cluster))
         prices = {g: PRESETS[g].price_per_s for g in types}
         profiles = gpu_profiles(types, scenario.shape)
         for mix, (profile, origin) in mix_profiles(L, measured, mixes).items():
