@@ -18,9 +18,10 @@ The model (steady state)
   interpolated between the whole batches around it (``t(0) = 0``), which is exact at batch 1, where a sample
   is either there or gone. A replica's time for one batch is the split's *stage time* ``T``.
 - Per input sample the split receives ``f_s`` samples, so with ``r`` replicas it keeps up with
-  ``r b / (f_s T)`` input samples per second. A transfer between splits moves one merged batch of b in
-  ``transfer_s`` seconds (a number, or ``transfer_s(boundary, b)``) over one link: ``b / (f_s x)`` input
-  samples per second. Goodput is the smallest of these over the splits and transfers (pipelined, §3.2.2).
+  ``r b / (f_s T)`` input samples per second. A transfer into a split moves one merged batch of b to one of
+  its replicas in ``transfer_s`` seconds (a number, or ``transfer_s(boundary, b)``), each replica over its own
+  link, overlapped with its compute: ``r b / (f_s x)`` input samples per second. Goodput is the smallest of these
+  over the splits and transfers (pipelined, §3.2.2).
 - ``input_batches`` (n) input batches of b enter per *cycle*, one for each replica of the first split; split i
   then receives ``n f_s`` batches per cycle (``batches_per_cycle``), spread over its replicas; the cycle lasts
   ``n b / goodput``, which is at least every split's busy time. In the paper's example n = 2 and the second
@@ -185,9 +186,9 @@ class SplitPlan:
         for t, r, n in zip(self.stage_s, self.replicas, self.batches_per_cycle):
             f = n / self.input_batches if self.input_batches else 0.0
             out.append(r * self.batch_size / (f * t) if f * t > 0 else math.inf)
-        for t, n in zip(self.transfers_s, self.batches_per_cycle[1:]):
+        for t, r, n in zip(self.transfers_s, self.replicas[1:], self.batches_per_cycle[1:]):
             f = n / self.input_batches if self.input_batches else 0.0
-            out.append(self.batch_size / (f * t) if f * t > 0 else math.inf)
+            out.append(r * self.batch_size / (f * t) if f * t > 0 else math.inf)
         return out
 
     def rows(self) -> list[dict]:
@@ -414,7 +415,7 @@ class _Problem:
         valid = rr[None, :] <= self.counts[:, None]                                          # (G, R)
         w = np.append(f_in, 0.0)[:, None, None, None] / b                                    # f_s per start
         with np.errstate(invalid="ignore"):
-            per = w * np.maximum(T3[..., None] / rr, x[:, None, None, None])                  # s per input sample
+            per = w * np.maximum(T3, x[:, None, None])[..., None] / rr                        # s per input sample
         self.C = np.where(valid[None, None] & np.isfinite(T3)[..., None], per, np.inf)
         self.E = np.where(valid[None, None], self.E3[..., None], np.inf)
         # more replicas no faster than fewer of the same type only waste GPUs
@@ -983,7 +984,8 @@ def _bottlenecks(P: _Problem, plan, per) -> list[tuple[str, int]]:
     tol = per * 1e-12
     compute = [("compute", i) for i, (s, e, g, r) in enumerate(plan)
                if P.f_in[s] * P.T3[s, e, g] / (r * P.B) >= per - tol]
-    sends = [("transfer", i) for i, (s, *_) in enumerate(plan) if i and P.f_in[s] * P.x[s] / P.B >= per - tol]
+    sends = [("transfer", i) for i, (s, _, _, r) in enumerate(plan)
+             if i and P.f_in[s] * P.x[s] / (r * P.B) >= per - tol]
     return compute + sends
 
 
