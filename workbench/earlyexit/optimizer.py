@@ -1021,7 +1021,12 @@ def _reason(P: _Problem, plan, per, lam, cost, baseline: DataParallelPlan) -> st
     else:
         cuts = [s for s, *_ in plan[1:]]
         falls = ", ".join(f"{100 * P.f_in[c]:.3g}% after layer {c - 1}" for c in cuts)
-        parts.append(f"cut after layer(s) {', '.join(str(c - 1) for c in cuts)}, where the batch has fallen to {falls}")
+        where = ", ".join(str(c - 1) for c in cuts)
+        if min(P.f_in[c] for c in cuts) >= 0.995:
+            parts.append(f"cut after layer(s) {where}, where the batch has not shrunk ({falls}): the cuts spread the "
+                         "layers over GPU types and pipeline them, they do not follow exits")
+        else:
+            parts.append(f"cut after layer(s) {where}, where the batch has fallen to {falls}")
         n = plan[0][3]
         reps = "; ".join(f"split {i + 1} ({_layers(s, e)}) on {r} x {P.types[g]} receives "
                          f"{n * P.f_in[s]:.3g} batch(es) of {P.B} a cycle"
