@@ -142,6 +142,21 @@ def test_a_transfer_is_a_stage_of_the_pipeline(transfer, cut):
         assert plan.splits == [(0, 2)] and plan.goodput == pytest.approx(1.5)
 
 
+def test_each_replica_receives_over_its_own_link():
+    # A GPU that takes 1 s a layer whatever the batch; half leave after layer 0; a batch of 4; 5 GPUs; a merged
+    # batch takes 1.5 s to move. Layer 0 on 3 replicas takes 12 inputs/s; layer 1's 2 replicas each receive a
+    # merged batch of 4 (the survivors of 8 inputs) per 1.5 s over their own link: 2 x 4 / (0.5 x 1.5) = 10.67
+    # inputs/s, above the model as is on all 5 (5 x 4 inputs per 2 s = 10/s). Over one shared link the
+    # transfer would carry only 5.33 inputs/s and the model as is would win.
+    def flat(k, b, g):
+        return 1.0
+
+    plan = optimize_splits(flat, [0.5, 0.0], {"g": 5}, 1e6, batch_size=4, transfer_s=1.5)
+    check_plan(plan, flat, [0.5, 0.0], {"g": 5}, 1e6, batch_size=4, transfer_s=1.5)
+    assert plan.replicas == [3, 2] and plan.goodput == pytest.approx(32 / 3)
+    assert plan.bottlenecks == [("transfer", 1)] and plan.baseline.goodput == pytest.approx(10.0)
+
+
 def test_a_transfer_function_gets_the_boundary_and_the_merged_batch():
     calls = []
 
