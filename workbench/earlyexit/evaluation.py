@@ -476,7 +476,7 @@ def goodput_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str
                         if system == "e3":
                             row[f"e3_over_{other}"] = _ratio(got["e3"]["goodput"], got[other]["goodput"])
                             ratios = [_ratio(band[sat]["e3"], band[sat][other]) for sat in band]
-                            row[f"e3_over_{other}_band"] = (min(ratios), max(ratios))
+                            row[f"e3_over_{other}_band"] = (float(min(ratios)), float(max(ratios)))
                         else:
                             row[f"e3_over_{other}"] = math.nan
                             row[f"e3_over_{other}_band"] = (math.nan, math.nan)
