@@ -205,8 +205,8 @@ class Scenario:
         """Serve ``requests`` arrivals through ``plan`` in the simulator, exits drawn from this scenario's
         profile (or ``profile``: the truth when the plan was made for a forecast). ``rate`` defaults to 90 %
         of the plan's goodput. Samples that have spent the SLO's slack waiting are dropped (``drop="budget"``), so
-        an overloaded plan keeps serving what can still make it. A send between splits carries one downstream batch (each replica has its own
-        link), where the optimizer's transfer stage carries a whole cycle's survivors over one link."""
+        an overloaded plan keeps serving what can still make it. A send between splits carries one merged batch to
+        one replica over that replica's own link, as the optimizer counts it."""
         from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 
         if not plan:
