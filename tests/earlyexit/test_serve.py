@@ -161,12 +161,12 @@ def test_ray_is_started_from_a_thread_that_lives_as_long_as_the_process(monkeypa
     """Ray's head processes die with the thread that forked them: a page's background run must not be it."""
     import threading
 
-    from workbench.earlyexit import serve
+    from workbench.earlyexit import raycluster
 
     seen = []
-    monkeypatch.setattr(serve, "_start_local_here", lambda *a: seen.append(threading.current_thread().name))
-    worker = threading.Thread(target=serve._start_local, args=(2,), name="background-run")
+    monkeypatch.setattr(raycluster, "start_local_here", lambda *a: seen.append(threading.current_thread().name))
+    worker = threading.Thread(target=raycluster.start_local, args=(2,), name="background-run")
     worker.start()
     worker.join()
-    serve._start_local(2)
+    raycluster.start_local(2)
     assert seen[0].startswith("workbench-ray") and seen[1] == threading.main_thread().name

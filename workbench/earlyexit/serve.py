@@ -1,54 +1,63 @@
-"""E3's pipelined early-exit serving for real, on Ray Serve (E3 §3.2, §4).
+"""E3's pipelined early-exit serving for real, on Ray Serve (E3 §3.1-§3.3, §4).
 
-A split plan (``.splits``, ``.replicas``, ``.batch_sizes``; e.g. the optimizer's ``SplitPlan``) becomes one
-Ray Serve application: one deployment per split, with the plan's number of replicas, each replica holding
-the whole early-exit model but running only its split's layers. A replica's handler is
-``@serve.batch(max_batch_size=<the split's batch size>, batch_wait_timeout_s=batch_wait_s)``: requests
-queue per replica and are served as one batch once the batch is full or the oldest has waited
-``batch_wait_s``. The survivors of a batch are sent one by one to the next split through its deployment
-handle (bound in with ``.bind(next_app)``), where they queue again, so the survivors of several upstream
-batches are re-formed into full batches. A sample that exits answers at once: its result travels back up
-the chain of awaiting calls to the driver, whichever split it left by (at the end of its batch's run of
-that split, like the simulator's per-split service times).
+A split plan (``.splits``, ``.replicas``, ``.batch_sizes`` and optionally ``.gpu_types``, e.g. the optimizer's
+``SplitPlan``) becomes one Ray Serve application (:mod:`workbench.earlyexit.serveapp`): an ingress deployment
+that walks each request through one deployment per split, passing the survivors' activations between splits as
+object references, so no split holds a request open while a later one works. Each split deployment has the
+plan's replicas, each holding the whole early-exit model, runs its layers in ``@serve.batch`` batches of the
+plan's size and asks Ray for one unit of its GPU type's custom resource (``gpu_type_<type>``), so on a cluster
+it lands on the nodes holding that type (:mod:`workbench.earlyexit.raycluster`).
+
+What the run does, as the paper's serving does it:
+
+- **Backpressure and drops** (§3.1, §4): the ingress and the splits take a bounded number of requests
+  (``max_ongoing_requests``) and queue a bounded number more (``max_queued_requests``); a request refused by
+  a full queue, or that can no longer return by its deadline (now + the rest of the plan at full batches >
+  arrival + SLO: the simulator's ``drop="budget"``), is dropped and counted, so an overloaded run serves what
+  can still make it instead of letting every latency grow. ``drop="never"`` serves everyone.
+- **Deadline batching** (§4): a split's batch leaves when full or when the slack of the request that opened it
+  runs out (arrival + SLO x (1 - slack) - the rest of the plan); ``batch_wait_s`` instead fixes the wait, as
+  Ray Serve's plain ``batch_wait_timeout_s`` does.
+- **Re-planning** (§3.1, §4): every ``window_s`` the exit layers of the requests served in that window update
+  the ARIMA :class:`~workbench.earlyexit.batchprofile.BatchProfileEstimator`; its forecast goes to ``replan``,
+  and a plan that differs is deployed in place (``serve.run`` under the same application name: replicas are
+  reconfigured, scaled, or moved to another GPU type; a split the new plan no longer has stays until the
+  requests that entered under the old plan are done). :attr:`ServeRun.replans` records each one.
+- **Stragglers** (§3.3): with ``exclude_stragglers_after=n`` a replica whose measured batch times exceed its
+  split peers' by more than ``straggler_tolerance`` after n batches gets no more work (never a split's last);
+  :attr:`ServeRun.stragglers` records when. ``replica_slowdown`` emulates a slower GPU on chosen replicas.
 
 Vocabulary and result shapes mirror :mod:`workbench.earlyexit.simulator`: per request ``exit_layer``,
-``latency_s``, ``met_slo``; ``goodput`` (requests meeting the SLO per second, from the first arrival at 0
-to the last completion), ``p50_latency_s``/``p95_latency_s`` (NumPy's linear interpolation),
-``batch_counts`` per split ({batch size: times served}) and a measured :class:`~workbench.timeline.Timeline`
-with a lane ``"split i · replica r"`` of ``compute`` spans (one per batch, its layers and size) and a lane
-``"split i · replica r queue"`` of ``queue`` spans (from the batch's first sample entering the replica to
-the batch's compute start). Nothing is dropped (``drop_rate`` is 0): every request is served.
+``latency_s``, ``met_slo``, ``dropped``; ``goodput`` (requests meeting the SLO per second, from the first
+arrival at 0 to the last answer), ``p50_latency_s``/``p95_latency_s`` over served requests (NumPy's linear
+interpolation), ``drop_rate``, ``batch_counts`` per split and a measured :class:`~workbench.timeline.Timeline`
+with a lane ``"split i · replica r"`` of ``compute`` spans and a lane ``"split i · replica r queue"`` of
+``queue`` spans (a batch's first request entering the replica to the batch's compute start).
 
 Choices where the issue leaves room:
 
 - **The model** is rebuilt inside every replica from a picklable :class:`ModelSpec`: either the untrained
-  model of a seed (cheap: the shipped encoder plus ramps drawn from the seed) or a full state dict, which
-  the driver puts once into Ray's object store. Either way the replicas hold the caller's weights.
-- **Fixed length.** Every request is one row of the workload's (n, T) token ids, so every hidden state
-  that travels between splits is (T, d) with its (T,) mask, and a batch is a plain stack: no request's
-  padding depends on who it was batched with.
-- **Threads and CPUs.** A replica runs ``torch.set_num_threads(REPLICA_THREADS)`` (1), like the layer
-  profiles, and asks Ray for ``REPLICA_CPUS`` (0.25) of a CPU, so 8 replicas fit on a 2-core local
-  cluster. That share is only for Ray's placement: replicas on one host contend for its cores, so the
-  measured compute spans, latencies and goodput are those of single-threaded replicas time-sharing the
-  host's cores (on 2 cores, more than 2 busy replicas slow each other down); they match the single-thread
-  layer profiles only while no more replicas compute at once than there are cores.
-- **Clock.** Replicas stamp ``time.time()``; they run on the same host as the driver (a local cluster), so
-  the driver subtracts its own start time and every time is seconds after the first arrival. On a
-  multi-host cluster the spans carry each host's clock error.
+  model of a seed or a full state dict, which the driver puts once into Ray's object store.
+- **Fixed length.** Every request is one row of the workload's (n, T) token ids, so a batch is a plain stack
+  and no request's result depends on who it was batched with.
+- **Threads and CPUs.** A replica runs one torch thread and asks Ray for ``REPLICA_CPUS`` (0.25) of a CPU, so
+  8 replicas fit on a 2-core local cluster; that share is only for placement: replicas on one host time-share
+  its cores, and the measured times are those.
+- **Clock.** Replicas stamp ``time.time()``; every time in the result is seconds after the run's start. On a
+  cluster of several hosts deadlines and spans carry each host's clock error.
 - **Arrivals** come from :class:`~workbench.earlyexit.simulator.ArrivalProcess` (see
-  :meth:`Workload.from_arrivals`, which draws them as the simulator does for the same seed); the driver
-  sends each request through the first split's handle at its arrival time from one asyncio loop, and its
-  latency counts from that scheduled time (``sent_s`` records when it was actually sent).
+  :meth:`Workload.from_arrivals`); the driver sends each request at its arrival time from one asyncio loop,
+  and its latency counts from that scheduled time (``sent_s`` records when it was actually sent).
+- **Service times** for the drop and batching rules start from ``service_s`` (or the plan's ``stage_s``) and
+  follow the measured batch times as the run goes.
 """
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
-import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -56,6 +65,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from workbench.earlyexit.raycluster import (RaySession, check_reachable, check_type_resources, ray_session,
+                                            start_serve, type_resource)
 from workbench.earlyexit.simulator import ArrivalProcess, _check_splits, _whole_positive
 from workbench.errors import WorkbenchError
 from workbench.timeline import Span, Timeline
@@ -63,15 +74,21 @@ from workbench.timeline import Span, Timeline
 REPLICA_THREADS = 1
 """Torch threads per replica (the layer profiles are measured with the same single thread)."""
 REPLICA_CPUS = 0.25
-"""Ray CPUs each replica asks for: 8 replicas fit on a 2-core local cluster (placement only; see above)."""
+"""Ray CPUs each split replica asks for: 8 replicas fit on a 2-core local cluster (placement only)."""
 APP_NAME = "workbench-e3"
-"""The Ray Serve application a run deploys; the next run replaces it, and a run deletes it when done."""
+"""The Ray Serve application a run deploys; a run deletes it when done."""
 DEFAULT_BATCH_WAIT_S = 0.05
-REACH_TIMEOUT_S = 3.0
-START_ATTEMPTS = 2
-OBJECT_STORE_BYTES = 512 * 1024 ** 2
-MAX_ONGOING = 100_000
-"""A replica's request limit: a request stays 'ongoing' while its sample runs downstream, so it is large."""
+"""A fixed batch wait for callers that want Ray Serve's plain ``batch_wait_timeout_s`` (``batch_wait_s=``)."""
+DROP_RULES = ("budget", "never")
+SPLIT_QUEUE_BATCHES = 8
+"""Requests a split's callers may queue for it: this many full batches per replica (then it refuses)."""
+INGRESS_MIN_REQUESTS = 32
+UNBOUNDED_ONGOING = 1_000_000
+"""With ``drop="never"`` nothing is refused: the ingress takes every request and queues are unbounded."""
+_check_reachable = check_reachable
+
+__all__ = ["ModelSpec", "Workload", "ServedRequest", "ServeRun", "Replan", "Window", "serve_plan", "check_plan",
+           "ray_session", "RaySession"]
 
 
 # -- the model, rebuilt in each replica ------------------------------------------------------------
@@ -191,18 +208,50 @@ class Workload:
 
 @dataclass(frozen=True)
 class ServedRequest:
-    """One request as served: when it came, where it left the model, its label, and when it answered."""
+    """One request as served (or dropped): when it came, where it left the model, its label, when it answered."""
     id: int
     arrival_s: float                  # scheduled arrival (seconds from the run's start)
-    exit_layer: int
-    exit_split: int
-    label: int
-    completion_s: float               # when the driver's awaited result resolved
-    latency_s: float                  # completion - arrival
+    exit_layer: int                   # -1 if dropped
+    exit_split: int                   # the split it left by (in the plan it ran under); -1 if dropped
+    label: int                        # -1 if dropped
+    completion_s: float               # when the driver's awaited answer (result or drop) resolved
+    latency_s: float                  # completion - arrival; NaN if dropped
     met_slo: bool
     sent_s: float = 0.0               # when the driver actually sent it
     exited_s: float = 0.0             # when its last batch ended on the replica it left by
-    dropped: bool = False             # never: every request is served
+    dropped: bool = False
+    dropped_split: int | None = None  # the split it was dropped before (-1: refused at the ingress)
+    drop_reason: str = ""             # "deadline" (could not return in time) or "queue full" (backpressure)
+    plan: int = 0                     # which plan (0: the first, k: after the k-th re-plan) it entered under
+
+    @property
+    def late(self) -> bool:
+        """Served, but after its SLO."""
+        return not self.dropped and not self.met_slo
+
+
+@dataclass(frozen=True)
+class Replan:
+    """One re-plan of a served run: when, after which window, the plans before and after, and the forecast."""
+    at_s: float                       # when the new plan was deployed (seconds from the run's start)
+    window: int                       # the window whose observation moved the forecast (0-based)
+    old: dict
+    new: dict
+    forecast: tuple[float, ...]       # the forecast batch profile the new plan was made for
+    deploy_s: float                   # seconds serve.run took
+
+
+@dataclass(frozen=True)
+class Window:
+    """One observation window: the served requests' batch profile, and the next window's ARIMA forecast."""
+    index: int
+    start_s: float
+    end_s: float
+    served: int                       # requests served in the window (their exits make the observation)
+    observed: tuple[float, ...]
+    forecast: tuple[float, ...]
+    methods: tuple[str, ...] = ()     # how each ramp's forecast was made (ARIMA, constant, last value)
+    note: str = ""                    # a re-plan that could not be used, and why
 
 
 @dataclass(frozen=True)
@@ -211,22 +260,44 @@ class ServeRun:
     requests: tuple[ServedRequest, ...]
     timeline: Timeline = field(repr=False)
     batch_counts: tuple[dict[int, int], ...]     # per split: batch size served -> how many times
-    splits: tuple[tuple[int, int], ...]
+    splits: tuple[tuple[int, int], ...]          # the first plan's (re-plans: see ``replans``)
     replicas: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     slo_s: float
-    duration_s: float                 # 0 (first arrival) to the last completion
+    duration_s: float                 # 0 (first arrival) to the last answer
     goodput: float                    # requests meeting the SLO per second of the run
-    throughput: float                 # requests completed per second of the run
-    p50_latency_s: float
+    throughput: float                 # requests served (in time or not) per second of the run
+    p50_latency_s: float              # over served requests; NaN if none was served
     p95_latency_s: float
-    drop_rate: float = 0.0
+    drop_rate: float = 0.0            # dropped / all requests
     deploy_s: float = 0.0             # seconds to deploy the application (not in duration_s)
-    logits: torch.Tensor | None = field(default=None, repr=False, compare=False)   # (n, classes)
+    logits: torch.Tensor | None = field(default=None, repr=False, compare=False)   # (n, classes); NaN if dropped
+    gpu_types: tuple = ()             # the first plan's GPU type per split (None: untyped)
+    replans: tuple[Replan, ...] = ()
+    windows: tuple[Window, ...] = ()
+    stragglers: tuple[dict, ...] = ()  # replicas excluded: at_s, split, replica, node, slowdown, batches
+    replica_nodes: dict = field(default_factory=dict)   # (split, replica) -> {"node": id, "ip": address}
 
     @property
     def met(self) -> int:
         return sum(r.met_slo for r in self.requests)
+
+    @property
+    def dropped(self) -> int:
+        return sum(r.dropped for r in self.requests)
+
+    @property
+    def late(self) -> int:
+        return sum(r.late for r in self.requests)
+
+    @property
+    def served(self) -> np.ndarray:
+        """Boolean mask of the requests that were served (not dropped)."""
+        return np.array([not r.dropped for r in self.requests], dtype=bool)
+
+    @property
+    def drop_reasons(self) -> dict[str, int]:
+        return dict(Counter(r.drop_reason for r in self.requests if r.dropped))
 
     @property
     def exit_layers(self) -> np.ndarray:
@@ -237,200 +308,38 @@ class ServeRun:
         return np.array([r.label for r in self.requests], dtype=np.int64)
 
 
-# -- Ray -------------------------------------------------------------------------------------------
+# -- checks -----------------------------------------------------------------------------------------
 
-@dataclass
-class RaySession:
-    """The Ray this process uses: the address asked for (None: a local one), its CPUs, and whether this
-    call started it (then :meth:`close` stops Serve and Ray)."""
-    address: str | None
-    num_cpus: float
-    started: bool
-    start_s: float
+@dataclass(frozen=True)
+class _Plan:
+    splits: tuple[tuple[int, int], ...]
+    replicas: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    gpu_types: tuple                  # str per split, or None per split (untyped)
+    stage_s: tuple | None = None
 
-    def close(self) -> None:
-        import ray
+    def to_dict(self) -> dict:
+        return {"splits": [list(s) for s in self.splits], "replicas": list(self.replicas),
+                "batch_sizes": list(self.batch_sizes), "gpu_types": list(self.gpu_types)}
 
-        if self.started and ray.is_initialized():
-            ray.shutdown()      # takes Serve's actors with it (serve.shutdown first only adds noise)
+    def key(self) -> tuple:
+        return (self.splits, self.replicas, self.batch_sizes, self.gpu_types)
 
+    def type_needs(self) -> dict[str, int]:
+        needs: Counter = Counter()
+        for gpu, r in zip(self.gpu_types, self.replicas):
+            if gpu is not None:
+                needs[gpu] += r
+        return dict(needs)
 
-class _WarningsOnly(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING
-
-
-def _quiet() -> None:
-    """No INFO lines from Ray or Serve in the driver (Serve resets its logger's level when it starts, so a
-    filter, which it leaves alone, does the work)."""
-    for name in ("ray", "ray.serve"):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.WARNING)
-        if not any(isinstance(f, _WarningsOnly) for f in logger.filters):
-            logger.addFilter(_WarningsOnly())
-
-
-def _check_reachable(address: str) -> None:
-    """A host:port address must accept a TCP connection within REACH_TIMEOUT_S."""
-    target = address.split("://", 1)[-1]
-    if address in ("auto", "local") or ":" not in target:
-        return
-    host, _, port = target.rpartition(":")
-    try:
-        port_no = int(port)
-    except ValueError:
-        raise WorkbenchError(f"Ray address {address!r} is not host:port (e.g. 127.0.0.1:6379)") from None
-    try:
-        with socket.create_connection((host or "127.0.0.1", port_no), timeout=REACH_TIMEOUT_S):
-            pass
-    except OSError as err:
-        raise WorkbenchError(
-            f"no Ray cluster answers at {address} ({err.strerror or err}); start one on that machine with "
-            f"`ray start --head --port={port_no}`, or pass address=None to start a local Ray") from None
-
-
-def _check_same_cluster(address: str | None) -> None:
-    """This process is already connected to a Ray: an explicit host:port must name that one (same port)."""
-    import ray
-
-    if address is None or address in ("auto", "local") or "://" in address or ":" not in address:
-        return
-    current = ray.get_runtime_context().gcs_address
-    if current.rpartition(":")[2] != address.rpartition(":")[2]:
-        raise WorkbenchError(f"this process is already connected to the Ray at {current}, not {address}: "
-                             f"call ray.shutdown() first (or pass address=None to use the current one)")
-
-
-_LAUNCHER = None
-
-
-def _launcher():
-    """One thread that lives as long as the process, for starting Ray: Ray's head processes die with the
-    *thread* that forked them (PR_SET_PDEATHSIG), so a Ray started from a page's background run would vanish
-    when that run's thread ends, and take the kernel's connection with it."""
-    global _LAUNCHER
-    if _LAUNCHER is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-ray")
-    return _LAUNCHER
-
-
-def _start_local(num_cpus: float, attempts: int = START_ATTEMPTS) -> None:
-    if threading.current_thread() is threading.main_thread():
-        _start_local_here(num_cpus, attempts)
-    else:
-        _launcher().submit(_start_local_here, num_cpus, attempts).result()
-
-
-def _start_local_here(num_cpus: float, attempts: int = START_ATTEMPTS) -> None:
-    """``ray.init`` of a new local Ray (address "local": never someone else's cluster on this host), tried
-    again when its node does not register in time (Ray allows 30 s, which a loaded 2-core host can miss)."""
-    import ray
-
-    for attempt in range(attempts):
-        try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level="ERROR",
-                     log_to_driver=False, object_store_memory=OBJECT_STORE_BYTES)
-            return
-        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception when its node does not come up
-            if "timed out during startup" not in str(err):
-                raise
-            ray.shutdown()
-            if attempt == attempts - 1:
-                raise WorkbenchError(
-                    f"the local Ray did not come up in {attempts} tries: its node must register within 30 s "
-                    f"({err}); the machine is probably overloaded: retry when it is quieter, or start Ray once "
-                    f"with `ray start --head --num-cpus={num_cpus:g}` and pass address='127.0.0.1:6379'") from None
-
-
-def ray_session(address: str | None = None, num_cpus: float = 2) -> RaySession:
-    """Connect to the Ray at ``address`` (host:port, ray://host:port or "auto"), or start a local one with
-    ``num_cpus`` CPUs (address None); a Ray already initialised in this process is reused as it is."""
-    import ray
-
-    _quiet()
-    begin = time.perf_counter()
-    if address is not None:
-        _check_reachable(str(address))
-    if ray.is_initialized():
-        _check_same_cluster(address)
-        return RaySession(address, float(ray.cluster_resources().get("CPU", 0.0)), False, 0.0)
-    if address is None:
-        if not (isinstance(num_cpus, (int, float)) and not isinstance(num_cpus, bool) and num_cpus > 0):
-            raise WorkbenchError(f"num_cpus {num_cpus!r} must be a number of CPUs > 0")
-        _start_local(num_cpus)
-    else:
-        try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        except ConnectionError as err:
-            raise WorkbenchError(f"could not connect to Ray at {address}: {err}; start one there with "
-                                 f"`ray start --head`") from None
-    return RaySession(address, float(ray.cluster_resources().get("CPU", 0.0)), True,
-                      time.perf_counter() - begin)
-
-
-# -- the deployments --------------------------------------------------------------------------------
-
-def _split_deployment(index: int, layers: tuple[int, int], replicas: int, batch_size: int, batch_wait_s: float):
-    """The Serve deployment of split ``index``: its batch handler is decorated with the split's batch size."""
-    from ray import serve
-
-    start, end = layers
-
-    class SplitReplica:
-        def __init__(self, spec: ModelSpec, next_split=None):
-            torch.set_num_threads(REPLICA_THREADS)
-            self.model = spec.build()
-            self.next = next_split
-            context = serve.get_replica_context()
-            rank = getattr(context, "rank", None)
-            self.replica = int(getattr(rank, "rank", rank)) if rank is not None else 0
-            self.served = 0
-
-        async def __call__(self, item: dict) -> dict:
-            item = dict(item, entered=time.time())
-            outcome, record = await self.run_batch(item)
-            if isinstance(outcome, dict):
-                return dict(outcome, trace=[record])
-            later = await outcome            # the next split's answer for this sample
-            return dict(later, trace=[record] + later["trace"])
-
-        @serve.batch(max_batch_size=batch_size, batch_wait_timeout_s=batch_wait_s)
-        async def run_batch(self, items: list[dict]) -> list[tuple]:
-            began = time.time()
-            mask = torch.stack([it["mask"] for it in items])
-            if start == 0:
-                hidden = self.model.embed(torch.stack([it["ids"] for it in items]), mask)
-            else:
-                hidden = torch.stack([it["hidden"] for it in items])
-            out = self.model.run_split(hidden, mask, start, end)
-            ended = time.time()
-            record = {"split": index, "replica": self.replica, "index": self.served, "size": len(items),
-                      "queued": min(it["entered"] for it in items), "start": began, "end": ended,
-                      "ids": [it["id"] for it in items], "rows": list(out.layer_rows)}
-            self.served += 1
-            answers: list = [None] * len(items)
-            for j, row in enumerate(out.exited):
-                answers[row] = ({"id": items[row]["id"], "exit_layer": int(out.exit_layers[j]),
-                                 "label": int(out.labels[j]), "logits": out.logits[j].clone(), "exited": ended},
-                                record)
-            for j, row in enumerate(out.survivors):
-                sent = {"id": items[row]["id"], "hidden": out.hidden[j].clone(), "mask": out.mask[j].clone()}
-                answers[row] = (self.next.remote(sent), record)
-            return answers
-
-    SplitReplica.__name__ = SplitReplica.__qualname__ = f"Split{index}"
-    return serve.deployment(SplitReplica, name=f"split{index}", num_replicas=replicas,
-                            max_ongoing_requests=MAX_ONGOING, graceful_shutdown_timeout_s=0.5,
-                            graceful_shutdown_wait_loop_s=0.1,
-                            ray_actor_options={"num_cpus": REPLICA_CPUS})
-
-
-# -- checks, the run, the results -----------------------------------------------------------------
 
 def check_plan(plan: Any, num_layers: int) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
     """The plan's splits, replicas and batch sizes, checked to cover layers 0..num_layers-1 contiguously."""
+    p = _read_plan(plan, num_layers)
+    return p.splits, p.replicas, p.batch_sizes
+
+
+def _read_plan(plan: Any, num_layers: int) -> _Plan:
     for attr in ("splits", "replicas", "batch_sizes"):
         if not hasattr(plan, attr):
             raise WorkbenchError(f"the plan has no .{attr}: serve_plan needs a SplitPlan-like object")
@@ -444,7 +353,23 @@ def check_plan(plan: Any, num_layers: int) -> tuple[tuple[tuple[int, int], ...],
     if splits[-1][1] != num_layers:
         raise WorkbenchError(f"the splits end at layer {splits[-1][1] - 1} but the model has {num_layers} layers "
                              f"(0..{num_layers - 1}): the last split must end at {num_layers}")
-    return splits, replicas, batch_sizes
+    types = getattr(plan, "gpu_types", None)
+    if types is None or len(list(types)) == 0:
+        gpu_types: tuple = (None,) * n
+    else:
+        gpu_types = tuple(None if t is None else str(t) for t in types)
+        if len(gpu_types) != n:
+            raise WorkbenchError(f"the plan has {len(gpu_types)} GPU types for {n} splits: give one per split")
+        for t in gpu_types:
+            if t is not None:
+                type_resource(t)
+    stage = getattr(plan, "stage_s", None)
+    stage_s = None
+    if stage is not None and len(list(stage)) == n:
+        values = [float(v) for v in stage]
+        if all(math.isfinite(v) and v >= 0 for v in values):
+            stage_s = tuple(values)
+    return _Plan(splits, replicas, batch_sizes, gpu_types, stage_s)
 
 
 def _positive_seconds(value, what: str, allow_zero: bool = False) -> float:
@@ -457,8 +382,68 @@ def _positive_seconds(value, what: str, allow_zero: bool = False) -> float:
     return v
 
 
-def _drive(handle, workload: Workload, timeout_s: float,
-           progress: Callable[[int, int], None] | None) -> tuple[float, list]:
+# -- the run ----------------------------------------------------------------------------------------
+
+class _Deployer:
+    """Builds and (re)deploys the application of each plan generation under one name and one version."""
+
+    def __init__(self, spec: ModelSpec, opts: dict, slo_s: float):
+        self.spec, self.opts, self.slo_s = spec, opts, slo_s
+        self.version = f"e3-{uuid.uuid4().hex[:12]}"     # fixed for the run: re-plans reconfigure in place
+        self.gen = -1
+        self.split_cfgs: list[dict] = []
+
+    def configs(self, plan: _Plan) -> tuple[dict, list[dict]]:
+        o, n = self.opts, len(plan.splits)
+        gen = self.gen + 1
+        service = None
+        if o["service_s"] is not None:
+            service = [float(o["service_s"](i, plan.batch_sizes[i])) for i in range(n)]
+        elif plan.stage_s is not None:
+            service = list(plan.stage_s)
+        budget = self.slo_s * (1.0 - o["slack"])
+        bounded = o["drop"] != "never"
+        split_cfgs = []
+        for i in range(n):
+            b, r = plan.batch_sizes[i], plan.replicas[i]
+            split_cfgs.append({
+                "gen": gen, "index": i, "layers": list(plan.splits[i]), "batch": b, "replicas": r,
+                "resource": type_resource(plan.gpu_types[i]) if plan.gpu_types[i] is not None else None,
+                "fixed_wait": o["batch_wait_s"], "wait_cap": budget,
+                "max_queued": SPLIT_QUEUE_BATCHES * b * r if bounded else -1,
+                "slowdown": {str(rr): float(f) for (ii, rr), f in o["slowdown"].items() if ii == i}})
+        held = sum((SPLIT_QUEUE_BATCHES + 2) * b * r for b, r in zip(plan.batch_sizes, plan.replicas))
+        capacity = max(INGRESS_MIN_REQUESTS, held) if bounded else UNBOUNDED_ONGOING
+        cfg = {"gen": gen, "app": APP_NAME, "splits": [list(s) for s in plan.splits], "replicas": list(plan.replicas),
+               "batch_sizes": list(plan.batch_sizes), "service_s": service, "slo_s": self.slo_s,
+               "slack": o["slack"], "drop": o["drop"] == "budget", "fixed_wait": o["batch_wait_s"],
+               "exclude_after": o["exclude_after"], "tolerance": o["tolerance"], "max_ongoing": capacity,
+               "max_queued": capacity if bounded else -1}
+        return cfg, split_cfgs
+
+    def deploy(self, plan: _Plan):
+        """Deploy ``plan`` as the next generation; returns (handle, seconds, splits kept for draining)."""
+        from ray import serve
+
+        from workbench.earlyexit.serveapp import build_app
+
+        cfg, split_cfgs = self.configs(plan)
+        draining = self.split_cfgs[len(split_cfgs):]          # the old plan's later splits, kept while it drains
+        began = time.perf_counter()
+        handle = serve.run(build_app(self.spec, cfg, split_cfgs + draining, self.version), name=APP_NAME,
+                           route_prefix=None, logging_config={"log_level": "WARNING", "enable_access_log": False})
+        took = time.perf_counter() - began
+        self.gen, self.split_cfgs, self.cfg = cfg["gen"], split_cfgs, cfg
+        if draining:
+            # Requests that entered under the old plan answer within the SLO (or are dropped): then let go.
+            time.sleep(self.slo_s)
+            serve.run(build_app(self.spec, cfg, split_cfgs, self.version), name=APP_NAME, route_prefix=None,
+                      logging_config={"log_level": "WARNING", "enable_access_log": False})
+        return handle, took
+
+
+def _drive(handle, workload: Workload, timeout_s: float, progress: Callable[[int, int], None] | None,
+           monitor: Callable | None) -> tuple[float, list]:
     """Send each request at its arrival time; returns the start time and (sent, done, answer) per request."""
     n = len(workload)
     out: list = [None] * n
@@ -466,13 +451,19 @@ def _drive(handle, workload: Workload, timeout_s: float,
 
     async def one(j: int, t0: float) -> None:
         nonlocal done_count
-        delay = t0 + float(workload.arrival_s[j]) - time.time()
+        from ray.serve.exceptions import BackPressureError
+
+        arrival = t0 + float(workload.arrival_s[j])
+        delay = arrival - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         sent = time.time()
         # clone: a row view would pickle the whole (n, T) storage
-        request = {"id": j, "ids": workload.ids[j].clone(), "mask": workload.mask[j].clone()}
-        answer = await handle.remote(request)
+        request = {"id": j, "ids": workload.ids[j].clone(), "mask": workload.mask[j].clone(), "arrival": arrival}
+        try:
+            answer = await handle.remote(request)
+        except BackPressureError:
+            answer = {"id": j, "dropped": True, "split": -1, "at": time.time(), "reason": "queue full", "trace": []}
         out[j] = (sent, time.time(), answer)
         done_count += 1
         if progress is not None:
@@ -480,23 +471,35 @@ def _drive(handle, workload: Workload, timeout_s: float,
 
     async def main() -> float:
         t0 = time.time()
+        watcher = asyncio.create_task(monitor(t0, out)) if monitor is not None else None
         try:
             await asyncio.wait_for(asyncio.gather(*(one(j, t0) for j in range(n))), timeout_s)
         except asyncio.TimeoutError:
             raise WorkbenchError(f"the served run did not finish within {timeout_s:.0f} s "
                                  f"({done_count} of {n} requests answered)") from None
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                try:
+                    await watcher
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the run's own outcome matters more
+                    pass
         return t0
 
+    return _run_async(main), out
+
+
+def _run_async(main):
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(main()), out
+        return asyncio.run(main())
     # Called from a running event loop (a notebook): drive from a thread with its own loop.
     box: dict = {}
 
     def worker():
         try:
-            box["t0"] = asyncio.run(main())
+            box["value"] = asyncio.run(main())
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = err
 
@@ -505,31 +508,89 @@ def _drive(handle, workload: Workload, timeout_s: float,
     thread.join()
     if "error" in box:
         raise box["error"]
-    return box["t0"], out
+    return box["value"]
 
 
-def _results(out: list, t0: float, workload: Workload, splits, replicas, batch_sizes, slo_s: float,
-             num_classes: int, deploy_s: float) -> ServeRun:
+class _Monitor:
+    """Every window: the served requests' exits update the estimator; a forecast that moves the plan redeploys."""
+
+    def __init__(self, deployer: _Deployer, plan: _Plan, num_layers: int, window_s: float, estimator, replan,
+                 lock: threading.Lock):
+        self.deployer, self.plan, self.num_layers = deployer, plan, num_layers
+        self.window_s, self.estimator, self.replan, self.lock = window_s, estimator, replan, lock
+        self.windows: list[Window] = []
+        self.replans: list[Replan] = []
+
+    async def __call__(self, t0: float, out: list) -> None:
+        k = 0
+        while True:
+            end = t0 + (k + 1) * self.window_s
+            await asyncio.sleep(max(end - time.time(), 0.0))
+            start = end - self.window_s
+            exits = [int(a["exit_layer"]) for item in out if item is not None
+                     for _, done, a in [item] if start <= done < end and not a.get("dropped")]
+            if exits:
+                await asyncio.to_thread(self._window, k, start - t0, end - t0, exits, t0)
+            k += 1
+
+    def _window(self, k: int, start_s: float, end_s: float, exits: list[int], t0: float) -> None:
+        observed = self.estimator.update(exits)
+        details = self.estimator.forecast_details()
+        forecast = details.profile
+        note = ""
+        new = None
+        if self.replan is not None:
+            try:
+                candidate = self.replan(forecast)
+                if candidate:
+                    new = _read_plan(candidate, self.num_layers)
+                    check_type_resources(new.type_needs())
+            except WorkbenchError as err:
+                note, new = f"re-plan not used: {err}", None
+        self.windows.append(Window(k, start_s, end_s, len(exits), tuple(observed.remaining),
+                                   tuple(forecast.remaining), tuple(details.methods), note))
+        if new is None or new.key() == self.plan.key():
+            return
+        with self.lock:
+            _, took = self.deployer.deploy(new)
+        self.replans.append(Replan(time.time() - t0, k, self.plan.to_dict(), new.to_dict(),
+                                   tuple(forecast.remaining), took))
+        self.plan = new
+
+
+def _results(out: list, t0: float, workload: Workload, plan: _Plan, slo_s: float, num_classes: int,
+             deploy_s: float, report: dict, monitor: _Monitor | None) -> ServeRun:
     n = len(workload)
-    requests, logits = [], torch.zeros(n, num_classes)
-    batches: dict[tuple[int, int, int], dict] = {}
+    requests, logits = [], torch.full((n, num_classes), math.nan)
+    batches: dict[tuple, dict] = {}
+    nodes: dict[tuple[int, int], dict] = {}
     for j, (sent, done, answer) in enumerate(out):
         arrival = float(workload.arrival_s[j])
         completion = done - t0
-        layer = answer["exit_layer"]
-        split = next(i for i, (a, b) in enumerate(splits) if a <= layer < b)
-        requests.append(ServedRequest(j, arrival, layer, split, answer["label"], completion, completion - arrival,
-                                      completion - arrival <= slo_s, sent - t0, answer["exited"] - t0))
+        for record in answer.get("trace") or []:
+            batches[(record["split"], record["rid"], record["index"])] = record
+            nodes[(record["split"], record["replica"])] = {"node": record["node"], "ip": record["ip"]}
+        if answer.get("dropped"):
+            requests.append(ServedRequest(j, arrival, -1, -1, -1, completion, math.nan, False, sent - t0, math.nan,
+                                          True, int(answer.get("split", -1)), str(answer.get("reason", "")),
+                                          int(answer.get("gen", 0))))
+            continue
+        last = answer["trace"][-1]
+        latency = completion - arrival
+        requests.append(ServedRequest(j, arrival, int(answer["exit_layer"]), int(last["split"]), int(answer["label"]),
+                                      completion, latency, latency <= slo_s, sent - t0, answer["exited"] - t0,
+                                      plan=int(answer.get("gen", 0))))
         logits[j] = answer["logits"]
-        for record in answer["trace"]:
-            batches[(record["split"], record["replica"], record["index"])] = record
-    counts = [Counter() for _ in splits]
+    n_splits = max([len(plan.splits)] + [rec["split"] + 1 for rec in batches.values()])
+    counts = [Counter() for _ in range(n_splits)]
     spans = []
-    for (i, r, k), rec in sorted(batches.items(), key=lambda kv: kv[1]["start"]):
-        a, b = splits[i]
+    for (i, _, k), rec in sorted(batches.items(), key=lambda kv: kv[1]["start"]):
+        a, b = rec["layers"]
+        r = rec["replica"]
         counts[i][rec["size"]] += 1
         meta = {"split": i, "replica": r, "batch": rec["size"], "layers": f"{a}-{b - 1}", "index": k,
-                "requests": list(rec["ids"]), "rows": list(rec["rows"])}
+                "requests": list(rec["ids"]), "rows": list(rec["rows"]), "node": rec["node"], "ip": rec["ip"],
+                "plan": rec.get("gen", 0)}
         lane = f"split {i} · replica {r}"
         spans.append(Span(lane + " queue", "queue", rec["queued"] - t0, rec["start"] - t0,
                           f"batch of {rec['size']} waiting", dict(meta)))
@@ -538,75 +599,136 @@ def _results(out: list, t0: float, workload: Workload, splits, replicas, batch_s
     spans.sort(key=lambda s: s.start)
     timeline = Timeline(tuple(spans), "measured", name="E3 served run (Ray Serve)")
     duration = max(r.completion_s for r in requests)
-    latencies = np.array([r.latency_s for r in requests])
+    served = np.array([r.latency_s for r in requests if not r.dropped])
     met = sum(r.met_slo for r in requests)
+    stragglers = tuple(dict(e, at_s=e["at"] - t0) for e in report.get("exclusions", []))
     return ServeRun(
         requests=tuple(requests), timeline=timeline,
         batch_counts=tuple(dict(sorted(c.items())) for c in counts),
-        splits=splits, replicas=replicas, batch_sizes=batch_sizes, slo_s=slo_s, duration_s=duration,
-        goodput=met / duration if duration > 0 else 0.0, throughput=n / duration if duration > 0 else 0.0,
-        p50_latency_s=float(np.percentile(latencies, 50)), p95_latency_s=float(np.percentile(latencies, 95)),
-        drop_rate=0.0, deploy_s=deploy_s, logits=logits)
+        splits=plan.splits, replicas=plan.replicas, batch_sizes=plan.batch_sizes, slo_s=slo_s, duration_s=duration,
+        goodput=met / duration if duration > 0 else 0.0,
+        throughput=served.size / duration if duration > 0 else 0.0,
+        p50_latency_s=float(np.percentile(served, 50)) if served.size else math.nan,
+        p95_latency_s=float(np.percentile(served, 95)) if served.size else math.nan,
+        drop_rate=(n - served.size) / n, deploy_s=deploy_s, logits=logits, gpu_types=plan.gpu_types,
+        replans=tuple(monitor.replans) if monitor else (), windows=tuple(monitor.windows) if monitor else (),
+        stragglers=stragglers, replica_nodes=nodes)
 
 
 def serve_plan(model_spec: ModelSpec | Any, plan: Any, workload: Workload, *, slo_s: float,
-               address: str | None = None, num_cpus: float = 2, batch_wait_s: float = DEFAULT_BATCH_WAIT_S,
-               timeout_s: float | None = None, progress: Callable[[int, int], None] | None = None) -> ServeRun:
+               address: str | None = None, num_cpus: float = 2, batch_wait_s: float | None = None,
+               slack: float = 0.2, drop: str = "budget", service_s: Callable[[int, int], float] | None = None,
+               timeout_s: float | None = None, progress: Callable[[int, int], None] | None = None,
+               window_s: float | None = None, replan: Callable[[Any], Any] | None = None, estimator=None,
+               exclude_stragglers_after: int | None = None, straggler_tolerance: float = 0.2,
+               replica_slowdown: dict[tuple[int, int], float] | None = None) -> ServeRun:
     """Deploy ``plan`` on Ray Serve with the model of ``model_spec`` (a :class:`ModelSpec` or an
     EarlyExitModel), send ``workload``'s requests at their arrival times, and measure the run.
 
     - ``plan``: anything with ``.splits`` (contiguous (start, end) layer ranges covering the model),
-      ``.replicas`` and ``.batch_sizes`` (whole numbers >= 1 per split).
-    - ``slo_s``: the latency objective; a request meets it when its latency is <= slo_s.
-    - ``address``/``num_cpus``: as :func:`ray_session` (a Ray already initialised here is reused).
-    - ``batch_wait_s``: how long a replica waits for its batch to fill (``batch_wait_timeout_s``).
+      ``.replicas`` and ``.batch_sizes`` (whole numbers >= 1 per split); ``.gpu_types`` (optional) place each
+      split on the nodes holding its type's resource.
+    - ``slo_s``/``slack``: a request meets the SLO when its latency is <= slo_s; batching plans for
+      ``slo_s x (1 - slack)``. ``drop``: "budget" (drop what cannot return in time) or "never".
+    - ``address``/``num_cpus``: as :func:`~workbench.earlyexit.raycluster.ray_session`; a Ray this call starts
+      or joins is closed (with the Serve it started) when the run ends; one already initialised is reused.
+    - ``batch_wait_s``: a fixed batch wait instead of the deadline rule. ``service_s(split, batch)``: seconds
+      a replica takes for a batch, the rules' first estimate (default: the plan's ``stage_s``, if any).
+    - ``window_s``/``estimator``/``replan``: every window the served exits update ``estimator`` (default a
+      :class:`~workbench.earlyexit.batchprofile.BatchProfileEstimator`); ``replan(forecast)`` returns a
+      plan-like object, deployed in place when it differs.
+    - ``exclude_stragglers_after``/``straggler_tolerance``/``replica_slowdown``: see the module docstring.
     - ``timeout_s``: give up (WorkbenchError) if the requests are not all answered by then (default: the
-      last arrival plus 120 s).
-    - ``progress(done, total)``: called as requests are answered.
+      last arrival plus 120 s). ``progress(done, total)``: called as requests are answered.
 
-    Every input is checked before Ray is touched. The application replaces any earlier one of this
-    module's and is deleted when the run ends.
+    Every input is checked before Ray is touched.
     """
     spec = as_spec(model_spec)
-    splits, replicas, batch_sizes = check_plan(plan, spec.num_layers)
+    first = _read_plan(plan, spec.num_layers)
     slo_s = _positive_seconds(slo_s, "slo_s")
-    batch_wait_s = _positive_seconds(batch_wait_s, "batch_wait_s", allow_zero=True)
+    if batch_wait_s is not None:
+        batch_wait_s = _positive_seconds(batch_wait_s, "batch_wait_s", allow_zero=True)
+    if not (isinstance(slack, (int, float)) and not isinstance(slack, bool) and 0 <= slack < 1):
+        raise WorkbenchError(f"slack {slack!r} is a fraction of the SLO in [0, 1)")
+    if drop not in DROP_RULES:
+        raise WorkbenchError(f"drop rule {drop!r} is not one of {', '.join(DROP_RULES)}")
     if not isinstance(workload, Workload):
         raise WorkbenchError(f"workload must be a Workload (ids, mask, arrival_s); got {type(workload).__name__}")
     workload.check(getattr(spec.cfg, "max_positions", None))
+    if window_s is not None:
+        window_s = _positive_seconds(window_s, "window_s")
+    elif replan is not None or estimator is not None:
+        raise WorkbenchError("replan and estimator work per window: give window_s (seconds) too")
+    if replan is not None and not callable(replan):
+        raise WorkbenchError("replan must be a function of a BatchProfile returning a plan")
+    if exclude_stragglers_after is not None and not (
+            isinstance(exclude_stragglers_after, int) and not isinstance(exclude_stragglers_after, bool)
+            and exclude_stragglers_after >= 1):
+        raise WorkbenchError(f"exclude_stragglers_after {exclude_stragglers_after!r} is a number of batches >= 1")
+    if not (isinstance(straggler_tolerance, (int, float)) and straggler_tolerance >= 0):
+        raise WorkbenchError(f"straggler_tolerance {straggler_tolerance!r} must be >= 0")
+    slowdown = dict(replica_slowdown or {})
+    for key, factor in slowdown.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and 0 <= key[0] < len(first.splits)
+                and 0 <= key[1] < first.replicas[key[0]]):
+            raise WorkbenchError(f"replica_slowdown key {key!r} is not a (split, replica) of this plan")
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1):
+            raise WorkbenchError(f"replica_slowdown {factor!r} for {key} must be a factor >= 1")
     last = float(np.max(workload.arrival_s))
     timeout_s = last + 120.0 if timeout_s is None else _positive_seconds(timeout_s, "timeout_s")
-    need = sum(replicas) * REPLICA_CPUS
+    need = sum(first.replicas) * REPLICA_CPUS
     import ray
 
     if not ray.is_initialized() and address is None and need > num_cpus + 1e-9:
-        raise WorkbenchError(f"the plan has {sum(replicas)} replicas x {REPLICA_CPUS} CPU = {need:g} CPUs, more "
-                             f"than the {num_cpus:g} of the local Ray it would start: give fewer replicas or "
+        raise WorkbenchError(f"the plan has {sum(first.replicas)} replicas x {REPLICA_CPUS} CPU = {need:g} CPUs, "
+                             f"more than the {num_cpus:g} of the local Ray it would start: give fewer replicas or "
                              f"more num_cpus")
-    session = ray_session(address, num_cpus)
-    if need > session.num_cpus + 1e-9:
-        raise WorkbenchError(f"the plan has {sum(replicas)} replicas x {REPLICA_CPUS} CPU = {need:g} CPUs, more "
-                             f"than the Ray cluster's {session.num_cpus:g}: give fewer replicas or a larger cluster")
+    if window_s is not None and estimator is None:
+        from workbench.earlyexit.batchprofile import BatchProfileEstimator
+        estimator = BatchProfileEstimator(spec.num_layers)
 
+    session = ray_session(address, num_cpus)
+    try:
+        if need > session.num_cpus + 1e-9:
+            raise WorkbenchError(f"the plan has {sum(first.replicas)} replicas x {REPLICA_CPUS} CPU = {need:g} "
+                                 f"CPUs, more than the Ray cluster's {session.num_cpus:g}: give fewer replicas or a "
+                                 f"larger cluster")
+        check_type_resources(first.type_needs(), address)
+        if spec.state is not None and isinstance(spec.state, dict):
+            spec = ModelSpec(spec.cfg, spec.num_classes, spec.threshold, spec.disabled, spec.seed,
+                             ray.put(spec.state))
+        start_serve()
+        opts = {"service_s": service_s, "slack": float(slack), "batch_wait_s": batch_wait_s, "drop": drop,
+                "exclude_after": exclude_stragglers_after, "tolerance": float(straggler_tolerance),
+                "slowdown": slowdown}
+        deployer = _Deployer(spec, opts, slo_s)
+        lock = threading.Lock()          # a re-plan's deploy finishes before the application is deleted
+        try:
+            handle, deploy_s = deployer.deploy(first)
+            monitor = (_Monitor(deployer, first, spec.num_layers, window_s, estimator, replan, lock)
+                       if window_s is not None else None)
+            t0, out = _drive(handle, workload, timeout_s, progress, monitor)
+            report = _run_async(lambda: _report(handle))
+        finally:
+            with lock:
+                _delete_app()
+        return _results(out, t0, workload, first, slo_s, spec.num_classes, deploy_s, report, monitor)
+    finally:
+        if session.started:
+            session.close()
+
+
+async def _report(handle) -> dict:
+    try:
+        return await handle.report.remote()
+    except Exception:  # noqa: BLE001 - the run's requests are what matter; a lost report leaves no exclusions
+        return {}
+
+
+def _delete_app() -> None:
     from ray import serve
 
-    if spec.state is not None and isinstance(spec.state, dict):
-        spec = ModelSpec(spec.cfg, spec.num_classes, spec.threshold, spec.disabled, spec.seed, ray.put(spec.state))
-    serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING", "enable_access_log": False})
-    _quiet()
-    app = None
-    for i in reversed(range(len(splits))):
-        deployment = _split_deployment(i, splits[i], replicas[i], batch_sizes[i], batch_wait_s)
-        app = deployment.bind(spec) if app is None else deployment.bind(spec, app)
-    begin = time.perf_counter()
-    handle = serve.run(app, name=APP_NAME, route_prefix=None,
-                       logging_config={"log_level": "WARNING", "enable_access_log": False})
-    deploy_s = time.perf_counter() - begin
     try:
-        t0, out = _drive(handle, workload, timeout_s, progress)
-    finally:
-        try:
-            serve.delete(APP_NAME)
-        except Exception:  # noqa: BLE001 - the run's own error matters more
-            pass
-    return _results(out, t0, workload, splits, replicas, batch_sizes, slo_s, spec.num_classes, deploy_s)
+        serve.delete(APP_NAME)
+    except Exception:  # noqa: BLE001 - the run's own error matters more
+        pass
