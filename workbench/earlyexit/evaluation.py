@@ -8,11 +8,11 @@ number; the optimizer's (and the analytic capacities below) only say where to st
 
 The three systems (paper §5.1), on the same GPUs:
 
-- **E3**: :func:`~workbench.earlyexit.optimizer.optimize_splits` plans splits, replicas and GPU types. The
-  batch size ``b`` of a table is the largest batch any replica is served with, as for the others: E3's input
-  batch per cycle is tried at ``b x r`` for r = 1 .. number of GPUs and the plan with the best goodput whose
-  every split's batch is at most ``b`` is kept (the whole model on every GPU, the as-is deployment, is always
-  among them). Ramps run at every layer (the paper's main results do not use its exit wrapper).
+- **E3**: :func:`~workbench.earlyexit.optimizer.optimize_splits` plans splits, replicas and GPU types with every
+  replica at the table's batch ``b`` (survivors merged into full batches between splits). Where the early-exit
+  model as is, data parallel on every GPU (which one GPU type per split cannot express), has the larger capacity,
+  E3 deploys that instead, as the paper's optimizer may; the rows say which (``deploys``). Ramps run at every
+  layer (the paper's main results do not use its exit wrapper).
 - **as is**: the early-exit model on every GPU, data parallel at batch ``b``; samples leave right after their
   ramp and the batch shrinks as it goes (the simulator's per-layer times).
 - **stock**: the same model without exits (no ramps but the classifier): every sample runs every layer.
@@ -29,13 +29,14 @@ per second at that rate. Each simulation has ``requests`` requests (2000 by defa
 Easy:hard mixes. The paper bins GLUE inputs into easy and hard ones and varies their ratio (80:20, 50:50,
 20:80). A mix is a :class:`~workbench.earlyexit.batchprofile.BatchProfile`: measured on the trained model
 (``workbench.earlyexit.artifacts.mix_profile``, 6 layers, rescaled to the deeper model by relative depth with
-:func:`rescale_profile`) when given, else :func:`parametric_mix`: the easy share leaves along the first half
-of the model, three quarters of it by the first quarter (as the optimizer's ``bert_problem`` assumes, and
-close to the paper's Figure 3 where about half a DeeBERT batch has left by ramp 6 of 12), the hard share runs
-to the end.
+:func:`rescale_profile`) when given, else :func:`parametric_mix`: the easy share leaves along the whole model
+so that half an 80:20 batch has left by the middle layer (the paper's Figure 3, DeeBERT at ramp 6 of 12), the
+hard share runs to the end.
 
-Latencies are the E3 GPU presets' estimates (:func:`~workbench.earlyexit.profiles.gpu_profile`, "estimate,
-not measured"), transfers those of ``bert_problem`` (fp32 activations over 10 Gbps).
+Latencies are read off published BERT batch curves (:func:`~workbench.earlyexit.profiles.gpu_profile`; derived
+for the P100, K80 and A6000), transfers fp32 activations over 10 Gbps, one merged batch to one replica. The
+band of every goodput ratio is over the curves' saturation (``saturation``: flatter and steeper by the
+sources' disagreement), from analytic capacities: a simulated ratio can lie just outside it.
 """
 from __future__ import annotations
 
@@ -503,6 +504,10 @@ def cheapest_data_parallel(capacity: Mapping[str, float], prices: Mapping[str, f
     return {g: int(k) for g, k in zip(types, n[best]) if k}
 
 
+def _span(s: int, e: int) -> str:
+    return f"{s}" if e == s + 1 else f"{s}-{e - 1}"
+
+
 def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] = tuple(MIXES),
                clusters: Iterable[str] = ("homogeneous", "heterogeneous"), scenario: EvalSettings = EvalSettings(),
                target: float = PAPER_TARGET_GOODPUT, alpha: float = 1.0, max_per_type: int = 64,
@@ -514,7 +519,8 @@ def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] =
     The baselines buy the cheapest data-parallel counts (:func:`cheapest_data_parallel`, each GPU's capacity
     analytic); E3 asks its optimizer for the cheapest plan that sustains the target (``request_rate``: batches
     fill at that rate, and that wait counts in the SLO) with ``alpha``: its cost at most ``alpha`` x the
-    cheaper baseline's (the paper's Cost <= alpha x Cost_baseline). Analytic, not simulated."""
+    cheaper baseline's (the paper's Cost <= alpha x Cost_baseline); where the early-exit model as is costs less
+    (or E3 has no plan within alpha), E3 runs that, as in the goodput table. Analytic, not simulated."""
     from workbench.devices import PRESETS
     from workbench.earlyexit.profiles import gpu_profiles, model_shape
 
@@ -540,7 +546,11 @@ def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] =
                                **({"alpha": alpha, "baseline_cost_per_s": base} if math.isfinite(base) else {}))
                 if plan is not None and plan.goodput < target * (1 - 1e-9):
                     plan = None
-                bought["e3"] = dict(plan.gpus_used) if plan is not None else None
+                mine = sum(prices[g] * n for g, n in plan.gpus_used.items()) if plan is not None else math.inf
+                as_is = bought["as_is"]
+                if as_is and sum(prices[g] * n for g, n in as_is.items()) < mine:   # E3 runs the model as is
+                    plan = None
+                bought["e3"] = dict(plan.gpus_used) if plan is not None else as_is
                 for system in SYSTEMS:
                     counts = bought[system]
                     cost = sum(prices[g] * n for g, n in counts.items()) if counts else math.inf
@@ -549,9 +559,10 @@ def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] =
                                  "gpus_for_target": sum(counts.values()) if counts else math.inf,
                                  "cost_per_s_for_target": cost,
                                  "bought": " ".join(f"{n}x{g}" for g, n in counts.items()) if counts else "none",
-                                 "plan": (" | ".join(f"{s}-{e - 1} on {r}x{g}" for (s, e), r, g in
-                                                     zip(plan.splits, plan.replicas, plan.gpu_types))
-                                          if system == "e3" and plan is not None else ""),
+                                 "plan": ((" | ".join(f"{_span(s, e)} on {r}x{g}" for (s, e), r, g in
+                                                      zip(plan.splits, plan.replicas, plan.gpu_types))
+                                           if plan is not None else "the model as is, data parallel")
+                                          if system == "e3" else ""),
                                  "saving_pct": (100 * (1 - cost / base) if system == "e3" and math.isfinite(cost)
                                                 and math.isfinite(base) else math.nan)})
     return rows

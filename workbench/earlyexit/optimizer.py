@@ -1139,29 +1139,28 @@ CLUSTERS = {"homogeneous": {"v100": 16}, "heterogeneous": {"v100": 6, "p100": 8,
 
 def bert_problem(model: str = "bert-base", cluster: str | Mapping[str, int] = "heterogeneous", *,
                  batch_size: int = 16, slo_s: float = 0.1, easy: float = 0.8, priced: bool = True) -> dict:
-    """Keyword arguments for :func:`optimize_splits` on a BERT-shaped problem: the E3 GPU presets'
-    ``layer_compute_s`` (all heads, the model's layer shape) as the latency, transfers of the crossing
-    activations (fp32, sequence x hidden per sample) over the presets' 10 Gbps links, and an exit profile where
-    ``easy`` of the inputs leave along the first half of the model (three quarters of them by a quarter of it)
-    and the rest run to the end. The GPU presets are read here, not in the optimizer."""
+    """Keyword arguments for :func:`optimize_splits` on a BERT-shaped problem: each GPU's layer and ramp times
+    from the published BERT batch curves (:func:`~workbench.earlyexit.profiles.gpu_profile`), transfers of a
+    merged batch's activations (fp32, sequence x hidden per sample) over the presets' 10 Gbps links, and the
+    parametric exit profile of an ``easy`` share (:func:`~workbench.earlyexit.evaluation.parametric_mix`, the
+    paper's Figure 3). The GPU curves and presets are read here, not in the optimizer."""
     from workbench.devices import PRESETS, LayerShape             # only the benchmark needs the presets
+    from workbench.earlyexit.evaluation import parametric_mix
+    from workbench.earlyexit.profiles import gpu_profiles, latency_by_type
 
     if model not in BERT_SHAPES:
         raise WorkbenchError(f"unknown model {model!r}; known: {', '.join(BERT_SHAPES)}")
     dims, layers = BERT_SHAPES[model]
     shape = LayerShape(*dims)
     gpus = dict(CLUSTERS[cluster]) if isinstance(cluster, str) else dict(cluster)
-
-    def layer_latency(layer: int, batch: int, gpu: str) -> float:
-        return PRESETS[gpu].layer_compute_s(m=shape.heads, shape=shape, batch=batch)
+    layer_latency = latency_by_type(gpu_profiles([g for g, n in gpus.items() if n], model))
 
     link = PRESETS["v100"]
 
     def transfer_s(boundary: int, batch: int) -> float:
         return link.send_s(batch * shape.seq_len * shape.hidden * 4) if batch else 0.0
 
-    half = layers / 4
-    profile = [(1 - easy) + easy * max(0.0, 1 - (k + 1) / (2 * half)) ** 2 for k in range(layers)]
+    profile = list(parametric_mix(easy, layers).remaining)
     kwargs = dict(layer_latency=layer_latency, batch_profile=profile, gpus=gpus, slo_s=slo_s, transfer_s=transfer_s,
                   batch_size=batch_size, num_layers=layers)
     if priced:

@@ -3,7 +3,7 @@
 Each row names the paper's figure (or ``text``) and section, what was measured, under which setting, and the
 value as the paper states it: a number (``1.44``), a range (``4-8``) or words (``closely matches``). The paper
 ran BERT-BASE/-LARGE, ResNet-50 and LLMs on up to 46 real GPUs; ours simulates the same GPU types from
-spec-sheet estimates and trains exit ramps on the shipped 6-layer encoder. Compare gains and orderings, not
+published BERT batch curves and trains exit ramps on the shipped 6-layer encoder. Compare gains and orderings, not
 samples per second.
 """
 from __future__ import annotations
