@@ -2,14 +2,14 @@
 its batch stays full, pipeline the splits over (possibly mixed) GPUs.
 
 The public names are importable from here, each loaded on first use; the optimizer needs only NumPy, the batch
-profiles statsmodels, the simulator SimPy. Not registered as a mechanism yet: the exit ramps, the real serving
-on Ray Serve, the page and the notebooks are still to come.
+profiles statsmodels, the simulator SimPy, the serving Ray Serve.
 """
 from workbench.lazy import lazy_exports
 
 _EXPORTS = {
     "optimize_splits": "optimizer", "brute_force_splits": "optimizer", "SplitPlan": "optimizer",
-    "bert_problem": "optimizer", "time_optimizer": "optimizer",
+    "bert_problem": "evaluation", "time_optimizer": "evaluation", "data_parallel": "optimizer",
+    "largest_batch": "optimizer", "DataParallelPlan": "optimizer",
     "BatchProfile": "batchprofile", "BatchProfileEstimator": "batchprofile", "split_windows": "batchprofile",
     "simulate": "simulator", "simulate_plan": "simulator", "ArrivalProcess": "simulator",
     "LayerProfile": "profiles", "host_layer_profile": "profiles", "measure_layer_profile": "profiles",

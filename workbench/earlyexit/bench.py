@@ -4,7 +4,7 @@ against a real Ray Serve run on this host.
 Tables:
 
 - ``optimizer`` (Figure 20): median wall time of the split optimizer on BERT-BASE and BERT-LARGE shaped problems
-  with 16 V100 and with 46 GPUs of four types (:func:`~workbench.earlyexit.optimizer.time_optimizer`); the paper
+  with 16 V100 and with 46 GPUs of four types (:func:`~workbench.earlyexit.evaluation.time_optimizer`); the paper
   took 0.87-3.63 s, the target here is under 0.1 s.
 - ``validation``: one plan served for real on Ray Serve (:mod:`workbench.earlyexit.serve`, single-thread
   replicas) and simulated with this host's measured layer profile on the same arrivals and exits
@@ -141,7 +141,7 @@ def measured_mixes(opts) -> tuple[dict | None, str]:
 # ----------------------------------------------------------------------------- tables
 
 def optimizer_table(opts) -> list[dict]:
-    from workbench.earlyexit.optimizer import time_optimizer
+    from workbench.earlyexit.evaluation import time_optimizer
 
     rows = []
     for r in time_optimizer(repeats=opts.repeats, slo_s=opts.slo_ms / 1e3):

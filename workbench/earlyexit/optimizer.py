@@ -71,7 +71,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 from numbers import Integral, Real
@@ -1129,60 +1128,3 @@ def largest_batch(layer_latency: LayerLatency, batch_profile: Sequence[float], g
         if plan and plan.goodput >= request_rate * (1 - 1e-9):
             return b, plan
     return None
-
-
-# ------------------------------------------------------------------------------------------- benchmarking
-
-BERT_SHAPES = {"bert-base": ((768, 12, 3072, 128), 12), "bert-large": ((1024, 16, 4096, 128), 24)}
-CLUSTERS = {"homogeneous": {"v100": 16}, "heterogeneous": {"v100": 6, "p100": 8, "k80": 15, "a6000": 17}}
-
-
-def bert_problem(model: str = "bert-base", cluster: str | Mapping[str, int] = "heterogeneous", *,
-                 batch_size: int = 16, slo_s: float = 0.1, easy: float = 0.8, priced: bool = True) -> dict:
-    """Keyword arguments for :func:`optimize_splits` on a BERT-shaped problem: each GPU's layer and ramp times
-    from the published BERT batch curves (:func:`~workbench.earlyexit.profiles.gpu_profile`), transfers of a
-    merged batch's activations (fp32, sequence x hidden per sample) over the presets' 10 Gbps links, and the
-    parametric exit profile of an ``easy`` share (:func:`~workbench.earlyexit.evaluation.parametric_mix`, the
-    paper's Figure 3). The GPU curves and presets are read here, not in the optimizer."""
-    from workbench.devices import PRESETS, LayerShape             # only the benchmark needs the presets
-    from workbench.earlyexit.evaluation import parametric_mix
-    from workbench.earlyexit.profiles import gpu_profiles, latency_by_type
-
-    if model not in BERT_SHAPES:
-        raise WorkbenchError(f"unknown model {model!r}; known: {', '.join(BERT_SHAPES)}")
-    dims, layers = BERT_SHAPES[model]
-    shape = LayerShape(*dims)
-    gpus = dict(CLUSTERS[cluster]) if isinstance(cluster, str) else dict(cluster)
-    layer_latency = latency_by_type(gpu_profiles([g for g, n in gpus.items() if n], model))
-
-    link = PRESETS["v100"]
-
-    def transfer_s(boundary: int, batch: int) -> float:
-        return link.send_s(batch * shape.seq_len * shape.hidden * 4) if batch else 0.0
-
-    profile = list(parametric_mix(easy, layers).remaining)
-    kwargs = dict(layer_latency=layer_latency, batch_profile=profile, gpus=gpus, slo_s=slo_s, transfer_s=transfer_s,
-                  batch_size=batch_size, num_layers=layers)
-    if priced:
-        kwargs["prices"] = {g: PRESETS[g].price_per_s for g in gpus}
-    return kwargs
-
-
-def time_optimizer(repeats: int = 5, models: Sequence[str] = ("bert-base", "bert-large"),
-                   clusters: Sequence[str] = ("homogeneous", "heterogeneous"), **problem) -> list[dict]:
-    """Median wall time of :func:`optimize_splits` on each BERT-shaped problem (:func:`bert_problem`), with the
-    plan it finds; ``problem``: more :func:`bert_problem` arguments (batch_size, slo_s, ...)."""
-    rows = []
-    for model in models:
-        for cluster in clusters:
-            kwargs = bert_problem(model, cluster, **problem)
-            times, plan = [], None
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                plan = optimize_splits(**kwargs)
-                times.append(time.perf_counter() - t0)
-            rows.append({"model": model, "cluster": cluster, "gpus": sum(kwargs["gpus"].values()),
-                         "types": len(kwargs["gpus"]), "median_s": statistics.median(times), "min_s": min(times),
-                         "splits": plan.splits, "replicas": plan.replicas, "gpu_types": plan.gpu_types,
-                         "goodput": plan.goodput, "probes": len(plan.probes)})
-    return rows

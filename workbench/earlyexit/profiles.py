@@ -56,6 +56,9 @@ NUM_CLASSES = 2
 
 _VERSION = 1
 
+BERT_SHAPES = {"bert-base": ((768, 12, 3072, 128), 12), "bert-large": ((1024, 16, 4096, 128), 24)}
+"""(hidden, heads, FFN, tokens) and layers of the BERT shapes the paper evaluates."""
+
 
 @dataclass(frozen=True)
 class LayerProfile:
@@ -311,7 +314,6 @@ def model_shape(name: str | tuple) -> tuple:
     """``(LayerShape, num_layers)`` of ``"encoder"`` (the shipped MiniLM at the sentiment task's 64 tokens),
     ``"bert-base"`` or ``"bert-large"`` (128 tokens, as :func:`bert_problem`), or such a tuple itself."""
     from workbench.devices import LayerShape
-    from workbench.earlyexit.optimizer import BERT_SHAPES
     from workbench.models.config import EncoderConfig
 
     if isinstance(name, tuple) and len(name) == 2 and isinstance(name[0], LayerShape):
