@@ -874,6 +874,86 @@ def validate_simulator(model, plan, workload, layer_profile, slo_s: float, *,
                       note, sim, real, slowdown, profile_only, over)
 
 
+# ------------------------------------------------------------------------------ out-of-sample prediction
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one served run says about serving on this host beyond the layer profile: the replicas' median
+    slowdown against the profile (contention for cores, Ray's own threads) and Ray Serve's per-request costs.
+    ``source`` describes the run it came from."""
+    slowdown: float
+    overheads: ServingOverheads
+    source: str = ""
+
+
+def calibrate(real, layer_profile, *, disabled: Iterable[int] = (), source: str = "") -> Calibration:
+    """A :class:`Calibration` from a served run (:func:`measured_slowdown`'s median over the replicas,
+    :func:`measured_overheads`)."""
+    L = real.splits[-1][1]
+    off = frozenset(int(k) for k in disabled)
+    lat = layer_profile.adapter(ramps=[k for k in range(L) if k not in off])
+    gpu_types = [g if g else "host" for g in (getattr(real, "gpu_types", None) or ["host"] * len(real.splits))]
+    ratios = list(measured_slowdown(real, lat, gpu_types).values())
+    return Calibration(float(np.median(ratios)) if ratios else 1.0, measured_overheads(real), source)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's forecast of a served run: goodput, p50 and p95 latency of the served requests, the share
+    dropped, and the simulation itself."""
+    goodput: float
+    p50_s: float
+    p95_s: float
+    drop_rate: float
+    sim: Any = field(default=None, repr=False, compare=False)
+
+
+def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_profile, slo_s: float,
+                calibration: Calibration, *, slack: float = 0.2, transfer_s: float | Sequence[float] = 0.0,
+                disabled: Iterable[int] = ()) -> Prediction:
+    """A served run of ``plan`` predicted before it happens, in the mode of the evaluation tables and of the
+    serving: E3's deadline batching (a batch leaves full or when its oldest request's slack runs out),
+    per-split queues, requests that can no longer make the SLO dropped (``drop="budget"``), exits answered when
+    their split's batch is done. Each replica computes ``calibration.slowdown`` times the profile; Ray Serve's
+    entry, hop and return costs are added where they fall."""
+    from workbench.earlyexit.simulator import simulate_plan
+
+    L = plan.splits[-1][1]
+    off = frozenset(int(k) for k in disabled)
+    lat = layer_profile.adapter(ramps=[k for k in range(L) if k not in off])
+    over = calibration.overheads
+    links = len(plan.splits) - 1
+    base = [float(transfer_s)] * links if not isinstance(transfer_s, Sequence) else [float(t) for t in transfer_s]
+    slow = {(i, r): calibration.slowdown for i, n in enumerate(plan.replicas) for r in range(n)}
+    sim = simulate_plan(plan, slo_s=slo_s, arrivals=np.asarray(arrival_s, dtype=float) + over.entry_s,
+                        layer_latency=lat, exits=[int(e) for e in exits],
+                        transfer_s=[t + over.hop_s for t in base] or 0.0, slack=slack, drop="budget",
+                        replica_slowdown=slow, exit_at_split_end=True)
+    goodput, p50, p95 = _with_overheads(sim, over, slo_s)
+    n = len(sim.requests)
+    return Prediction(goodput, p50, p95, sum(1 for r in sim.requests if r.dropped) / n if n else 0.0, sim)
+
+
+def validate_out_of_sample(calibration: Calibration, target, plan, layer_profile, slo_s: float, *,
+                           slack: float = 0.2, transfer_s: float | Sequence[float] = 0.0,
+                           disabled: Iterable[int] = (), target_error: float = VALIDATION_TARGET,
+                           note: str = "") -> Validation:
+    """The simulator judged out of sample: ``calibration`` from one served run, the prediction
+    (:func:`predict_run`) of another, ``target`` (a served run of ``plan`` on other arrivals, rate, mix or
+    plan), against what that run measured."""
+    times = np.array([r.arrival_s for r in target.requests], dtype=float)
+    L = plan.splits[-1][1]
+    exits = [int(r.exit_layer) if getattr(r, "exit_layer", None) is not None else L - 1 for r in target.requests]
+    got = predict_run(plan, times, exits, layer_profile, slo_s, calibration, slack=slack, transfer_s=transfer_s,
+                      disabled=disabled)
+    real_counts = tuple(tuple(sorted(dict(c).items())) for c in getattr(target, "batch_counts", ()))
+    sim_counts = tuple(tuple(sorted(s.batch_counts.items())) for s in got.sim.splits)
+    return Validation(float(target.goodput), got.goodput, float(target.p50_latency_s), got.p50_s,
+                      float(target.p95_latency_s), got.p95_s, len(exits), target_error, real_counts, sim_counts,
+                      note or f"calibrated on {calibration.source or 'another run'}", got.sim, target,
+                      {}, None, calibration.overheads)
+
+
 # -------------------------------------------------------------------------------------- optimizer timing
 
 TIMING_CLUSTERS = {"homogeneous": {"v100": 16}, "heterogeneous": {"v100": 6, "p100": 8, "k80": 15, "a6000": 17}}
