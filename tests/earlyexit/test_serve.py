@@ -2,6 +2,7 @@
 split, a measured timeline per replica, and bad input refused before any work."""
 from __future__ import annotations
 
+import json
 import math
 import socket
 import time
@@ -170,3 +171,153 @@ def test_ray_is_started_from_a_thread_that_lives_as_long_as_the_process(monkeypa
     worker.join()
     raycluster.start_local(2)
     assert seen[0].startswith("workbench-ray") and seen[1] == threading.main_thread().name
+
+
+# -- E3's serving behaviour: bounded queues, drops under overload, re-plans, stragglers ---------------------
+
+def test_every_queue_is_bounded_and_never_means_unbounded():
+    """Backpressure: the ingress and each split take and queue a bounded number of requests; only
+    drop="never" (serve everyone) lifts the bounds."""
+    from workbench.earlyexit.serve import _Deployer, _read_plan
+
+    spec = ModelSpec.untrained(num_classes=2, seed=0, threshold=THRESHOLD)
+    p = _read_plan(plan([(0, 3), (3, 6)], [2, 1], [4, 8]), 6)
+    opts = {"service_s": None, "slack": 0.2, "batch_wait_s": None, "drop": "budget", "exclude_after": None,
+            "tolerance": 0.2, "slowdown": {}}
+    cfg, splits = _Deployer(spec, opts, 1.0).configs(p)
+    assert 0 < cfg["max_ongoing"] < 10_000 and 0 < cfg["max_queued"] < 10_000 and cfg["drop"]
+    assert [s["max_queued"] for s in splits] == [8 * 4 * 2, 8 * 8 * 1]
+    assert [s["batch"] for s in splits] == [4, 8] and [s["replicas"] for s in splits] == [2, 1]
+    cfg, splits = _Deployer(spec, dict(opts, drop="never"), 1.0).configs(p)
+    assert cfg["max_queued"] == -1 and all(s["max_queued"] == -1 for s in splits) and not cfg["drop"]
+
+
+def test_under_twice_its_capacity_a_run_drops_and_counts_instead_of_letting_latency_grow(ray_cluster, spec, tokens):
+    """The served capacity first (a burst, nobody dropped), then about twice that offered: requests that cannot
+    make the SLO are dropped and counted, the served ones meet it (or are counted late), p95 stays within it."""
+    two = plan([(0, 3), (3, 6)], [1, 1], [4, 4])
+    burst = Workload.from_arrivals(*tokens, [0.0] * 60)
+    measured = serve_plan(spec, two, burst, slo_s=60.0, drop="never", batch_wait_s=0.05)
+    assert measured.dropped == 0 and measured.met == 60
+    done = np.sort([r.completion_s for r in measured.requests])
+    capacity = (done.size - 12) / (done[-1] - done[11])       # steady state: past the first few answers
+    slo = 1.0
+    offered = Workload.from_arrivals(*tokens, ArrivalProcess("uniform", rate=2 * capacity, duration_s=4.0))
+    run = serve_plan(spec, two, offered, slo_s=slo)
+    n = len(offered)
+    assert run.dropped > 0, "an overloaded run must drop what cannot make its SLO"
+    assert run.met + run.late + run.dropped == n and run.drop_rate == pytest.approx(run.dropped / n)
+    for r in run.requests:
+        if r.dropped:
+            assert not r.met_slo and r.exit_layer == -1 and math.isnan(r.latency_s)
+            assert r.drop_reason in ("deadline", "queue full")
+        else:
+            assert r.met_slo == (r.latency_s <= slo)
+    assert run.p95_latency_s <= slo, f"p95 {run.p95_latency_s:.2f} s past the {slo} s SLO"
+    served = run.served
+    assert served.sum() > 0
+    # what was served is still the model's answer
+    ref = spec.build()(offered.ids, offered.mask)
+    np.testing.assert_array_equal(run.exit_layers[served], np.asarray(ref.exit_layers)[served])
+
+
+@pytest.fixture(scope="module")
+def drifting(tokens, reference):
+    """Easy rows (leaving by layer 2) for 3 s, then hard ones (running past layer 3), 10 requests a second."""
+    exits = np.asarray(reference.exit_layers)
+    easy, hard = np.flatnonzero(exits <= 2), np.flatnonzero(exits >= 4)
+    rows = np.concatenate([np.resize(easy, 30), np.resize(hard, 30)])
+    ids, mask = tokens
+    return Workload(ids[rows], mask[rows], np.arange(rows.size) / 10.0), rows
+
+
+def test_a_drifting_mix_replans_in_place_and_still_answers_as_the_model(ray_cluster, spec, reference, drifting):
+    work, rows = drifting
+    easy_plan = plan([(0, 3), (3, 6)], [1, 1], [4, 4])
+    hard_plan = plan([(0, 6)], [2], [4])
+    asked = []
+
+    def replan(profile):
+        asked.append(tuple(profile.remaining))
+        return easy_plan if profile[2] < 0.5 else hard_plan
+
+    run = serve_plan(spec, easy_plan, work, slo_s=4.0, window_s=1.0, replan=replan)
+    assert asked and len(run.windows) == len(asked)
+    assert run.replans, f"the mix drifted but nothing was re-planned; forecasts {asked}"
+    first = run.replans[0]
+    assert first.old["splits"] == [[0, 3], [3, 6]] and first.new["splits"] == [[0, 6]]
+    assert first.new["replicas"] == [2] and first.forecast[2] >= 0.5 and first.deploy_s > 0
+    assert any(w.observed[2] < 0.5 for w in run.windows) and any(w.observed[2] >= 0.5 for w in run.windows)
+    # the new plan really runs: whole-model batches on two replicas after the re-plan, none before it
+    whole = [s for s in run.timeline.of_kind("compute") if s.meta["layers"] == "0-5"]
+    assert whole and min(s.start for s in whole) >= first.at_s - first.deploy_s - 1e-3   # not before its deploy
+    assert {s.meta["plan"] for s in whole} == {1}
+    assert any(r.plan == 1 for r in run.requests if not r.dropped)
+    served = run.served
+    assert served.sum() >= len(rows) // 2
+    np.testing.assert_array_equal(run.exit_layers[served], np.asarray(reference.exit_layers)[rows][served])
+    np.testing.assert_array_equal(run.labels[served], np.asarray(reference.labels)[rows][served])
+    keep = torch.as_tensor(served)
+    torch.testing.assert_close(run.logits[keep], reference.logits[torch.as_tensor(rows)][keep], atol=1e-4, rtol=0)
+
+
+def test_a_straggling_replica_is_excluded_and_its_peers_serve_its_share(ray_cluster, spec, tokens):
+    """E3 §3.3 as the simulator's exclude_stragglers_after: replica 0 of the only split runs 5x slower; after
+    3 batches it is marked and gets no new work, replica 1 serves the rest."""
+    work = Workload.from_arrivals(*tokens, ArrivalProcess("uniform", rate=25, count=100))
+    run = serve_plan(spec, plan([(0, 6)], [2], [2]), work, slo_s=10.0, batch_wait_s=0.05,
+                     exclude_stragglers_after=3, replica_slowdown={(0, 0): 5.0})
+    assert len(run.stragglers) == 1, run.stragglers
+    mark = run.stragglers[0]
+    assert (mark["split"], mark["replica"]) == (0, 0) and mark["slowdown"] > 1.2 and mark["batches"] >= 3
+    spans = run.timeline.of_kind("compute")
+    slow_after = [s for s in spans if s.meta["replica"] == 0 and s.start > mark["at_s"]]
+    fast_after = [s for s in spans if s.meta["replica"] == 1 and s.start > mark["at_s"]]
+    # at most what was already routed to it (its max_ongoing_requests: two batches) runs after the mark
+    assert len(slow_after) <= 2 and len(fast_after) >= 5, (len(slow_after), len(fast_after))
+    assert run.dropped == 0
+
+
+def test_a_run_that_starts_its_own_ray_leaves_no_raylet_or_controller(tmp_path):
+    """serve_plan starting Ray in a fresh process closes the session: no raylet, GCS, worker or Serve
+    controller of that session is left once it returns."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys, torch, ray\n"
+        "from types import SimpleNamespace\n"
+        "from workbench.earlyexit.serve import ModelSpec, Workload, serve_plan\n"
+        "seen = []\n"
+        "def progress(done, total):\n"
+        "    if not seen:\n"
+        "        seen.append(ray._private.worker._global_node.get_session_dir_path())\n"
+        "ids = torch.randint(1000, 30000, (4, 16))\n"
+        "work = Workload(ids, torch.ones_like(ids), [0.0, 0.0, 0.1, 0.1])\n"
+        "p = SimpleNamespace(splits=[(0, 6)], replicas=[1], batch_sizes=[2], gpu_types=['host'])\n"
+        f"run = serve_plan(ModelSpec.untrained(seed=0, threshold={THRESHOLD}), p, work, slo_s=5.0, "
+        "batch_wait_s=0.1, num_cpus=1, progress=progress)\n"
+        "print(json.dumps({'session': seen[0], 'up': ray.is_initialized(), 'served': int(run.served.sum())}))\n")
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-3000:]
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    assert out["served"] == 4 and not out["up"]
+
+    def left():
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if out["session"] in " ".join(proc.info["cmdline"] or []):
+                    found.append((proc.info["pid"], " ".join(proc.info["cmdline"])[:80]))
+            except psutil.Error:
+                continue
+        return found
+
+    for _ in range(40):          # Ray's processes exit on their own once the driver shut it down
+        if not left():
+            break
+        time.sleep(0.5)
+    assert not left()

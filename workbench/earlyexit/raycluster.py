@@ -260,6 +260,14 @@ def probe_head(address: str, token: str | None = None) -> list[str]:
     return alive
 
 
+def check_head(address: str) -> list[str]:
+    """Everything about ``address`` that can be known without joining: it is HOST:PORT, answers, accepts the
+    token this process holds (switching to token mode when one is held) and advertises routable nodes."""
+    check_reachable(address)
+    token = auth_token() if use_token_if_held() else None
+    return probe_head(address, token)
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -338,9 +346,7 @@ def ray_session(address: str | None = None, num_cpus: float = 2,
     begin = time.perf_counter()
     if address is not None:
         address = str(address).strip()
-        check_reachable(address)
-        token = auth_token() if use_token_if_held() else None
-        probe_head(address, token)
+        check_head(address)
     if ray.is_initialized():
         check_same_cluster(address)
         return RaySession(address, float(ray.cluster_resources().get("CPU", 0.0)), False, 0.0,

@@ -91,10 +91,10 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
                   batch_size=batch_size, easy=easy, threshold=threshold)
     if rate is not None and not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
         raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
-    if address is not None:
-        from workbench.earlyexit.serve import _check_reachable
+    if address is not None:      # a head that is not there, refuses our token or sits on loopback: say so now
+        from workbench.earlyexit.raycluster import check_head
 
-        _check_reachable(str(address))
+        check_head(str(address))
     prepared = load_model(task, preset)
     model = prepared.model.configure(threshold=threshold, disabled=())
     plan = sc.optimize()

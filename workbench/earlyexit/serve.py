@@ -422,7 +422,7 @@ class _Deployer:
         return cfg, split_cfgs
 
     def deploy(self, plan: _Plan):
-        """Deploy ``plan`` as the next generation; returns (handle, seconds, splits kept for draining)."""
+        """Deploy ``plan`` as the next generation; returns (handle, seconds serve.run took, when it was live)."""
         from ray import serve
 
         from workbench.earlyexit.serveapp import build_app
@@ -433,13 +433,14 @@ class _Deployer:
         handle = serve.run(build_app(self.spec, cfg, split_cfgs + draining, self.version), name=APP_NAME,
                            route_prefix=None, logging_config={"log_level": "WARNING", "enable_access_log": False})
         took = time.perf_counter() - began
+        live = time.time()
         self.gen, self.split_cfgs, self.cfg = cfg["gen"], split_cfgs, cfg
         if draining:
             # Requests that entered under the old plan answer within the SLO (or are dropped): then let go.
             time.sleep(self.slo_s)
             serve.run(build_app(self.spec, cfg, split_cfgs, self.version), name=APP_NAME, route_prefix=None,
                       logging_config={"log_level": "WARNING", "enable_access_log": False})
-        return handle, took
+        return handle, took, live
 
 
 def _drive(handle, workload: Workload, timeout_s: float, progress: Callable[[int, int], None] | None,
@@ -552,8 +553,8 @@ class _Monitor:
         if new is None or new.key() == self.plan.key():
             return
         with self.lock:
-            _, took = self.deployer.deploy(new)
-        self.replans.append(Replan(time.time() - t0, k, self.plan.to_dict(), new.to_dict(),
+            _, took, live = self.deployer.deploy(new)
+        self.replans.append(Replan(live - t0, k, self.plan.to_dict(), new.to_dict(),
                                    tuple(forecast.remaining), took))
         self.plan = new
 
@@ -590,7 +591,7 @@ def _results(out: list, t0: float, workload: Workload, plan: _Plan, slo_s: float
         counts[i][rec["size"]] += 1
         meta = {"split": i, "replica": r, "batch": rec["size"], "layers": f"{a}-{b - 1}", "index": k,
                 "requests": list(rec["ids"]), "rows": list(rec["rows"]), "node": rec["node"], "ip": rec["ip"],
-                "plan": rec.get("gen", 0)}
+                "plan": rec.get("gen", 0)}            # the plan in force when its requests were routed
         lane = f"split {i} · replica {r}"
         spans.append(Span(lane + " queue", "queue", rec["queued"] - t0, rec["start"] - t0,
                           f"batch of {rec['size']} waiting", dict(meta)))
@@ -704,7 +705,7 @@ def serve_plan(model_spec: ModelSpec | Any, plan: Any, workload: Workload, *, sl
         deployer = _Deployer(spec, opts, slo_s)
         lock = threading.Lock()          # a re-plan's deploy finishes before the application is deleted
         try:
-            handle, deploy_s = deployer.deploy(first)
+            handle, deploy_s, _ = deployer.deploy(first)
             monitor = (_Monitor(deployer, first, spec.num_layers, window_s, estimator, replan, lock)
                        if window_s is not None else None)
             t0, out = _drive(handle, workload, timeout_s, progress, monitor)

@@ -49,6 +49,14 @@ _EXCLUDED: set[str] = set()
 """Replica ids the ingress has excluded as stragglers; read by :class:`ExcludingRouter` in the same process."""
 
 
+def excluded() -> set[str]:
+    """The one exclusion set of this process: looked up through the imported module, since Serve may ship a
+    deployment's class by value, with its own copy of this module's globals."""
+    import workbench.earlyexit.serveapp as module
+
+    return module._EXCLUDED
+
+
 def split_name(i: int) -> str:
     return f"split{i}"
 
@@ -58,7 +66,8 @@ class ExcludingRouter(FIFOMixin, RequestRouter):
     them when every one is), of which Serve takes the one with the shorter queue."""
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
-        keep = [r for r in candidate_replicas if r.replica_id.unique_id not in _EXCLUDED] or list(candidate_replicas)
+        out = excluded()
+        keep = [r for r in candidate_replicas if r.replica_id.unique_id not in out] or list(candidate_replicas)
         if len(keep) > 2:
             keep = random.sample(keep, 2)
         else:
@@ -149,7 +158,7 @@ class SplitReplica:
         record = {"split": self.index, **self.me, "index": self.served, "size": len(group),
                   "layers": [start, end], "queued": min(it["entered"] for it in group), "start": began,
                   "end": ended, "ids": [it["id"] for it in group], "rows": list(out.layer_rows),
-                  "gen": self.cfg.get("gen", 0)}
+                  "gen": max(int(it.get("gen", 0)) for it in group)}
         self.served += 1
         for k, row in enumerate(out.exited):
             it = group[row]
@@ -250,7 +259,7 @@ class Ingress:
             if cfg["drop"] and now + rest > deadline:
                 return {"id": req["id"], "dropped": True, "split": i, "at": now, "reason": "deadline",
                         "trace": trace, "gen": entered_gen}
-            item = dict(payload, id=req["id"], layers=[pos, end],
+            item = dict(payload, id=req["id"], layers=[pos, end], gen=int(cfg["gen"]),
                         drop_after=(deadline - rest) if cfg["drop"] else None,
                         dispatch_by=None if cfg.get("fixed_wait") is not None else budget_end - rest)
             sent = time.time()
@@ -293,9 +302,10 @@ class Ingress:
         slowdown (its time / its peers' median at the same batch size) exceeds 1 + tolerance stops taking work,
         unless it is the last replica of its split."""
         mine = self.times[(key, rid)]
-        if rid in _EXCLUDED or len(mine) < int(cfg["exclude_after"]):
+        out = excluded()
+        if rid in out or len(mine) < int(cfg["exclude_after"]):
             return
-        peers = [r for (k, r) in self.times if k == key and r != rid and r not in _EXCLUDED]
+        peers = [r for (k, r) in self.times if k == key and r != rid and r not in out]
         by_size: dict[int, list[float]] = defaultdict(list)
         for r in peers:
             per_size: dict[int, list[float]] = defaultdict(list)
@@ -311,7 +321,7 @@ class Ingress:
         active = int(cfg["replicas"][i]) - sum(1 for e in self.exclusions if e["split"] == i
                                                and tuple(e["layers"]) == key)
         if slowdown > 1.0 + float(cfg["tolerance"]) and active > 1:
-            _EXCLUDED.add(rid)
+            out.add(rid)
             split, replica, node = self.replica_of[rid]
             self.exclusions.append({"at": time.time(), "split": split, "replica": replica, "rid": rid, "node": node,
                                     "layers": list(key), "slowdown": slowdown, "batches": len(ratios)})
