@@ -35,3 +35,31 @@ def test_a_real_run_serves_the_trained_model_and_equals_it_in_one_process(prepar
 def test_bad_input_is_refused_before_ray_is_touched(kwargs, message):
     with pytest.raises(WorkbenchError, match=message):
         real_run(preset="quick", **kwargs)
+
+
+def test_a_drifting_run_replans_in_place_and_still_equals_the_model(prepared, ray_cluster):
+    """The trained model, the mix drifting halfway, a re-plan from the first window on: one redeploy in place
+    (the same plan again is no re-plan), and every served request still answers as the model in one process."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from workbench.earlyexit.realrun import drift_run
+
+    rec = prepared["exit_ramps"]["sentiment"].record
+    threshold = float(np.quantile(rec.entropies[:-1], 0.5))
+    other = SimpleNamespace(splits=[(0, 3), (3, 6)], replicas=[2, 1], batch_sizes=[4, 4], gpu_types=["host", "host"])
+    seen = []
+
+    def replan(forecast):
+        seen.append(forecast)
+        return other
+
+    run = drift_run(preset="quick", replicas=3, slo_s=3.0, batch_size=4, easy=0.9, drift_to=0.1,
+                    threshold=threshold, rate=12.0, requests=48, window_s=1.0, replan=replan)
+    served = run.served
+    assert run.equal and run.mismatches == 0 and served.served.sum() >= 40
+    assert len(seen) == len(served.windows) >= 2
+    assert len(served.replans) == 1 and served.replans[0].new["splits"] == [[0, 3], [3, 6]]
+    assert served.replans[0].old["splits"] == [list(s) for s in run.plan.splits]
+    assert any("re-plan at" in line for line in run.lines())

@@ -141,8 +141,10 @@ def _serve_running() -> bool:
 
 
 class _WarningsOnly(logging.Filter):
+    """Warnings and worse, except Serve's line per request refused by a full queue: the run counts those."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING
+        return record.levelno >= logging.WARNING and "dropped due to backpressure" not in record.getMessage()
 
 
 def quiet() -> None:

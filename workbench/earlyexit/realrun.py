@@ -6,6 +6,10 @@ does not depend on who it is batched with), serves it on Ray Serve, simulates th
 arrivals and exits (:func:`~workbench.earlyexit.evaluation.validate_simulator`), and runs the same requests
 through the model in one process: the served labels and exit layers must equal those. The page's
 "Run for real", ``workbench earlyexit serve`` and the benchmark all come here.
+
+:func:`drift_run` serves a workload whose mix drifts halfway (``easy`` to ``drift_to``) with E3's online loop
+on: every ``window_s`` the served exits update the ARIMA estimator and the scenario's optimizer re-plans for the
+forecast; a different plan is deployed in place, and the run records each re-plan (E3 §3.1, §4).
 """
 from __future__ import annotations
 
@@ -79,7 +83,7 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
     from workbench.earlyexit.artifacts import load_model, mix_texts
     from workbench.earlyexit.evaluation import validate_simulator
     from workbench.earlyexit.scenario import Scenario
-    from workbench.earlyexit.serve import Workload
+    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S, Workload
     from workbench.earlyexit.simulator import PATTERNS, ArrivalProcess
     from workbench.models.tokenizer import encoder_tokenizer
 
@@ -107,11 +111,90 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
     workload = Workload.from_arrivals(ids, mask, ArrivalProcess(pattern, rate, count=requests), seed=seed)
 
     host = sc.layer_profiles()["host"]
+    # The validation simulates without drops and with Ray Serve's plain batch wait: serve in that mode too.
     validation = validate_simulator(model, plan, workload, host, slo_s, slack=sc.slack, address=address,
-                                    num_cpus=num_cpus, progress=progress)
+                                    num_cpus=num_cpus, progress=progress, drop="never",
+                                    batch_wait_s=DEFAULT_BATCH_WAIT_S)
     with torch.no_grad():
         one = model(workload.ids, workload.mask)
     served = validation.real
     same = (served.labels == one.labels) & (served.exit_layers == one.exit_layers)
     diff = float((served.logits - one.logits).abs().max()) if served.logits is not None else float("nan")
     return RealRun(plan, validation, bool(same.all()), int((~same).sum()), diff, pattern, rate)
+
+
+@dataclass(frozen=True)
+class DriftRun:
+    """A served run whose mix drifts, re-planned online: the run, the first plan, the check against the model."""
+    served: object                    # serve.ServeRun, with .windows and .replans
+    plan: object                      # the plan for the starting mix
+    equal: bool                       # every served request's label and exit layer equal the one-process model's
+    mismatches: int
+    mixes: tuple[float, float]
+    rate: float
+
+    def lines(self) -> list[str]:
+        s = self.served
+        a, b = (f"{100 * m:.0f}:{100 - 100 * m:.0f}" for m in self.mixes)
+        out = [f"served {len(s.requests)} requests at {self.rate:.1f}/s, mix {a} then {b}: {s.met} met the SLO, "
+               f"{s.dropped} dropped, {len(s.windows)} windows observed"]
+        for r in s.replans:
+            out.append(f"re-plan at {r.at_s:.1f} s (after window {r.window + 1}): splits {r.old['splits']} x "
+                       f"{r.old['replicas']} -> {r.new['splits']} x {r.new['replicas']} for the forecast "
+                       + " ".join(f"{x:.2f}" for x in r.forecast))
+        if not s.replans:
+            out.append("no re-plan: every forecast gave the plan already deployed")
+        out.append("outputs equal the model run in one process, request by request" if self.equal else
+                   f"{self.mismatches} served requests differ from the model run in one process")
+        return out
+
+
+def drift_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4, slo_s: float = 1.0,
+              batch_size: int = 4, easy: float = 0.8, drift_to: float = 0.2, threshold: float = 0.4,
+              rate: float | None = None, requests: int = 120, window_s: float = 2.0, seed: int = 0,
+              address: str | None = None, num_cpus: float = 2, replan: Callable | None = None,
+              progress: Callable[[int, int], None] | None = None) -> DriftRun:
+    """Serve ``requests`` uniform arrivals, the first half of mix ``easy`` and the rest of ``drift_to``, with
+    re-planning every ``window_s`` (``replan(forecast)`` defaults to the scenario's optimizer); ``rate`` defaults
+    to 80 % of the first plan's goodput. Bad input raises before Ray starts."""
+    import torch
+
+    from workbench.data import task_spec
+    from workbench.earlyexit.artifacts import load_model, mix_texts
+    from workbench.earlyexit.scenario import Scenario
+    from workbench.earlyexit.serve import Workload, serve_plan
+    from workbench.earlyexit.simulator import ArrivalProcess
+    from workbench.models.tokenizer import encoder_tokenizer
+
+    if not (isinstance(requests, int) and 2 <= requests <= 10_000):
+        raise WorkbenchError(f"a drifting run serves 2..10000 requests, got {requests!r}")
+    if not (isinstance(window_s, (int, float)) and np.isfinite(window_s) and window_s > 0):
+        raise WorkbenchError(f"window_s is seconds > 0, got {window_s!r}")
+    sc = Scenario(model="encoder", task=task, preset=preset, gpus={"host": replicas}, slo_s=slo_s,
+                  batch_size=batch_size, easy=easy, threshold=threshold)
+    Scenario(model="encoder", task=task, preset=preset, gpus={"host": replicas}, slo_s=slo_s,
+             batch_size=batch_size, easy=drift_to, threshold=threshold)        # the second mix is valid too
+    if rate is not None and not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
+        raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
+    if address is not None:
+        from workbench.earlyexit.raycluster import check_head
+
+        check_head(str(address))
+    prepared = load_model(task, preset)
+    model = prepared.model.configure(threshold=threshold, disabled=())
+    plan = sc.optimize()
+    if not plan:
+        raise WorkbenchError(f"no plan for {replicas} CPU replicas: {plan.reason}")
+    rate = float(rate if rate is not None else 0.8 * plan.goodput)
+    half = requests // 2
+    texts = mix_texts(prepared, easy, half, seed) + mix_texts(prepared, drift_to, requests - half, seed + 1)
+    length = task_spec(task).max_length
+    ids, mask = encoder_tokenizer(length)(texts, pad_to=length)
+    workload = Workload.from_arrivals(ids, mask, ArrivalProcess("uniform", rate, count=requests), seed=seed)
+    run = serve_plan(model, plan, workload, slo_s=slo_s, slack=sc.slack, address=address, num_cpus=num_cpus,
+                     window_s=window_s, replan=replan if replan is not None else sc.optimize, progress=progress)
+    with torch.no_grad():
+        one = model(workload.ids, workload.mask)
+    served = run.served
+    same = (run.labels == np.asarray(one.labels)) & (run.exit_layers == np.asarray(one.exit_layers))
+    return DriftRun(run, plan, bool(same[served].all()), int((~same[served]).sum()), (easy, drift_to), rate)
