@@ -31,7 +31,8 @@ def test_a_real_run_serves_the_trained_model_and_equals_it_in_one_process(prepar
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"pattern": "zipf"}, "unknown arrival pattern"), ({"requests": 0}, "1..10000"), ({"rate": -1.0}, "> 0"),
-    ({"replicas": 0}, "no GPUs"), ({"slo_s": -1.0}, "SLO")])
+    ({"replicas": 0}, "no GPUs"), ({"slo_s": -1.0}, "SLO"), ({"address": "nowhere"}, "not HOST:PORT"),
+    ({"address": "127.0.0.1:1"}, "no Ray cluster answers")])
 def test_bad_input_is_refused_before_ray_is_touched(kwargs, message):
     with pytest.raises(WorkbenchError, match=message):
         real_run(preset="quick", **kwargs)

@@ -77,15 +77,8 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
              num_cpus: float = 2, progress: Callable[[int, int], None] | None = None) -> RealRun:
     """Plan, serve, simulate and check one run (see the module docstring); ``rate`` defaults to 80 % of the
     plan's goodput. Bad input raises before Ray starts; a plan no replica count meets raises with the reason."""
-    import torch
-
-    from workbench.data import task_spec
-    from workbench.earlyexit.artifacts import load_model, mix_texts
-    from workbench.earlyexit.evaluation import validate_simulator
     from workbench.earlyexit.scenario import Scenario
-    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S, Workload
     from workbench.earlyexit.simulator import PATTERNS, ArrivalProcess
-    from workbench.models.tokenizer import encoder_tokenizer
 
     if pattern not in PATTERNS:
         raise WorkbenchError(f"unknown arrival pattern {pattern!r}; known: {', '.join(PATTERNS)}")
@@ -99,6 +92,14 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
         from workbench.earlyexit.raycluster import check_head
 
         check_head(str(address))
+    import torch
+
+    from workbench.data import task_spec
+    from workbench.earlyexit.artifacts import load_model, mix_texts
+    from workbench.earlyexit.evaluation import validate_simulator
+    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S, Workload
+    from workbench.models.tokenizer import encoder_tokenizer
+
     prepared = load_model(task, preset)
     model = prepared.model.configure(threshold=threshold, disabled=())
     plan = sc.optimize()
@@ -157,14 +158,8 @@ def drift_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 
     """Serve ``requests`` uniform arrivals, the first half of mix ``easy`` and the rest of ``drift_to``, with
     re-planning every ``window_s`` (``replan(forecast)`` defaults to the scenario's optimizer); ``rate`` defaults
     to 80 % of the first plan's goodput. Bad input raises before Ray starts."""
-    import torch
-
-    from workbench.data import task_spec
-    from workbench.earlyexit.artifacts import load_model, mix_texts
     from workbench.earlyexit.scenario import Scenario
-    from workbench.earlyexit.serve import Workload, serve_plan
     from workbench.earlyexit.simulator import ArrivalProcess
-    from workbench.models.tokenizer import encoder_tokenizer
 
     if not (isinstance(requests, int) and 2 <= requests <= 10_000):
         raise WorkbenchError(f"a drifting run serves 2..10000 requests, got {requests!r}")
@@ -180,6 +175,13 @@ def drift_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 
         from workbench.earlyexit.raycluster import check_head
 
         check_head(str(address))
+    import torch
+
+    from workbench.data import task_spec
+    from workbench.earlyexit.artifacts import load_model, mix_texts
+    from workbench.earlyexit.serve import Workload, serve_plan
+    from workbench.models.tokenizer import encoder_tokenizer
+
     prepared = load_model(task, preset)
     model = prepared.model.configure(threshold=threshold, disabled=())
     plan = sc.optimize()
