@@ -221,6 +221,24 @@ def test_under_twice_its_capacity_a_run_drops_and_counts_instead_of_letting_late
     np.testing.assert_array_equal(run.exit_layers[served], np.asarray(ref.exit_layers)[served])
 
 
+def test_a_batch_leaves_when_full_or_when_its_first_request_runs_out_of_slack(ray_cluster, spec, tokens,
+                                                                             reference):
+    """Six requests at once, batches of four, two splits, every request past layer 0: at each split the full batch
+    leaves at once; the other two wait at split 0 for the slack of the request that opened their batch
+    (SLO x (1 - slack) minus the rest of the plan), and at split 1 have none left, so leave at once: all in time."""
+    slo, slack = 2.0, 0.2
+    rows = np.flatnonzero(np.asarray(reference.exit_layers) >= 1)[:6]
+    ids, mask = tokens
+    work = Workload(ids[rows], mask[rows], np.zeros(6))
+    run = serve_plan(spec, plan([(0, 1), (1, 6)], [1, 1], [4, 4]), work, slo_s=slo, slack=slack)
+    assert run.dropped == 0 and run.met == 6, [(r.drop_reason, r.latency_s) for r in run.requests]
+    assert [sorted(c.items()) for c in run.batch_counts] == [[(2, 1), (4, 1)], [(2, 1), (4, 1)]]
+    waits = {(s.meta["split"], s.meta["batch"]): s.end - s.start for s in run.timeline.of_kind("queue")}
+    assert waits[(0, 2)] >= 0.5 * slo * (1 - slack) > waits[(0, 4)], waits
+    assert waits[(1, 2)] < 0.25 * slo * (1 - slack), waits       # its slack was spent at split 0
+    assert max(r.latency_s for r in run.requests) <= slo
+
+
 @pytest.fixture(scope="module")
 def drifting(tokens, reference):
     """Easy rows (leaving by layer 2) for 3 s, then hard ones (running past layer 3), 10 requests a second."""
