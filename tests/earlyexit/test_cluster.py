@@ -201,7 +201,10 @@ def cluster(tmp_path_factory):
         (home / ".ray").mkdir(parents=True)
         (home / ".ray" / "auth_token").write_text(uuid.uuid4().hex + uuid.uuid4().hex)
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    base.update(PATH=f"{BIN}:{base.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
+    from workbench.cache import cache_dir
+
+    base.update(PATH=f"{BIN}:{base.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO),
+                WORKBENCH_CACHE=str(cache_dir(create=False)))          # the prepared models, whatever HOME says
     env_a, env_b = dict(base, HOME=str(homes[0])), dict(base, HOME=str(homes[1]))
     head, procs = machines.ip[0], []
     try:
@@ -210,14 +213,14 @@ def cluster(tmp_path_factory):
         token = got.stdout.strip().splitlines()[-1]
         assert token == (homes[0] / ".ray" / "auth_token").read_text().strip(), "the head reuses the token it has"
         extra = f" --block --num-cpus=1 --include-dashboard=false --temp-dir={short}/a"
-        cmd = with_resources(commands["head"], {"gpu_type_v100": 2}).replace("HEAD", head) + extra
+        cmd = with_resources(commands["head"], {"gpu_type_v100": 2, "gpu_type_host": 1}).replace("HEAD", head) + extra
         procs.append(subprocess.Popen([IP, "netns", "exec", machines.ns[0], "bash", "-c", cmd], env=env_a,
                                       stdout=open(tmp / "head.log", "w"), stderr=subprocess.STDOUT,
                                       start_new_session=True))
         (tmp / "wait.py").write_text(WAIT_FOR_HEAD)
         waited = in_ns(machines.ns[0], f"{sys.executable} {tmp / 'wait.py'} {head}", env_a)
         assert waited.returncode == 0, (tmp / "head.log").read_text()[-3000:]
-        cmd = with_resources(commands["worker"], {"gpu_type_p100": 1}).replace("HEAD", head)
+        cmd = with_resources(commands["worker"], {"gpu_type_p100": 1, "gpu_type_host": 1}).replace("HEAD", head)
         cmd = cmd.replace("RAY_AUTH_TOKEN=TOKEN", f"RAY_AUTH_TOKEN={token}")
         cmd += f" --block --num-cpus=1 --temp-dir={short}/b"
         procs.append(subprocess.Popen([IP, "netns", "exec", machines.ns[1], "bash", "-c", cmd], env=env_b,
@@ -284,3 +287,14 @@ def test_a_refused_token_is_named_in_one_line(cluster):
     assert got.returncode == 2, got.stdout + got.stderr
     assert len(errors) == 1 and "Ray authentication failed" in errors[0] and "RAY_AUTH_TOKEN" in errors[0], \
         got.stdout + got.stderr
+
+
+def test_the_readme_serve_command_runs_on_the_cluster(cluster, prepared):
+    """`workbench earlyexit serve --address HEAD:6379` as the README writes it (fewer replicas and requests): the
+    trained model's plan for CPU replicas, one on each machine (each holds one unit of gpu_type_host), served,
+    simulated and equal to the model run in one process."""
+    machines, env_a, env_b, tmp, commands = cluster
+    command = commands["serve"].replace("HEAD", machines.ip[0]) + " --replicas 2 --requests 8 --rate 8 --preset quick"
+    got = in_ns(machines.ns[0], command, env_a)
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    assert "outputs equal the model run in one process" in got.stdout, got.stdout
