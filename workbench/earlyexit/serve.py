@@ -59,7 +59,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -83,6 +83,8 @@ DROP_RULES = ("budget", "never")
 SPLIT_QUEUE_BATCHES = 8
 """Requests a split's callers may queue for it: this many full batches per replica (then it refuses)."""
 INGRESS_MIN_REQUESTS = 32
+REDEPLOY_TIMEOUT_S = 120.0
+"""How long a re-plan waits for its new splits to come up and for the ingress to switch."""
 UNBOUNDED_ONGOING = 1_000_000
 """With ``drop="never"`` nothing is refused: the ingress takes every request and queues are unbounded."""
 _check_reachable = check_reachable
@@ -422,25 +424,62 @@ class _Deployer:
         return cfg, split_cfgs
 
     def deploy(self, plan: _Plan):
-        """Deploy ``plan`` as the next generation; returns (handle, seconds serve.run took, when it was live)."""
+        """Deploy ``plan`` as the next generation, make before break: first the splits as the new plan wants them
+        (replicas run whatever layers a request asks for, so the old plan's requests still pass) while the
+        ingress keeps routing by the old plan; once each of the new plan's splits has a running replica, the
+        ingress switches; the old plan's extra splits go when its requests are done (one SLO later). Returns
+        (handle, seconds until the switch, when it switched)."""
         from ray import serve
 
-        from workbench.earlyexit.serveapp import build_app
+        from workbench.earlyexit.serveapp import build_app, split_name
+
+        def run(ingress_cfg, splits, wait):
+            app = build_app(self.spec, ingress_cfg, splits, self.version)
+            logs = {"log_level": "WARNING", "enable_access_log": False}
+            if wait:
+                return serve.run(app, name=APP_NAME, route_prefix=None, logging_config=logs)
+            return serve.run_many([serve.RunTarget(target=app, name=APP_NAME, route_prefix=None, logging_config=logs)],
+                                  wait_for_applications_running=False)[0]
 
         cfg, split_cfgs = self.configs(plan)
         draining = self.split_cfgs[len(split_cfgs):]          # the old plan's later splits, kept while it drains
         began = time.perf_counter()
-        handle = serve.run(build_app(self.spec, cfg, split_cfgs + draining, self.version), name=APP_NAME,
-                           route_prefix=None, logging_config={"log_level": "WARNING", "enable_access_log": False})
+        if self.gen < 0:
+            handle = run(cfg, split_cfgs, wait=True)
+        else:
+            run(self.cfg, split_cfgs + draining, wait=False)   # the new splits come up; routing unchanged
+            _wait_for(lambda: all(_running(split_name(i)) for i in range(len(split_cfgs))), REDEPLOY_TIMEOUT_S,
+                      "the new plan's splits to have a running replica")
+            handle = run(cfg, split_cfgs + draining, wait=False)
+            _wait_for(lambda: handle.generation.remote().result(timeout_s=REDEPLOY_TIMEOUT_S) == cfg["gen"],
+                      REDEPLOY_TIMEOUT_S, "the ingress to take the new plan")
         took = time.perf_counter() - began
         live = time.time()
         self.gen, self.split_cfgs, self.cfg = cfg["gen"], split_cfgs, cfg
         if draining:
             # Requests that entered under the old plan answer within the SLO (or are dropped): then let go.
             time.sleep(self.slo_s)
-            serve.run(build_app(self.spec, cfg, split_cfgs, self.version), name=APP_NAME, route_prefix=None,
-                      logging_config={"log_level": "WARNING", "enable_access_log": False})
+            run(cfg, split_cfgs, wait=False)
         return handle, took, live
+
+
+def _running(deployment: str) -> bool:
+    """Whether a deployment of the run's application has a running replica."""
+    from ray import serve
+
+    app = serve.status().applications.get(APP_NAME)
+    found = app.deployments.get(deployment) if app is not None else None
+    if found is None:
+        return False
+    return any(str(getattr(state, "value", state)) == "RUNNING" and n > 0 for state, n in found.replica_states.items())
+
+
+def _wait_for(ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+    limit = time.time() + timeout_s
+    while not ready():
+        if time.time() > limit:
+            raise WorkbenchError(f"re-plan: waited {timeout_s:.0f} s for {what}; the cluster may lack the resources")
+        time.sleep(0.2)
 
 
 def _drive(handle, workload: Workload, timeout_s: float, progress: Callable[[int, int], None] | None,
@@ -513,14 +552,17 @@ def _run_async(main):
 
 
 class _Monitor:
-    """Every window: the served requests' exits update the estimator; a forecast that moves the plan redeploys."""
+    """Every window: the served requests' exits update the estimator; a forecast that moves the plan redeploys
+    (in the background: windows go on being observed meanwhile; one redeploy at a time)."""
 
     def __init__(self, deployer: _Deployer, plan: _Plan, num_layers: int, window_s: float, estimator, replan,
                  lock: threading.Lock):
         self.deployer, self.plan, self.num_layers = deployer, plan, num_layers
         self.window_s, self.estimator, self.replan, self.lock = window_s, estimator, replan, lock
+        self.target = plan                # the plan deployed, or being deployed
         self.windows: list[Window] = []
         self.replans: list[Replan] = []
+        self.deploying: asyncio.Task | None = None
 
     async def __call__(self, t0: float, out: list) -> None:
         k = 0
@@ -530,11 +572,16 @@ class _Monitor:
             start = end - self.window_s
             exits = [int(a["exit_layer"]) for item in out if item is not None
                      for _, done, a in [item] if start <= done < end and not a.get("dropped")]
+            if self.deploying is not None and self.deploying.done():
+                self.deploying = None
             if exits:
-                await asyncio.to_thread(self._window, k, start - t0, end - t0, exits, t0)
+                new, forecast = await asyncio.to_thread(self._window, k, start - t0, end - t0, exits)
+                if new is not None and self.deploying is None and new.key() != self.target.key():
+                    self.target = new
+                    self.deploying = asyncio.create_task(asyncio.to_thread(self._deploy, k, new, forecast, t0))
             k += 1
 
-    def _window(self, k: int, start_s: float, end_s: float, exits: list[int], t0: float) -> None:
+    def _window(self, k: int, start_s: float, end_s: float, exits: list[int]):
         observed = self.estimator.update(exits)
         details = self.estimator.forecast_details()
         forecast = details.profile
@@ -550,13 +597,19 @@ class _Monitor:
                 note, new = f"re-plan not used: {err}", None
         self.windows.append(Window(k, start_s, end_s, len(exits), tuple(observed.remaining),
                                    tuple(forecast.remaining), tuple(details.methods), note))
-        if new is None or new.key() == self.plan.key():
-            return
-        with self.lock:
-            _, took, live = self.deployer.deploy(new)
-        self.replans.append(Replan(live - t0, k, self.plan.to_dict(), new.to_dict(),
-                                   tuple(forecast.remaining), took))
-        self.plan = new
+        return new, tuple(forecast.remaining)
+
+    def _deploy(self, k: int, new: _Plan, forecast: tuple, t0: float) -> None:
+        with self.lock:               # held until recorded: the run deletes its application only after
+            try:
+                _, took, live = self.deployer.deploy(new)
+            except Exception as err:  # noqa: BLE001 - a failed re-plan is reported with its window; serving goes on
+                self.windows = [replace(w, note=f"re-plan failed: {err}") if w.index == k else w
+                                for w in self.windows]
+                self.target = self.plan
+                return
+            self.replans.append(Replan(live - t0, k, self.plan.to_dict(), new.to_dict(), forecast, took))
+            self.plan = new
 
 
 def _results(out: list, t0: float, workload: Workload, plan: _Plan, slo_s: float, num_classes: int,
