@@ -21,8 +21,9 @@ What the run does, as the paper's serving does it:
 - **Re-planning** (§3.1, §4): every ``window_s`` the exit layers of the requests served in that window update
   the ARIMA :class:`~workbench.earlyexit.batchprofile.BatchProfileEstimator`; its forecast goes to ``replan``,
   and a plan that differs is deployed in place (``serve.run`` under the same application name: replicas are
-  reconfigured, scaled, or moved to another GPU type; a split the new plan no longer has stays until the
-  requests that entered under the old plan are done). :attr:`ServeRun.replans` records each one.
+  reconfigured, scaled, or moved to another GPU type), make before break: the new plan's splits come up while
+  the ingress still routes by the old one, then it switches, and a split the new plan no longer has stays
+  until the requests that entered under the old plan are done. :attr:`ServeRun.replans` records each one.
 - **Stragglers** (§3.3): with ``exclude_stragglers_after=n`` a replica whose measured batch times exceed its
   split peers' by more than ``straggler_tolerance`` after n batches gets no more work (never a split's last);
   :attr:`ServeRun.stragglers` records when. ``replica_slowdown`` emulates a slower GPU on chosen replicas.
