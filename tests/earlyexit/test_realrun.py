@@ -18,15 +18,29 @@ def test_a_real_run_serves_the_trained_model_and_equals_it_in_one_process(prepar
     assert len(set(served.exit_layers.tolist())) >= 2                  # some leave early, some run on
     assert [tuple(s) for s in served.splits] == [tuple(s) for s in run.plan.splits]
     assert sum(run.plan.replicas) <= 3
-    # every request entered the first split; the later splits served the survivors, re-formed into batches
+    # nothing dropped at this rate: every request entered the first split; the later splits served the
+    # survivors, re-formed into batches
+    assert served.dropped == 0
     assert sum(b * n for b, n in served.batch_counts[0].items()) == 24
     for i, (start, _) in enumerate(run.plan.splits[1:], 1):
         assert sum(b * n for b, n in served.batch_counts[i].items()) == int((served.exit_layers >= start).sum())
     assert len(run.simulated.requests) == 24
-    assert [r.exit_layer for r in run.simulated.requests] == served.exit_layers.tolist()
+    kept = served.served
+    simulated_exits = np.array([r.exit_layer for r in run.simulated.requests])
+    assert simulated_exits[kept].tolist() == served.exit_layers[kept].tolist()
+    # out of sample: calibrated on another run (other requests at half the rate), then predicted
+    v = run.validation
+    assert "a calibration run of 12 other requests at 20/s" in v.note
     summary = run.summary()
     assert summary["equal_to_one_process"] and set(summary["errors"]) == {"goodput", "p50", "p95"}
-    assert any("outputs equal the model run in one process" in line for line in run.lines())
+    # what is printed agrees with itself: the errors are those of the two lines above them
+    sv, sm, err = summary["served"], summary["simulated"], summary["errors"]
+    assert err["goodput"] == pytest.approx((sm["goodput"] - sv["goodput"]) / sv["goodput"])
+    assert err["p95"] == pytest.approx((sm["p95_latency_ms"] - sv["p95_latency_ms"]) / sv["p95_latency_ms"])
+    lines = run.lines()
+    assert f"goodput {sm['goodput']:.1f}/s" in lines[1] and f"p95 {sm['p95_latency_ms']:.1f} ms" in lines[1]
+    assert f"goodput {100 * err['goodput']:+.1f}%" in lines[2] and "out of sample" in lines[2]
+    assert any("outputs equal the model run in one process" in line for line in lines)
 
 
 @pytest.mark.parametrize("kwargs, message", [

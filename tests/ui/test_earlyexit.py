@@ -244,3 +244,22 @@ def test_the_simulation_states_the_offered_rate_and_shows_overload():
 def test_a_forecast_profile_is_what_the_optimizer_gets(panel):
     assert panel.profile == tuple(panel.series.forecast[-1].remaining)
     assert BatchProfile(panel.profile).num_layers == load_record("sentiment", PRESET).num_layers
+
+
+def test_a_drifting_run_lists_each_replan_in_the_page(ray_cluster):
+    """The drifting run on the suite's Ray: the mix switches halfway, the forecast moves the plan (here a study's
+    re-plan hook answers with a 2-split plan whatever the forecast, so the first window re-plans once), and the
+    page lists that re-plan with its time, window and the plans before and after."""
+    from types import SimpleNamespace
+
+    panel = EarlyExitPanel()
+    other = SimpleNamespace(splits=[(0, 3), (3, 6)], replicas=[2, 1], batch_sizes=[4, 4], gpu_types=["host", "host"])
+    panel.drift_replan = lambda forecast: other
+    panel.drifter.button.click()                             # no event loop in a test: the run completes here
+    assert panel.drifter.message.value == "" and panel.message.value == ""
+    run = panel.drift_run
+    assert len(run.served.replans) == 1 and run.equal
+    text = html.unescape(panel.drift_info.value)
+    replan = run.served.replans[0]
+    assert "1 re-plan(s)" in text and f"re-plan at {replan.at_s:.1f} s (after window {replan.window + 1})" in text
+    assert "[[0, 3], [3, 6]] x [2, 1]" in text and "outputs equal the model" in text

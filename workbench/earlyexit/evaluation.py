@@ -937,13 +937,20 @@ def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_pr
 def validate_out_of_sample(calibration: Calibration, target, plan, layer_profile, slo_s: float, *,
                            slack: float = 0.2, transfer_s: float | Sequence[float] = 0.0,
                            disabled: Iterable[int] = (), target_error: float = VALIDATION_TARGET,
-                           note: str = "") -> Validation:
+                           exits: Sequence[int] | None = None, note: str = "") -> Validation:
     """The simulator judged out of sample: ``calibration`` from one served run, the prediction
     (:func:`predict_run`) of another, ``target`` (a served run of ``plan`` on other arrivals, rate, mix or
-    plan), against what that run measured."""
+    plan), against what that run measured. ``exits``: each request's exit layer (a property of its input: the
+    model run in one process gives it for dropped requests too); default: the served ones, the last layer for
+    a request that has none."""
     times = np.array([r.arrival_s for r in target.requests], dtype=float)
     L = plan.splits[-1][1]
-    exits = [int(r.exit_layer) if getattr(r, "exit_layer", None) is not None else L - 1 for r in target.requests]
+    if exits is None:
+        exits = [int(r.exit_layer) if getattr(r, "exit_layer", None) is not None and r.exit_layer >= 0 else L - 1
+                 for r in target.requests]
+    exits = [int(e) for e in exits]
+    if len(exits) != times.size:
+        raise WorkbenchError(f"{len(exits)} exit layers for {times.size} requests")
     got = predict_run(plan, times, exits, layer_profile, slo_s, calibration, slack=slack, transfer_s=transfer_s,
                       disabled=disabled)
     real_counts = tuple(tuple(sorted(dict(c).items())) for c in getattr(target, "batch_counts", ()))

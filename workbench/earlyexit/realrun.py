@@ -2,8 +2,10 @@
 
 :func:`real_run` plans for ``replicas`` CPU replicas with the host's measured layer profile, draws a workload of
 the chosen easy:hard mix from the dev set (every request padded to the task's length, so a request's result
-does not depend on who it is batched with), serves it on Ray Serve, simulates the same plan on the same
-arrivals and exits (:func:`~workbench.earlyexit.evaluation.validate_simulator`), and runs the same requests
+does not depend on who it is batched with) and serves it on Ray Serve twice, as E3 serves (deadline batching,
+requests that cannot make the SLO dropped): a calibration run at half the rate on other requests, whose
+measured replica slowdown and Ray Serve costs calibrate the simulator, then the run itself, which the simulator
+predicts out of sample (:func:`~workbench.earlyexit.evaluation.validate_out_of_sample`). The same requests run
 through the model in one process: the served labels and exit layers must equal those. The page's
 "Run for real", ``workbench earlyexit serve`` and the benchmark all come here.
 
@@ -19,6 +21,15 @@ from typing import Callable
 import numpy as np
 
 from workbench.errors import WorkbenchError
+
+
+def _pct(error: float) -> str:
+    """A relative error as a signed percentage, "n/a" where it is undefined (a real figure of 0)."""
+    return f"{100 * error:+.1f}%" if np.isfinite(error) else "n/a"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f} ms" if np.isfinite(value) else "n/a (none served)"
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,9 @@ class RealRun:
                 "served": {"goodput": s.goodput, "p50_latency_ms": 1e3 * s.p50_latency_s,
                            "p95_latency_ms": 1e3 * s.p95_latency_s, "met_slo": s.met,
                            "batch_counts": [dict(c) for c in s.batch_counts], "deploy_s": s.deploy_s},
-                "simulated": {"goodput": self.simulated.goodput, "p50_latency_ms": 1e3 * self.simulated.p50_latency_s,
-                              "p95_latency_ms": 1e3 * self.simulated.p95_latency_s},
+                "simulated": {"goodput": v.sim_goodput, "p50_latency_ms": 1e3 * v.sim_p50_s,
+                              "p95_latency_ms": 1e3 * v.sim_p95_s},
+                "dropped": {"served": s.dropped, "simulated": sum(1 for r in self.simulated.requests if r.dropped)},
                 "errors": {"goodput": v.goodput_error, "p50": v.p50_error, "p95": v.p95_error},
                 "note": v.note, "equal_to_one_process": self.equal, "mismatches": self.mismatches,
                 "max_logit_diff": self.max_logit_diff}
@@ -54,20 +66,20 @@ class RealRun:
     def lines(self) -> list[str]:
         d = self.summary()
         sv, sm, err = d["served"], d["simulated"], d["errors"]
+        dropped = d["dropped"]
         out = [f"served {d['requests']} {self.pattern} requests at {self.rate:.1f}/s on Ray Serve: goodput "
-               f"{sv['goodput']:.1f}/s, p50 {sv['p50_latency_ms']:.1f} ms, p95 {sv['p95_latency_ms']:.1f} ms, "
-               f"{sv['met_slo']} met the SLO (deployed in {sv['deploy_s']:.1f} s)",
-               f"simulated (same plan, arrivals and exits): goodput {sm['goodput']:.1f}/s, p50 "
-               f"{sm['p50_latency_ms']:.1f} ms, p95 {sm['p95_latency_ms']:.1f} ms",
-               f"simulator error: goodput {100 * err['goodput']:+.1f}%, p50 {100 * err['p50']:+.1f}%, "
-               f"p95 {100 * err['p95']:+.1f}%",
+               f"{sv['goodput']:.1f}/s, p50 {_ms(sv['p50_latency_ms'])}, p95 {_ms(sv['p95_latency_ms'])}, "
+               f"{sv['met_slo']} met the SLO, {dropped['served']} dropped (deployed in {sv['deploy_s']:.1f} s)",
+               f"predicted by the simulator ({d['note']}; same plan, arrivals and exits): goodput "
+               f"{sm['goodput']:.1f}/s, p50 {_ms(sm['p50_latency_ms'])}, p95 {_ms(sm['p95_latency_ms'])}, "
+               f"{dropped['simulated']} dropped",
+               f"simulator error out of sample: goodput {_pct(err['goodput'])}, p50 {_pct(err['p50'])}, "
+               f"p95 {_pct(err['p95'])} (target within {100 * self.validation.target:g}% each)",
                "batches served per split: " + "; ".join(
                    f"split {i + 1}: " + ", ".join(f"{n} x {b}" for b, n in sorted(c.items()))
                    for i, c in enumerate(sv["batch_counts"])),
                ("outputs equal the model run in one process, request by request" if self.equal else
                 f"{self.mismatches} requests differ from the model run in one process")]
-        if d["note"]:
-            out.append(f"note: {d['note']}")
         return out
 
 
@@ -96,8 +108,8 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
 
     from workbench.data import task_spec
     from workbench.earlyexit.artifacts import load_model, mix_texts
-    from workbench.earlyexit.evaluation import validate_simulator
-    from workbench.earlyexit.serve import DEFAULT_BATCH_WAIT_S, Workload
+    from workbench.earlyexit.evaluation import calibrate, validate_out_of_sample
+    from workbench.earlyexit.serve import Workload, serve_plan
     from workbench.models.tokenizer import encoder_tokenizer
 
     prepared = load_model(task, preset)
@@ -107,20 +119,29 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
         raise WorkbenchError(f"no plan for {replicas} CPU replicas: {plan.reason}")
     rate = float(rate if rate is not None else 0.8 * plan.goodput)
 
-    texts = mix_texts(prepared, easy, requests, seed)
-    ids, mask = encoder_tokenizer(task_spec(task).max_length)(texts, pad_to=task_spec(task).max_length)
-    workload = Workload.from_arrivals(ids, mask, ArrivalProcess(pattern, rate, count=requests), seed=seed)
+    length = task_spec(task).max_length
+    tokenize = encoder_tokenizer(length)
 
+    def workload_of(n: int, at: float, offset: int):
+        ids, mask = tokenize(mix_texts(prepared, easy, n, seed + offset), pad_to=length)
+        return Workload.from_arrivals(ids, mask, ArrivalProcess(pattern, at, count=n), seed=seed + offset)
+
+    workload = workload_of(requests, rate, 0)
     host = sc.layer_profiles()["host"]
-    # The validation simulates without drops and with Ray Serve's plain batch wait: serve in that mode too.
-    validation = validate_simulator(model, plan, workload, host, slo_s, slack=sc.slack, address=address,
-                                    num_cpus=num_cpus, progress=progress, drop="never",
-                                    batch_wait_s=DEFAULT_BATCH_WAIT_S)
+    common = dict(slo_s=slo_s, slack=sc.slack, address=address, num_cpus=num_cpus)
+    warm = serve_plan(model, plan, workload_of(max(8, requests // 2), rate / 2, 1), **common)
+    calibration = calibrate(warm, host, source=f"a calibration run of {len(warm.requests)} other requests at "
+                                               f"{rate / 2:.3g}/s")
+    target = serve_plan(model, plan, workload, progress=progress, **common)
     with torch.no_grad():
         one = model(workload.ids, workload.mask)
-    served = validation.real
-    same = (served.labels == one.labels) & (served.exit_layers == one.exit_layers)
-    diff = float((served.logits - one.logits).abs().max()) if served.logits is not None else float("nan")
+    validation = validate_out_of_sample(calibration, target, plan, host, slo_s, slack=sc.slack,
+                                        exits=np.asarray(one.exit_layers))
+    served = target
+    kept = served.served
+    same = ((served.labels == np.asarray(one.labels)) & (served.exit_layers == np.asarray(one.exit_layers)))[kept]
+    diff = (float((served.logits[torch.as_tensor(kept)] - one.logits[torch.as_tensor(kept)]).abs().max())
+            if served.logits is not None and kept.any() else float("nan"))
     return RealRun(plan, validation, bool(same.all()), int((~same).sum()), diff, pattern, rate)
 
 

@@ -45,6 +45,11 @@ HOST_REPLICAS = 4
 HOST_REQUESTS = 48
 HOST_SLO_S = 1.0
 HOST_BATCH = 4
+DRIFT_REQUESTS = 96
+DRIFT_WINDOW_S = 2.0
+DRIFT_WINDOWS = 4
+"""A drifting run: this many requests over this many windows of that many seconds (12 requests/s, well within
+what the CPU plan sustains), the second half of the other mix; the forecast is made after every window."""
 """A real run: E3's plan for this many CPU replicas of this host (their layer times measured here), serving
 this many requests of the page's mix and arrival pattern at 80% of that plan's goodput, within this SLO, at
 this batch per replica (the page's GPU SLO and batch sizes are far below what one CPU core takes)."""
@@ -126,6 +131,8 @@ class EarlyExitPanel(Panel):
         self.simulation = None
         self.goodput = []
         self.runs: dict[tuple, dict] = {}          # run_key -> the real run of those settings
+        self.drift_run = None                      # the last drifting run (realrun.DriftRun)
+        self.drift_replan = None                   # None: the scenario's optimizer re-plans (a hook for studies)
         self.exit_share = 0.0                      # of the forecast: samples that leave before the last layer
         self.engine_calls = {"optimize": 0, "simulate": 0, "series": 0}
         gpus = {"v100": 4} if gpus is None else dict(gpus)
@@ -163,6 +170,14 @@ class EarlyExitPanel(Panel):
         self.exits_note = widgets.HTML()
         self.run_stage = widgets.HTML()
         self.runner = BackgroundRun(self, "Run for real", self._run_for_real, self._show_measured)
+        self.drifter = BackgroundRun(self, "Serve a drifting mix", self._run_drift, self._show_drift)
+        self.drift_info = widgets.HTML()
+        self.drift_note = widgets.HTML(
+            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Serve a drifting mix: the same CPU plan "
+            f"serves {DRIFT_REQUESTS} requests over {DRIFT_WINDOWS * DRIFT_WINDOW_S:g} s whose mix switches halfway from "
+            f"the one above to its opposite; every "
+            f"{DRIFT_WINDOW_S:g} s the served exits update E3's ARIMA forecast, and when the forecast moves the plan, "
+            "the optimizer runs and the application is redeployed in place. Each re-plan is listed below.</span>")
         self.runs_note = widgets.HTML(
             f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real uses only the task, mix, "
             f"threshold and arrival pattern above: it makes <b>its own E3 plan for {HOST_REPLICAS} CPU replicas of "
@@ -197,6 +212,9 @@ class EarlyExitPanel(Panel):
             self.run_stage,
             self.run_info,
             self.hostrun_box,
+            self.drift_note,
+            self.drifter,
+            self.drift_info,
         ]
         for name in ("profile", "goodput", "plan"):
             self.figure_slot(name).layout.flex = "1 1 0%"
@@ -481,6 +499,27 @@ class EarlyExitPanel(Panel):
         finally:
             self._stage(handle, "")
         return None if handle.should_stop() else {"key": self.run_key(s), "run": run}
+
+    def _run_drift(self, handle):
+        """Worker thread: :func:`~workbench.earlyexit.realrun.drift_run`, the page's mix then its opposite."""
+        from workbench.earlyexit.realrun import drift_run
+
+        s = self.settings()
+        return drift_run(task=s["task"], preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
+                         batch_size=HOST_BATCH, easy=s["easy"], drift_to=round(1.0 - s["easy"], 2),
+                         threshold=s["threshold"], requests=DRIFT_REQUESTS, window_s=DRIFT_WINDOW_S,
+                         rate=DRIFT_REQUESTS / (DRIFT_WINDOWS * DRIFT_WINDOW_S),
+                         replan=self.drift_replan, progress=handle.progress)
+
+    def _show_drift(self, run, cancelled: bool) -> None:
+        """Kernel loop: the drifting run's windows and re-plans."""
+        if run is None:
+            self.drift_info.value = "<span class='wb-drift-info'>cancelled: the run's result was dropped</span>"
+            return
+        self.drift_run = run
+        lines = "".join(f"<li>{html.escape(line)}</li>" for line in run.lines())
+        self.drift_info.value = (f"<div class='wb-drift-info'><b>Re-planned online on this host</b> "
+                                 f"({len(run.served.replans)} re-plan(s))<ul style='margin:2px 0'>{lines}</ul></div>")
 
     def _stage(self, handle, text: str) -> None:
         """Say the real run's stage beside its button (posted to the kernel's loop from the worker thread)."""
