@@ -304,3 +304,21 @@ def test_exclusion_needs_a_whole_number_of_batches():
     with pytest.raises(WorkbenchError, match="number of batches >= 1"):
         simulate([(0, 2)], [1], [1], slo_s=1.0, arrivals=[0.0], service_s=lambda i, b: 0.01,
                  exclude_stragglers_after=0)
+
+
+def test_a_queue_per_replica_as_ray_serve_routes():
+    """``queues="replica"``: each request goes to the shorter queue of two replicas drawn at random, and each
+    replica batches its own queue. With one replica per split nothing changes; with two, each replica's batch
+    fills at half the rate, so requests wait longer for a full batch than from one shared queue."""
+    kwargs = dict(slo_s=1.0, arrivals=ArrivalProcess("uniform", rate=100, count=200), service_s=lambda i, b: 0.004,
+                  slack=0.2, seed=3)
+    one_split = simulate([(0, 2)], [1], [4], queues="split", **kwargs)
+    one_replica = simulate([(0, 2)], [1], [4], queues="replica", **kwargs)
+    assert [r.completion_s for r in one_split.requests] == [r.completion_s for r in one_replica.requests]
+    shared = simulate([(0, 2)], [2], [4], queues="split", **kwargs)
+    own = simulate([(0, 2)], [2], [4], queues="replica", **kwargs)
+    assert own.p50_latency_s > 1.5 * shared.p50_latency_s
+    assert all(r.latency_s is not None for r in own.requests)
+    assert sum(s.batch_counts.get(4, 0) for s in own.splits) >= 40
+    with pytest.raises(WorkbenchError, match="queues is 'split' or 'replica'"):
+        simulate([(0, 2)], [1], [4], queues="node", **kwargs)

@@ -19,7 +19,10 @@ The three systems (paper §5.1), on the same GPUs:
 
 Data-parallel deployments on mixed GPUs are one pool per GPU type, each fed a share of the arrivals in
 proportion to its capacity (a weighted load balancer), simulated apart and summed; a GPU type whose batch of
-``b`` cannot finish within ``SLO x (1 - slack)`` is left out.
+``b`` cannot finish within ``SLO x (1 - slack)`` is left out. Every replica keeps its own queue, requests routed
+to the shorter of two as Ray Serve's router does (the simulator's ``queues="replica"``), so the tables
+simulate the serving that :mod:`workbench.earlyexit.serve` runs; a request that can no longer make the SLO is
+dropped there as it is there (``drop="budget"``).
 
 Sustained goodput: arrivals are uniform (the paper's production-like constant rate) at a fraction of the
 deployment's analytic capacity, from :data:`RATE_FRACTIONS` downwards; the first rate at which at least
@@ -291,7 +294,7 @@ def simulate_pools(pools: Sequence[Pool], rate: float, profile: BatchProfile, pr
                              arrivals=ArrivalProcess("uniform", rate=rate * cap / total, count=n), layer_s=layer_s,
                              transfer_s=list(pool.transfers_s) if len(pool.splits) > 1 else 0.0,
                              exits=[int(x) for x in layers], slack=scenario.slack, seed=scenario.seed,
-                             devices=list(gpu_types)))
+                             devices=list(gpu_types), queues="replica", drop="budget"))
     return runs
 
 
@@ -912,9 +915,9 @@ def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_pr
                 calibration: Calibration, *, slack: float = 0.2, transfer_s: float | Sequence[float] = 0.0,
                 disabled: Iterable[int] = ()) -> Prediction:
     """A served run of ``plan`` predicted before it happens, in the mode of the evaluation tables and of the
-    serving: E3's deadline batching (a batch leaves full or when its oldest request's slack runs out),
-    per-split queues, requests that can no longer make the SLO dropped (``drop="budget"``), exits answered when
-    their split's batch is done. Each replica computes ``calibration.slowdown`` times the profile; Ray Serve's
+    serving: E3's deadline batching (a batch leaves full or when its oldest request's slack runs out), a queue
+    per replica as Ray Serve routes requests (``queues="replica"``), requests that can no longer make the SLO
+    dropped (``drop="budget"``), exits answered when their split's batch is done. Each replica computes ``calibration.slowdown`` times the profile; Ray Serve's
     entry, hop and return costs are added where they fall."""
     from workbench.earlyexit.simulator import simulate_plan
 
@@ -928,7 +931,7 @@ def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_pr
     sim = simulate_plan(plan, slo_s=slo_s, arrivals=np.asarray(arrival_s, dtype=float) + over.entry_s,
                         layer_latency=lat, exits=[int(e) for e in exits],
                         transfer_s=[t + over.hop_s for t in base] or 0.0, slack=slack, drop="budget",
-                        replica_slowdown=slow, exit_at_split_end=True)
+                        replica_slowdown=slow, exit_at_split_end=True, queues="replica")
     goodput, p50, p95 = _with_overheads(sim, over, slo_s)
     n = len(sim.requests)
     return Prediction(goodput, p50, p95, sum(1 for r in sim.requests if r.dropped) / n if n else 0.0, sim)

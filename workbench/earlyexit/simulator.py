@@ -263,10 +263,12 @@ class _Run:
         self.samples = samples
         self.env = simpy.Environment()
         n = len(cfg.splits)
-        self.queues: list[list[_Sample]] = [[] for _ in range(n)]
-        self.changed = [self.env.event() for _ in range(n)]
-        self.queue_log: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]
         self.busy = {(i, r): [] for i in range(n) for r in range(cfg.replicas[i])}
+        keys = list(self.busy) if cfg.per_replica else list(range(n))
+        self.queues: dict = {k: [] for k in keys}
+        self.changed = {k: self.env.event() for k in keys}
+        self.queue_log: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]
+        self.route = np.random.default_rng(cfg.route_seed)
         self.ratios = {key: [] for key in self.busy}
         self.active = list(cfg.replicas)
         self.excluded: dict[tuple[int, int], float] = {}
@@ -280,20 +282,35 @@ class _Run:
         self.env.run()
 
     # queue bookkeeping
+    def _key(self, i: int, r: int):
+        return (i, r) if self.cfg.per_replica else i
+
     def _log_queue(self, i: int) -> None:
-        log, now, n = self.queue_log[i], self.env.now, len(self.queues[i])
+        n = (sum(len(self.queues[i, r]) for r in range(self.cfg.replicas[i])) if self.cfg.per_replica
+             else len(self.queues[i]))
+        log, now = self.queue_log[i], self.env.now
         if log[-1][0] == now:
             log[-1] = (now, n)
         else:
             log.append((now, n))
 
     def _enqueue(self, i: int, samples: list[_Sample]) -> None:
+        touched = set()
         for s in samples:
             s.entered = self.env.now
-        self.queues[i].extend(samples)
+            key = self._pick(i) if self.cfg.per_replica else i
+            self.queues[key].append(s)
+            touched.add(key)
         self._log_queue(i)
-        event, self.changed[i] = self.changed[i], self.env.event()
-        event.succeed()
+        for key in touched:
+            event, self.changed[key] = self.changed[key], self.env.event()
+            event.succeed()
+
+    def _pick(self, i: int) -> tuple[int, int]:
+        """Ray Serve's router: two replicas at random (of those not excluded), the one with the shorter queue."""
+        live = [r for r in range(self.cfg.replicas[i]) if (i, r) not in self.excluded]
+        two = self.route.choice(live, size=min(2, len(live)), replace=False)
+        return min(((i, int(r)) for r in two), key=lambda k: len(self.queues[k]))
 
     def _arrivals(self):
         for s in sorted(self.samples, key=lambda s: (s.arrival, s.id)):
@@ -301,28 +318,30 @@ class _Run:
                 yield self.env.timeout(s.arrival - self.env.now)
             self._enqueue(0, [s])
 
-    def _drop_hopeless(self, i: int) -> None:
+    def _drop_hopeless(self, key) -> None:
         if self.cfg.drop == "never":
             return
-        q, now = self.queues[i], self.env.now
+        i = key[0] if isinstance(key, tuple) else key
+        q, now = self.queues[key], self.env.now
         earliest = now + self.cfg.earliest_return[i]
         keep = [s for s in q if earliest <= s.deadline + EPS]
         if len(keep) != len(q):
             for s in q:
                 if earliest > s.deadline + EPS:
                     s.dropped_at, s.dropped_split = now, i
-            self.queues[i] = keep
+            self.queues[key] = keep
             self._log_queue(i)
 
     def _replica(self, i: int, r: int):
         cfg, env = self.cfg, self.env
         size = cfg.batch_sizes[i]
         slow = cfg.slowdown.get((i, r), 1.0)
+        key = self._key(i, r)
         while True:
-            self._drop_hopeless(i)
-            q = self.queues[i]
+            self._drop_hopeless(key)
+            q = self.queues[key]
             if not q:
-                yield self.changed[i]
+                yield self.changed[key]
                 continue
             if len(q) < size:
                 if cfg.batch_wait is None:
@@ -330,9 +349,9 @@ class _Run:
                 else:
                     wait = min(s.entered for s in q) + cfg.batch_wait - env.now
                 if wait > EPS:
-                    yield self.changed[i] | env.timeout(wait)
+                    yield self.changed[key] | env.timeout(wait)
                     continue
-            batch, self.queues[i] = q[:size], q[size:]
+            batch, self.queues[key] = q[:size], q[size:]
             self._log_queue(i)
             start = env.now
             offsets, profiled = cfg.run_batch(i, batch)
@@ -348,6 +367,9 @@ class _Run:
                     and float(np.mean(seen)) > 1 + cfg.tolerance + EPS):
                 self.active[i] -= 1             # the others of its split take its share from now on
                 self.excluded[(i, r)] = env.now
+                if cfg.per_replica and self.queues[key]:       # what waited for it goes to the others
+                    left, self.queues[key] = self.queues[key], []
+                    self._enqueue(i, left)
                 if survivors := [s for s in batch if s.exit >= cfg.splits[i][1]]:
                     env.process(self._transfer(i, survivors))
                 return
@@ -386,6 +408,8 @@ class _Config:
     exit_at_split_end: bool = False   # per-layer compute, but exits answer when the batch leaves the split
     exclude_after: int | None = None  # batches after which a straggling replica stops taking batches
     tolerance: float = 0.2
+    per_replica: bool = False         # a queue per replica, requests routed to them as Ray Serve's router does
+    route_seed: int = 0
 
     def run_batch(self, i: int, batch: list[_Sample]) -> tuple[dict, float]:
         """When each exiting sample of ``batch`` returns (seconds after the start) and the batch's service time
@@ -470,7 +494,7 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
              replica_slowdown: Mapping[tuple[int, int], float] | None = None, straggler_tolerance: float = 0.2,
              devices: Sequence[str] | None = None, name: str = "E3 serving simulation",
              batch_wait_s: float | None = None, exit_at_split_end: bool = False,
-             exclude_stragglers_after: int | None = None) -> SimulationResult:
+             exclude_stragglers_after: int | None = None, queues: str = "split") -> SimulationResult:
     """Simulate serving ``arrivals`` through the split plan; see the module docstring for the rules.
 
     - ``batch_wait_s``: a replica dispatches a batch that is not full once its oldest sample has waited this
@@ -480,6 +504,9 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
       batches (or any later point) exceeds ``1 + straggler_tolerance`` stops taking batches; the other replicas
       of its split take its share. The last replica of a split is never excluded. None: stragglers are only
       marked.
+    - ``queues``: "split" (one FIFO queue per split, ideal load balancing) or "replica": a queue per replica,
+      each request routed to the shorter queue of two replicas drawn at random (Ray Serve's router), each
+      replica batching its own queue (each ``@serve.batch`` replica does).
     - ``exit_at_split_end``: with ``layer_s``, the batch still shrinks inside a split, but its exiting samples
       answer when the batch is done with the split (what the Ray Serve deployments do), not right after
       their own layer.
@@ -577,10 +604,13 @@ def simulate(splits: Sequence[tuple[int, int]], replicas: Sequence[int], batch_s
         earliest = tuple(split_s(i, 1) if per_layer is None else per_layer(i, splits[i][0], 1) for i in range(n))
     if batch_wait_s is not None and not (_real(batch_wait_s) and 0 <= batch_wait_s <= slo_s):
         raise WorkbenchError(f"batch_wait_s {batch_wait_s!r} is seconds in 0..the SLO ({slo_s:g} s)")
+    if queues not in ("split", "replica"):
+        raise WorkbenchError(f"queues is 'split' or 'replica', got {queues!r}")
     cfg = _Config(splits, replicas, batch_sizes, devices, transfer, float(slo_s), float(slack), drop,
                   bool(pipelined), slowdown, split_s, per_layer, tuple(rest), earliest,
                   None if batch_wait_s is None else float(batch_wait_s), bool(exit_at_split_end),
-                  exclude_stragglers_after, float(straggler_tolerance))
+                  exclude_stragglers_after, float(straggler_tolerance), queues == "replica",
+                  int(np.random.SeedSequence(seed).generate_state(1)[0]))
 
     budget = float(slo_s) * (1 - float(slack))
     samples = [_Sample(j, float(t), int(e), float(slo_s), budget) for j, (t, e) in enumerate(zip(times, exit_layers))]
