@@ -194,10 +194,11 @@ def validation_table(opts) -> tuple[list[dict], str]:
         run = real_run(replicas=2, pattern="poisson", rate=rate, requests=opts.serve_requests, seed=opts.seed,
                        **settings)
         v, model = run.validation, f"trained ({preset}), 80:20, entropy {DEFAULT_THRESHOLD}"
+        split_queue = run.split_queue
         if not run.equal:
             print(f"validation: {run.mismatches} served outputs differ from the one-process model", flush=True)
     else:
-        v, plan, rate = _untrained_validation(opts)
+        v, plan, rate, split_queue = _untrained_validation(opts)
         if v is None:
             return [], plan
         model = "untrained ramps (no prepared model)"
@@ -206,17 +207,24 @@ def validation_table(opts) -> tuple[list[dict], str]:
                                                zip(plan.splits, plan.replicas, plan.batch_sizes)),
            "rate": rate, **v.row(), "exits_early": int(np.sum(v.real.exit_layers[v.real.served] < L - 1)),
            "dropped_real": int(v.real.dropped), "dropped_predicted": sum(1 for r in v.sim.requests if r.dropped)}
+    if split_queue is not None:
+        row.update({f"split_queue_{k}": split_queue.row()[k] for k in
+                    ("goodput_error_pct", "p50_error_pct", "p95_error_pct")})
     line = (f"simulator vs Ray Serve out of sample ({row['plan']}, {opts.serve_requests} requests at {rate:.3g}/s, "
             f"{model}; {v.note}): goodput {row['goodput_error_pct']:+.1f} %, p50 {row['p50_error_pct']:+.1f} %, "
             f"p95 {row['p95_error_pct']:+.1f} % (target within {row['target_pct']:g} %: "
             f"{'met' if v.within_target else 'MISSED'}); dropped {row['dropped_real']} served, "
-            f"{row['dropped_predicted']} predicted; Ray Serve hops {row.get('hop_ms', 0):.1f} ms")
+            f"{row['dropped_predicted']} predicted; Ray Serve hops {row.get('hop_ms', 0):.1f} ms"
+            + (f"; with one queue per split (the tables' mode) {row['split_queue_goodput_error_pct']:+.1f} / "
+               f"{row['split_queue_p50_error_pct']:+.1f} / {row['split_queue_p95_error_pct']:+.1f} %"
+               if split_queue is not None else ""))
     return [row], line
 
 
 def _untrained_validation(opts):
     """The validation on the untrained model (nobody exits early): calibrated on one served run at half the rate,
-    the simulator predicts another; (Validation, plan, rate), or (None, reason, None)."""
+    the simulator predicts another; (Validation, plan, rate, Validation with one queue per split), or (None,
+    reason, None, None)."""
     import torch
 
     from workbench.earlyexit.evaluation import calibrate, validate_out_of_sample
@@ -232,7 +240,7 @@ def _untrained_validation(opts):
     plan = optimize_splits(profile.adapter(), [1.0] * (L - 1) + [0.0], {"host": 2}, SERVE_SLO_S,
                            batch_size=batch, num_layers=L)
     if not plan:
-        return None, f"validation: no plan on this host within {SERVE_SLO_S:g} s ({plan.reason})", None
+        return None, f"validation: no plan on this host within {SERVE_SLO_S:g} s ({plan.reason})", None, None
     rate = 0.25 * plan.goodput
     spec = ModelSpec.untrained(seed=opts.seed)
     gen = torch.Generator().manual_seed(opts.seed)
@@ -245,8 +253,9 @@ def _untrained_validation(opts):
     target = serve_plan(spec, plan, workload(opts.serve_requests, rate), slo_s=SERVE_SLO_S)
     cal = calibrate(warm, profile, source=f"a calibration run of {len(warm.requests)} other requests at "
                                           f"{rate / 2:.3g}/s")
-    v = validate_out_of_sample(cal, target, plan, profile, SERVE_SLO_S, exits=[L - 1] * len(target.requests))
-    return v, plan, rate
+    v, by_split = (validate_out_of_sample(cal, target, plan, profile, SERVE_SLO_S, exits=[L - 1] * len(target.requests),
+                                          queues=q) for q in ("replica", "split"))
+    return v, plan, rate, by_split
 
 
 def _geo(values) -> float:

@@ -19,10 +19,10 @@ The three systems (paper §5.1), on the same GPUs:
 
 Data-parallel deployments on mixed GPUs are one pool per GPU type, each fed a share of the arrivals in
 proportion to its capacity (a weighted load balancer), simulated apart and summed; a GPU type whose batch of
-``b`` cannot finish within ``SLO x (1 - slack)`` is left out. Every replica keeps its own queue, requests routed
-to the shorter of two as Ray Serve's router does (the simulator's ``queues="replica"``), so the tables
-simulate the serving that :mod:`workbench.earlyexit.serve` runs; a request that can no longer make the SLO is
-dropped there as it is there (``drop="budget"``).
+``b`` cannot finish within ``SLO x (1 - slack)`` is left out. The replicas of a split share one queue (ideal load
+balancing, the paper's model); a request that can no longer make the SLO is dropped (``drop="budget"``), as
+the serving drops it. Ray Serve instead routes each request to one replica's own queue, which costs latency at
+high load on slow GPUs; :func:`predict_run` simulates that for the real runs.
 
 Sustained goodput: arrivals are uniform (the paper's production-like constant rate) at a fraction of the
 deployment's analytic capacity, from :data:`RATE_FRACTIONS` downwards; the first rate at which at least
@@ -294,7 +294,7 @@ def simulate_pools(pools: Sequence[Pool], rate: float, profile: BatchProfile, pr
                              arrivals=ArrivalProcess("uniform", rate=rate * cap / total, count=n), layer_s=layer_s,
                              transfer_s=list(pool.transfers_s) if len(pool.splits) > 1 else 0.0,
                              exits=[int(x) for x in layers], slack=scenario.slack, seed=scenario.seed,
-                             devices=list(gpu_types), queues="replica", drop="budget"))
+                             devices=list(gpu_types), drop="budget"))
     return runs
 
 
@@ -913,11 +913,12 @@ class Prediction:
 
 def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_profile, slo_s: float,
                 calibration: Calibration, *, slack: float = 0.2, transfer_s: float | Sequence[float] = 0.0,
-                disabled: Iterable[int] = ()) -> Prediction:
+                disabled: Iterable[int] = (), queues: str = "replica") -> Prediction:
     """A served run of ``plan`` predicted before it happens, in the mode of the evaluation tables and of the
-    serving: E3's deadline batching (a batch leaves full or when its oldest request's slack runs out), a queue
-    per replica as Ray Serve routes requests (``queues="replica"``), requests that can no longer make the SLO
-    dropped (``drop="budget"``), exits answered when their split's batch is done. Each replica computes ``calibration.slowdown`` times the profile; Ray Serve's
+    serving: E3's deadline batching (a batch leaves full or when its oldest request's slack runs out), requests
+    that can no longer make the SLO dropped (``drop="budget"``), exits answered when their split's batch is done;
+    ``queues``: "replica" (default), a queue per replica as Ray Serve routes requests, or "split", the evaluation
+    tables' one queue per split. Each replica computes ``calibration.slowdown`` times the profile; Ray Serve's
     entry, hop and return costs are added where they fall."""
     from workbench.earlyexit.simulator import simulate_plan
 
@@ -931,7 +932,7 @@ def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_pr
     sim = simulate_plan(plan, slo_s=slo_s, arrivals=np.asarray(arrival_s, dtype=float) + over.entry_s,
                         layer_latency=lat, exits=[int(e) for e in exits],
                         transfer_s=[t + over.hop_s for t in base] or 0.0, slack=slack, drop="budget",
-                        replica_slowdown=slow, exit_at_split_end=True, queues="replica")
+                        replica_slowdown=slow, exit_at_split_end=True, queues=queues)
     goodput, p50, p95 = _with_overheads(sim, over, slo_s)
     n = len(sim.requests)
     return Prediction(goodput, p50, p95, sum(1 for r in sim.requests if r.dropped) / n if n else 0.0, sim)
@@ -940,7 +941,7 @@ def predict_run(plan, arrival_s: Sequence[float], exits: Sequence[int], layer_pr
 def validate_out_of_sample(calibration: Calibration, target, plan, layer_profile, slo_s: float, *,
                            slack: float = 0.2, transfer_s: float | Sequence[float] = 0.0,
                            disabled: Iterable[int] = (), target_error: float = VALIDATION_TARGET,
-                           exits: Sequence[int] | None = None, note: str = "") -> Validation:
+                           exits: Sequence[int] | None = None, note: str = "", queues: str = "replica") -> Validation:
     """The simulator judged out of sample: ``calibration`` from one served run, the prediction
     (:func:`predict_run`) of another, ``target`` (a served run of ``plan`` on other arrivals, rate, mix or
     plan), against what that run measured. ``exits``: each request's exit layer (a property of its input: the
@@ -955,7 +956,7 @@ def validate_out_of_sample(calibration: Calibration, target, plan, layer_profile
     if len(exits) != times.size:
         raise WorkbenchError(f"{len(exits)} exit layers for {times.size} requests")
     got = predict_run(plan, times, exits, layer_profile, slo_s, calibration, slack=slack, transfer_s=transfer_s,
-                      disabled=disabled)
+                      disabled=disabled, queues=queues)
     real_counts = tuple(tuple(sorted(dict(c).items())) for c in getattr(target, "batch_counts", ()))
     sim_counts = tuple(tuple(sorted(s.batch_counts.items())) for s in got.sim.splits)
     return Validation(float(target.goodput), got.goodput, float(target.p50_latency_s), got.p50_s,

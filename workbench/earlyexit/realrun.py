@@ -41,6 +41,7 @@ class RealRun:
     max_logit_diff: float
     pattern: str
     rate: float
+    split_queue: object = None        # the same prediction with one queue per split (the evaluation tables')
 
     @property
     def served(self):
@@ -135,14 +136,15 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
     target = serve_plan(model, plan, workload, progress=progress, **common)
     with torch.no_grad():
         one = model(workload.ids, workload.mask)
-    validation = validate_out_of_sample(calibration, target, plan, host, slo_s, slack=sc.slack,
-                                        exits=np.asarray(one.exit_layers))
+    validation, split_queue = (validate_out_of_sample(calibration, target, plan, host, slo_s, slack=sc.slack,
+                                                      exits=np.asarray(one.exit_layers), queues=q)
+                               for q in ("replica", "split"))
     served = target
     kept = served.served
     same = ((served.labels == np.asarray(one.labels)) & (served.exit_layers == np.asarray(one.exit_layers)))[kept]
     diff = (float((served.logits[torch.as_tensor(kept)] - one.logits[torch.as_tensor(kept)]).abs().max())
             if served.logits is not None and kept.any() else float("nan"))
-    return RealRun(plan, validation, bool(same.all()), int((~same).sum()), diff, pattern, rate)
+    return RealRun(plan, validation, bool(same.all()), int((~same).sum()), diff, pattern, rate, split_queue)
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,7 @@ class Scenario:
         return simulate_plan(plan, slo_s=self.slo_s, arrivals=ArrivalProcess(pattern, rate, count=requests),
                              layer_latency=self.layer_latency(), transfer_s=per_link or 0.0,
                              exits=profile or self.profile(), slack=self.slack, seed=seed, pipelined=self.pipelined,
-                             drop="budget", queues="replica")
+                             drop="budget")
 
 
 def inside_ramps(splits) -> set[int]:

@@ -269,6 +269,7 @@ class _Run:
         self.changed = {k: self.env.event() for k in keys}
         self.queue_log: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]
         self.route = np.random.default_rng(cfg.route_seed)
+        self.running = dict.fromkeys(self.busy, 0)          # samples in the batch a replica is computing
         self.ratios = {key: [] for key in self.busy}
         self.active = list(cfg.replicas)
         self.excluded: dict[tuple[int, int], float] = {}
@@ -307,10 +308,11 @@ class _Run:
             event.succeed()
 
     def _pick(self, i: int) -> tuple[int, int]:
-        """Ray Serve's router: two replicas at random (of those not excluded), the one with the shorter queue."""
+        """Ray Serve's router: two replicas at random (of those not excluded), the one with fewer requests queued
+        or running (Serve counts a replica's ongoing requests)."""
         live = [r for r in range(self.cfg.replicas[i]) if (i, r) not in self.excluded]
         two = self.route.choice(live, size=min(2, len(live)), replace=False)
-        return min(((i, int(r)) for r in two), key=lambda k: len(self.queues[k]))
+        return min(((i, int(r)) for r in two), key=lambda k: len(self.queues[k]) + self.running[k])
 
     def _arrivals(self):
         for s in sorted(self.samples, key=lambda s: (s.arrival, s.id)):
@@ -356,7 +358,9 @@ class _Run:
             start = env.now
             offsets, profiled = cfg.run_batch(i, batch)
             took = profiled * slow
+            self.running[(i, r)] = len(batch)
             yield env.timeout(took)
+            self.running[(i, r)] = 0
             for s, t in offsets.items():
                 s.completion = start + t * slow
             self.busy[(i, r)].append(BusyPeriod(start, env.now, len(batch)))
