@@ -95,7 +95,7 @@ def test_every_control_moves_its_figures(voila_server, page):
     wait_for_title(page, "goodput", "SLO of 20 ms")
     wait_until_moved(page, seen, "plan", "goodput")
 
-    set_readout(page, "Input batch size", 32)
+    set_readout(page, "Batch per replica", 32)
     wait_for_title(page, "plan", "batch 32 on every replica")
     wait_until_moved(page, seen, "plan", "profile", "goodput", "bubbles")
 

@@ -42,6 +42,8 @@ REPLICA_CPUS = 0.25
 INGRESS_CPUS = 0.1
 EWMA = 0.3
 """Weight of the newest measurement in the ingress's running estimates of compute and hop times."""
+MAX_RETRIES = 3
+"""Times the ingress runs a request again when the replica serving it went away (a re-plan scaled it down)."""
 STRAGGLER_MEMORY = 32
 """Batches per replica the straggler rule looks at (the most recent)."""
 
@@ -240,6 +242,7 @@ class Ingress:
         return total
 
     async def __call__(self, req: dict) -> dict:
+        from ray.exceptions import ActorUnavailableError, RayActorError
         from ray.serve.exceptions import BackPressureError
 
         cfg = self.cfg
@@ -249,6 +252,7 @@ class Ingress:
         pos, trace = 0, []
         payload = {"ids": req["ids"], "mask": req["mask"]}
         entered_gen = int(cfg["gen"])
+        retries = 0
         while True:
             cfg = self.cfg                   # the plan now in force: a re-plan takes over mid-request
             splits = cfg["splits"]
@@ -268,6 +272,15 @@ class Ingress:
             except BackPressureError:
                 return {"id": req["id"], "dropped": True, "split": i, "at": time.time(), "reason": "queue full",
                         "trace": trace, "gen": entered_gen}
+            except (RayActorError, ActorUnavailableError):
+                # the replica went away under the request (a re-plan scaled it down): run it again from layer 0
+                # on the replicas in force, as when its activations are lost; a few times at most
+                retries += 1
+                if retries > MAX_RETRIES:
+                    return {"id": req["id"], "dropped": True, "split": i, "at": time.time(),
+                            "reason": "replica lost", "trace": trace, "gen": entered_gen}
+                payload, pos = {"ids": req["ids"], "mask": req["mask"]}, 0
+                continue
             back = time.time()
             record = answer.get("trace")
             if record is not None:
