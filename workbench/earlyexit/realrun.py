@@ -84,6 +84,24 @@ class RealRun:
         return out
 
 
+def _ready(sc, threshold: float, address: str | None, rate: float | None):
+    """What a run on the host needs, in order: the head checked (one that is not there, refuses our token or sits
+    on loopback is named now), the trained model at ``threshold``, the scenario's plan, and the arrival rate
+    (default 80 % of the plan's goodput)."""
+    if address is not None:
+        from workbench.earlyexit.raycluster import check_head
+
+        check_head(str(address))
+    from workbench.earlyexit.artifacts import load_model
+
+    prepared = load_model(sc.task, sc.preset)
+    model = prepared.model.configure(threshold=threshold, disabled=())
+    plan = sc.optimize()
+    if not plan:
+        raise WorkbenchError(f"no plan for {sum(sc.gpus.values())} CPU replicas: {plan.reason}")
+    return prepared, model, plan, float(rate if rate is not None else 0.8 * plan.goodput)
+
+
 def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4, slo_s: float = 1.0,
              batch_size: int = 4, easy: float = 0.8, threshold: float = 0.4, pattern: str = "poisson",
              rate: float | None = None, requests: int = 64, seed: int = 0, address: str | None = None,
@@ -101,24 +119,15 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
                   batch_size=batch_size, easy=easy, threshold=threshold)
     if rate is not None and not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
         raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
-    if address is not None:      # a head that is not there, refuses our token or sits on loopback: say so now
-        from workbench.earlyexit.raycluster import check_head
-
-        check_head(str(address))
     import torch
 
     from workbench.data import task_spec
-    from workbench.earlyexit.artifacts import load_model, mix_texts
+    from workbench.earlyexit.artifacts import mix_texts
     from workbench.earlyexit.evaluation import calibrate, validate_out_of_sample
     from workbench.earlyexit.serve import Workload, serve_plan
     from workbench.models.tokenizer import encoder_tokenizer
 
-    prepared = load_model(task, preset)
-    model = prepared.model.configure(threshold=threshold, disabled=())
-    plan = sc.optimize()
-    if not plan:
-        raise WorkbenchError(f"no plan for {replicas} CPU replicas: {plan.reason}")
-    rate = float(rate if rate is not None else 0.8 * plan.goodput)
+    prepared, model, plan, rate = _ready(sc, threshold, address, rate)
 
     length = task_spec(task).max_length
     tokenize = encoder_tokenizer(length)
@@ -194,23 +203,14 @@ def drift_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 
              batch_size=batch_size, easy=drift_to, threshold=threshold)        # the second mix is valid too
     if rate is not None and not (isinstance(rate, (int, float)) and np.isfinite(rate) and rate > 0):
         raise WorkbenchError(f"the arrival rate is requests per second > 0, got {rate!r}")
-    if address is not None:
-        from workbench.earlyexit.raycluster import check_head
-
-        check_head(str(address))
     import torch
 
     from workbench.data import task_spec
-    from workbench.earlyexit.artifacts import load_model, mix_texts
+    from workbench.earlyexit.artifacts import mix_texts
     from workbench.earlyexit.serve import Workload, serve_plan
     from workbench.models.tokenizer import encoder_tokenizer
 
-    prepared = load_model(task, preset)
-    model = prepared.model.configure(threshold=threshold, disabled=())
-    plan = sc.optimize()
-    if not plan:
-        raise WorkbenchError(f"no plan for {replicas} CPU replicas: {plan.reason}")
-    rate = float(rate if rate is not None else 0.8 * plan.goodput)
+    prepared, model, plan, rate = _ready(sc, threshold, address, rate)
     half = requests // 2
     texts = mix_texts(prepared, easy, half, seed) + mix_texts(prepared, drift_to, requests - half, seed + 1)
     length = task_spec(task).max_length
