@@ -48,3 +48,14 @@ def test_faster_than_predicted_is_a_miss_too():
     check = check_prediction(measured, predicted, 0.110, 0.200, load=QUIET)
     assert check.note() == ("measured 110 ms is 45 % below the predicted 200 ms; likely: IO took 10 ms against "
                             "100 ms predicted")
+
+
+def test_a_faster_run_is_never_blamed_on_load():
+    """A run below its prediction on a busy host: the load is not named (it slows runs down), the faster compute
+    is, as the host outrunning the modelled device."""
+    predicted = timeline("predicted", 0.200, 0.010)
+    measured = timeline("measured", 0.050, 0.010)
+    check = check_prediction(measured, predicted, 0.060, 0.210, load=HostLoad(load_1min=3.4, cores=2))
+    assert check.missed and not any("busy" in c for c in check.causes)
+    assert check.causes == ("compute took 50 ms against 200 ms predicted (this host computes faster than the "
+                            "device the prediction assumes)",)

@@ -84,7 +84,7 @@ def check_prediction(measured: Timeline, predicted: Timeline, measured_s: float,
         causes.append("first run in this process (imports, torch kernels and thread pools warm up; "
                       "run again to compare)")
     load = load or host_load()
-    if load.busy:
+    if load.busy and measured_s > predicted_s:         # load slows a run down; it never explains a faster one
         causes.append(f"busy host (load average {load.load_1min:.1f} on {load.cores} cores)")
     for group, got, want in compare_kinds(measured, predicted):
         if group == "stalls" or abs(got - want) <= TOLERANCE * want + 1e-3:
@@ -93,5 +93,7 @@ def check_prediction(measured: Timeline, predicted: Timeline, measured_s: float,
         if emulated and group == "compute" and got > want:
             text += (f" (this host is slower than the emulated {emulated}; emulation can slow a run down "
                      f"to a device's speed, never speed it up)")
+        elif group == "compute" and got < want:
+            text += " (this host computes faster than the device the prediction assumes)"
         causes.append(text)
     return PredictionCheck(measured_s=measured_s, predicted_s=predicted_s, causes=tuple(causes))

@@ -71,6 +71,24 @@ def test_theorem_1_and_3_totals():
     assert attention_flops("x_first", N, P, F, FH) == 3 * P * F * FH + 2 * P * N * F
 
 
+@pytest.mark.parametrize("F_H", [1, 8, 64, 384])
+@pytest.mark.parametrize("N", [1, 5, 128, 512])
+def test_one_head_is_outside_theorem_2_and_refused_with_the_reason(F_H, N):
+    """With one head (F = F_H) the theorem's pick can cost up to 1.49x the cheapest of the ten orders: the
+    order is refused with the reason, for every P, and the explicit orders still count."""
+    worst = 1.0
+    for P in range(1, N + 1):
+        with pytest.raises(WorkbenchError, match="H >= 2 heads.*force an order"):
+            attention_order(N, P, F_H, F_H)
+        picked = "x_first" if (N - P) * F_H * F_H > P * N * 0 else "qk_first"       # the formula's pick at F = F_H
+        worst = max(worst, attention_flops(picked, N, P, F_H, F_H) / min(candidate_gammas(N, P, F_H, F_H).values()))
+    assert attention_flops("qk_first", N, 1, F_H, F_H) > 0
+    if N > 1:
+        assert worst > 1.0          # the case the refusal guards: the theorem's formula would pick a dearer order
+    with pytest.raises(WorkbenchError, match="H >= 2 heads"):
+        attention_order(N, 1, 3 * F_H + 1, F_H) if F_H > 1 else attention_order(N, 1, F_H, F_H)
+
+
 def test_bad_attention_sizes_are_refused():
     with pytest.raises(WorkbenchError, match="longer than the sequence"):
         attention_order(10, 11, 64, 16)

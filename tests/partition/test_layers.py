@@ -22,7 +22,8 @@ def small():
     return layer, torch.randn(2, 20, 64)
 
 
-@pytest.mark.parametrize("order", ["qk_first", "x_first", "auto", ("qk_first", "x_first", "x_first", "qk_first")])
+@pytest.mark.parametrize("order", ["qk_first", "x_first", "auto", ("qk_first", "x_first", "x_first", "qk_first"),
+                                   ("x_first", "qk_first", "x_first", "qk_first")])
 @pytest.mark.parametrize("start,end", [(0, 20), (3, 9), (19, 20), (0, 1)])
 def test_rows_equal_the_full_layer(small, order, start, end):
     layer, x = small
@@ -94,3 +95,15 @@ def test_decoder_prefill_rows_equal_the_full_prefill():
         for start, end in ((0, 13), (13, 27), (27, 40)):
             torch.testing.assert_close(partitioned_decoder_layer(layer, x, start, end), full[start:end],
                                        atol=1e-4, rtol=0)
+
+
+def test_head_weights_are_views_not_copies(small):
+    """Consecutive heads read the projection weights in place (no copy per call); a scattered set of heads (a mix
+    of forced orders) gets the same rows."""
+    from workbench.partition.layers import _head_block
+
+    layer, _ = small
+    w = layer.key.weight
+    block = _head_block(w, [1, 2], 4, 16)
+    assert block.shape == (2, 16, 64) and block.data_ptr() == w[16].data_ptr() and block._base is not None
+    assert torch.equal(_head_block(w, [0, 2], 4, 16), torch.stack([w[0:16], w[32:48]]))

@@ -10,7 +10,8 @@ in. Tables:
 - ``attention`` (Figure 6): one layer's partitioned self-attention (F = 1024; H x F_H = 16 x 64, 8 x 128,
   4 x 256) computing P = N/K of N rows (rounded) in one process on one thread, batch 1: Theorem 2's order
   ("auto"), the naive order (every head Eq. 3) and the whole attention (P = N); medians of repeats run
-  interleaved, beside the cost model's ratios of Gamma.
+  interleaved, beside the cost model's ratios of Gamma; and the whole layer at P = N, partitioned
+  (``partitioned_layer``, which reads the weights through views) against the model's own layer.
 - ``latency`` (Figures 7 and 8): end-to-end latency of every scheme on real worker processes, against K at
   ``--bandwidth-mbit`` and against the bandwidth at ``--bandwidth-k``; links emulated (compute and links
   padded to the device profile) or shaped (real traffic through ``tc`` in network namespaces, root only;
@@ -308,7 +309,7 @@ def attention_table(opts) -> list[dict]:
     from workbench.models.config import EncoderConfig
     from workbench.models.encoder import EncoderLayer
     from workbench.partition.cost import attention_flops
-    from workbench.partition.layers import head_orders, partitioned_attention
+    from workbench.partition.layers import head_orders, partitioned_attention, partitioned_layer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -326,12 +327,18 @@ def attention_table(opts) -> list[dict]:
                     P = rows_of(N, K)
                     variants[("ours", K)] = (P, head_orders(layer, N, P, "auto"))
                     variants[("naive", K)] = (P, head_orders(layer, N, P, "qk_first"))
-                times = {name: [] for name in variants}
+                times = {name: [] for name in (*variants, "layer", "partitioned_layer")}
                 with torch.no_grad():
                     for repeat in range(opts.attention_repeats + 1):            # the first pass warms up
                         for name, (P, orders) in variants.items():
                             start = time.perf_counter()
                             partitioned_attention(layer, x, 0, P, orders)
+                            if repeat:
+                                times[name].append(time.perf_counter() - start)
+                        for name, call in (("layer", lambda: layer(x)),
+                                           ("partitioned_layer", lambda: partitioned_layer(layer, x, 0, N))):
+                            start = time.perf_counter()
+                            call()
                             if repeat:
                                 times[name].append(time.perf_counter() - start)
                 median = {name: statistics.median(t) for name, t in times.items()}
@@ -348,10 +355,13 @@ def attention_table(opts) -> list[dict]:
                                  "naive_over_ours": median[("naive", K)] / median[("ours", K)],
                                  "model_speedup_ours": full_gamma / gamma(P, ours),
                                  "model_naive_over_ours": gamma(P, naive) / gamma(P, ours),
+                                 "layer_ms": _ms(median["layer"]), "partitioned_layer_ms": _ms(median["partitioned_layer"]),
                                  "repeats": opts.attention_repeats})
                 print(f"  attention H={H} F_H={F_H} N={N}: full {_ms(median['full']):.1f} ms; " + ", ".join(
                     f"K={r['K']} {r['speedup_ours']:.2f}x/{r['speedup_naive']:.2f}x" for r in rows[-len(ks):])
-                    + " (speed-up of Theorem 2's order / the naive one)", flush=True)
+                    + " (speed-up of Theorem 2's order / the naive one); the whole layer at P = N: "
+                    f"{_ms(median['partitioned_layer']):.1f} ms partitioned, {_ms(median['layer']):.1f} ms unpartitioned "
+                    f"({100 * (median['partitioned_layer'] / median['layer'] - 1):+.1f} %)", flush=True)
     finally:
         torch.set_num_threads(threads)
     return rows

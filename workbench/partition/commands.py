@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from workbench.argtypes import seed
 from workbench.partition import limits
@@ -88,7 +89,7 @@ def _run(args) -> int:
     shaped = [d.net_bytes_per_s for d in plan.devices] if args.links == "shaped" else None
     model = PartitionModel(args.model)
     hidden, logits = model.reference(model.inputs(model.token_ids(plan.seq_len, args.seed)))
-    print(f"starting {plan.K} worker processes ({args.links} links) ...", flush=True)
+    print(f"starting {plan.K} worker processes ({args.links} links) ...", file=sys.stderr, flush=True)
     with PartitionRuntime(plan.K, shaped=shaped) as runtime:
         results = [runtime.run(plan, emulate=args.emulate, seed=args.seed) for _ in range(args.repeats)]
     last = results[-1]

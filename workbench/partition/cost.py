@@ -87,8 +87,15 @@ def attention_order(N: int, P: int, F: int, F_H: int) -> Order:
 
     ``"x_first"`` (Eq. 8, ((x_p W_Q) W_K^T) x^T, then (S x) W_V) when 1/P - 1/N > (F - F_H)/(F F_H),
     else ``"qk_first"`` (Eq. 3: Q_p, K and V computed first). The comparison is made in integers,
-    so a point exactly on the boundary keeps Eq. (3), as the theorem states."""
+    so a point exactly on the boundary keeps Eq. (3), as the theorem states.
+
+    The theorem assumes F = H F_H with H >= 2 heads; outside it (one head: F = F_H) its pick can cost 1.49x the
+    cheapest of the ten orders (:func:`candidate_gammas`), so such a shape is refused with the reason."""
     _check_attention(N, P, F, F_H)
+    if F % F_H or F < 2 * F_H:
+        raise WorkbenchError(f"Theorem 2 assumes F = H x F_H with H >= 2 heads; F={F}, F_H={F_H} is outside it "
+                             f"(its pick there can cost 1.49x the cheapest order): force an order, "
+                             f"{' or '.join(ORDERS)}")
     return "x_first" if (N - P) * F * F_H > P * N * (F - F_H) else "qk_first"
 
 

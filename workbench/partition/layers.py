@@ -52,29 +52,50 @@ def head_orders(layer, N: int, P: int, order: str | Sequence[str] = "auto") -> t
     return order
 
 
+def _head_block(weight: torch.Tensor, heads: list[int], H: int, dh: int) -> torch.Tensor:
+    """Rows of ``heads`` in a (H dh, F) projection weight as (h, dh, F): a view when they are consecutive (every
+    head, in the usual case of one order for all), a copy only for a scattered mix of forced orders."""
+    blocks = weight.view(H, dh, weight.shape[-1])
+    if heads == list(range(heads[0], heads[0] + len(heads))):
+        return blocks[heads[0]:heads[0] + len(heads)]
+    return blocks[torch.tensor(heads)]
+
+
+def _head_bias(bias: torch.Tensor, heads: list[int], H: int, dh: int) -> torch.Tensor:
+    return _head_block(bias[:, None], heads, H, dh).transpose(1, 2)                # (h, 1, dh)
+
+
 def partitioned_attention(layer, x: torch.Tensor, start: int, end: int, orders: Sequence[str],
                           attn_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Context vectors of rows start:end, (B, P, F), before the output projection.
 
     x (B, N, F); attn_bias broadcastable to (B, H, P, N) (a padding mask (B, 1, 1, N), a causal
-    (P, N) mask, or None)."""
+    (P, N) mask, or None). The weights are read through views (nothing copied per call); heads of Eq. (3)
+    that are all the layer's heads use one product per projection, as the unpartitioned layer does."""
     B, N, Fd = x.shape
     H, dh = layer.cfg.num_heads, layer.cfg.head_dim
     xp = x[:, start:end]                                                           # (B, P, F)
     P = xp.shape[1]
     q = F.linear(xp, layer.query.weight, layer.query.bias).view(B, P, H, dh).transpose(1, 2)   # (B, H, P, dh)
-    out = torch.empty(B, H, P, dh, dtype=x.dtype)
     scale = 1.0 / math.sqrt(dh)
-    for order in set(orders):
+    if set(orders) == {"qk_first"}:                                                # Eq. (3) for every head
+        k = F.linear(x, layer.key.weight, layer.key.bias).view(B, N, H, dh).transpose(1, 2)
+        v = F.linear(x, layer.value.weight, layer.value.bias).view(B, N, H, dh).transpose(1, 2)
+        scores = (q @ k.transpose(-1, -2)) * scale
+        if attn_bias is not None:
+            scores = scores + attn_bias
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, P, H * dh)
+    out = torch.empty(B, H, P, dh, dtype=x.dtype)
+    for order in sorted(set(orders)):
         idx = [h for h, o in enumerate(orders) if o == order]
-        sel = torch.tensor(idx)
-        rows = (sel[:, None] * dh + torch.arange(dh)).reshape(-1)                 # weight rows of these heads
+        sel = slice(idx[0], idx[-1] + 1) if idx == list(range(idx[0], idx[-1] + 1)) else torch.tensor(idx)
         qh = q[:, sel]                                                             # (B, h, P, dh)
-        wk = layer.key.weight[rows].view(len(idx), dh, Fd)                         # (h, dh, F)
-        wv = layer.value.weight[rows].view(len(idx), dh, Fd)
+        wk = _head_block(layer.key.weight, idx, H, dh)                             # (h, dh, F)
+        wv = _head_block(layer.value.weight, idx, H, dh)
+        bv = _head_bias(layer.value.bias, idx, H, dh)
         if order == "qk_first":                                                    # Eq. (3)
-            k = (x[:, None] @ wk.transpose(1, 2)) + layer.key.bias[rows].view(len(idx), 1, dh)     # (B, h, N, dh)
-            v = (x[:, None] @ wv.transpose(1, 2)) + layer.value.bias[rows].view(len(idx), 1, dh)
+            k = (x[:, None] @ wk.transpose(1, 2)) + _head_bias(layer.key.bias, idx, H, dh)   # (B, h, N, dh)
+            v = (x[:, None] @ wv.transpose(1, 2)) + bv
             scores = (qh @ k.transpose(-1, -2)) * scale                            # (B, h, P, N)
         else:                                                                      # Eq. (8)
             scores = ((qh @ wk) @ x[:, None].transpose(-1, -2)) * scale           # (B, h, P, F) -> (B, h, P, N)
@@ -84,7 +105,7 @@ def partitioned_attention(layer, x: torch.Tensor, start: int, end: int, orders: 
         if order == "qk_first":
             out[:, sel] = s @ v                                                    # (B, h, P, dh)
         else:
-            out[:, sel] = ((s @ x[:, None]) @ wv.transpose(1, 2)) + layer.value.bias[rows].view(len(idx), 1, dh)
+            out[:, sel] = ((s @ x[:, None]) @ wv.transpose(1, 2)) + bv
     return out.transpose(1, 2).reshape(B, P, H * dh)
 
 
