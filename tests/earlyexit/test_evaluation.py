@@ -120,6 +120,22 @@ def test_goodput_table_deploys_e3s_own_plan_where_it_beats_the_model_as_is():
         assert 0.8 * r["capacity"] <= r["goodput"] <= 1.25 * r["capacity"]
 
 
+def test_a_data_parallel_baseline_leaves_idle_the_gpu_type_that_costs_it_goodput():
+    """The mixed cluster at b=8: fifteen K80s, each fed a fifteenth of its pool's share and barely able to run a
+    batch within the SLO, drop what waits too long; the baseline that leaves them idle sustains more, and that
+    is the one the table compares E3 with (never fewer samples than every GPU gives)."""
+    gpus = ev.cluster_gpus("heterogeneous")
+    profiles = gpu_profiles(gpus)
+    profile = ev.parametric_mix(0.8, 12)
+    pools, _ = ev.system_pools("as_is", 8, profile, gpus, profiles, SMALL)
+    every = ev.sustained_goodput(pools, profile, profiles, SMALL)
+    chosen, best = ev.best_pools(pools, profile, profiles, SMALL)
+    assert "k80" in {g for p in pools for g in p.gpus}
+    assert best.goodput > 1.2 * every.goodput
+    assert {g for p in chosen for g in p.gpus} == {"v100", "p100"}
+    assert ev.sustained_goodput(chosen, profile, profiles, SMALL).goodput == approx(best.goodput)
+
+
 def test_without_exits_e3_shows_no_gain_over_the_model_as_is():
     gpus = ev.cluster_gpus("homogeneous")
     profiles = gpu_profiles(gpus)
@@ -193,6 +209,28 @@ def test_slowdown_and_serving_costs_are_read_from_a_served_runs_timeline():
     assert (over.entry_s, over.hop_s, over.back_s) == approx((0.01, 0.01, 0.01))
     slow = ev.measured_slowdown(run, lambda layer, batch, gpu: 0.01)
     assert slow == approx({(0, 0): 2.0, (1, 0): 1.0})
+
+
+def test_each_request_is_timed_from_its_own_arrival_at_the_replica_not_its_batchs():
+    """One batch of three requests that arrived at 0, 0.1 and 0.2 s and reached the replica 5, 10 and 20 ms
+    later; the batch's queue span starts with the first (0.005). Entry costs are 5, 10 and 20 ms (median 10),
+    not 5, 0 and 0 as reading the batch's start would give; a prediction draws each request's from them."""
+    from workbench.timeline import Span, Timeline
+
+    meta = {"split": 0, "replica": 0, "layers": "0-0", "rows": [3], "requests": [0, 1, 2],
+            "entered": [0.005, 0.11, 0.22]}
+    timeline = Timeline((Span("split 0 · replica 0 queue", "queue", 0.005, 0.3, "", meta),
+                         Span("split 0 · replica 0", "compute", 0.3, 0.4, "", meta)), "measured")
+    run = SimpleNamespace(timeline=timeline, requests=[
+        SimpleNamespace(id=i, arrival_s=0.1 * i, exited_s=0.4, completion_s=0.4 + 0.001 * (i + 1)) for i in range(3)])
+    over = ev.measured_overheads(run)
+    assert sorted(over.entry_samples) == approx([0.005, 0.01, 0.02]) and over.entry_s == approx(0.01)
+    assert sorted(over.back_samples) == approx([0.001, 0.002, 0.003]) and over.back_s == approx(0.002)
+    entry, back = over.draw(200, seed=1)
+    assert set(np.round(entry, 6)) == {0.005, 0.01, 0.02} and set(np.round(back, 6)) == {0.001, 0.002, 0.003}
+    assert np.array_equal(over.draw(5, seed=3)[0], over.draw(5, seed=3)[0])
+    flat, _ = ev.ServingOverheads(0.004, 0.0, 0.0).draw(3)
+    assert list(flat) == [0.004] * 3
 
 
 def test_a_run_predicted_out_of_sample_by_hand():

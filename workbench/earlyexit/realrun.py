@@ -41,7 +41,7 @@ class RealRun:
     max_logit_diff: float
     pattern: str
     rate: float
-    split_queue: object = None        # the same prediction with one queue per split (the evaluation tables')
+    split_queue: object = None        # the same prediction with one ideal queue per split (not how Ray Serve routes)
 
     @property
     def served(self):

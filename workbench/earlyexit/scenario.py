@@ -205,8 +205,10 @@ class Scenario:
         """Serve ``requests`` arrivals through ``plan`` in the simulator, exits drawn from this scenario's
         profile (or ``profile``: the truth when the plan was made for a forecast). ``rate`` defaults to 90 %
         of the plan's goodput. Samples that have spent the SLO's slack waiting are dropped (``drop="budget"``), so
-        an overloaded plan keeps serving what can still make it. A send between splits carries one merged batch to
+        an overloaded plan keeps serving what can still make it. Each replica has its queue, routed as Ray Serve
+        routes. A send between splits carries one merged batch to
         one replica over that replica's own link, as the optimizer counts it."""
+        from workbench.earlyexit.evaluation import QUEUES
         from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 
         if not plan:
@@ -219,7 +221,7 @@ class Scenario:
         return simulate_plan(plan, slo_s=self.slo_s, arrivals=ArrivalProcess(pattern, rate, count=requests),
                              layer_latency=self.layer_latency(), transfer_s=per_link or 0.0,
                              exits=profile or self.profile(), slack=self.slack, seed=seed, pipelined=self.pipelined,
-                             drop="budget")
+                             drop="budget", queues=QUEUES)
 
 
 def inside_ramps(splits) -> set[int]:

@@ -646,6 +646,8 @@ def _results(out: list, t0: float, workload: Workload, plan: _Plan, slo_s: float
         meta = {"split": i, "replica": r, "batch": rec["size"], "layers": f"{a}-{b - 1}", "index": k,
                 "requests": list(rec["ids"]), "rows": list(rec["rows"]), "node": rec["node"], "ip": rec["ip"],
                 "plan": rec.get("gen", 0)}            # the plan in force when its requests were routed
+        if rec.get("entered"):                 # each request's own arrival at the replica
+            meta["entered"] = [t - t0 for t in rec["entered"]]
         lane = f"split {i} · replica {r}"
         spans.append(Span(lane + " queue", "queue", rec["queued"] - t0, rec["start"] - t0,
                           f"batch of {rec['size']} waiting", dict(meta)))

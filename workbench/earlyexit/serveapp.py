@@ -159,6 +159,7 @@ class SplitReplica:
         ended = time.time()
         record = {"split": self.index, **self.me, "index": self.served, "size": len(group),
                   "layers": [start, end], "queued": min(it["entered"] for it in group), "start": began,
+                  "entered": [it["entered"] for it in group],
                   "end": ended, "ids": [it["id"] for it in group], "rows": list(out.layer_rows),
                   "gen": max(int(it.get("gen", 0)) for it in group)}
         self.served += 1
