@@ -19,7 +19,7 @@ COLUMNS = {
     "attention": ["H", "F_H", "N", "K", "P", "order", "full_ms", "ours_ms", "naive_ms", "speedup_ours",
                   "speedup_naive", "naive_over_ours", "model_speedup_ours", "model_naive_over_ours", "layer_ms",
                   "partitioned_layer_ms", "repeats"],
-    "latency": ["model", "link", "K", "bandwidth_mbit", "scheme", "repeats", "measured_ms", "min_ms", "max_ms",
+    "latency": ["model", "mode", "links", "K", "bandwidth_mbit", "scheme", "repeats", "latency_ms", "min_ms", "max_ms",
                 "predicted_ms", "error_pct", "counted_bytes_equal_model", "sent_kB_per_device_layer"],
     "cost_model": ["model", "K", "bandwidth_mbit", "scheme", "predicted_ms", "compute_ms", "comm_ms",
                    "sent_kB_per_device_layer", "reduction_vs_single_pct"],
@@ -33,8 +33,8 @@ def test_p_is_n_over_k_rounded_half_up():
 
 def test_quick_replaces_the_sizes_and_bad_combinations_stop_before_any_work(capsys):
     opts = pb.options(["--quick"])
-    assert opts.ks == pb.QUICK["ks"] and opts.bandwidth_k == 4 and opts.paper_ks == [] and opts.shaped_bandwidths == []
-    assert pb.options(["--bandwidths", "300"]).shaped_bandwidths == [300.0]
+    assert opts.ks == pb.QUICK["ks"] and opts.bandwidth_k == 4 and opts.paper_ks == [] and opts.measured_bandwidths == []
+    assert pb.options(["--bandwidths", "300"]).measured_bandwidths == [300.0]
     for bad in (["--bytes-ks", "1"], ["--seq-len", "3", "--ks", "4"]):
         with pytest.raises(SystemExit) as stop:
             pb.options(bad)
@@ -67,19 +67,22 @@ def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
         assert r["tp_over_voltage"] == 4 and r["torch_tp_sent_B"] == r["tp_sent_B"]
 
     latency = tables["latency"]
-    emulated = {(r["K"], r["bandwidth_mbit"], r["scheme"]): r for r in latency if r["link"] == "emulated"}
+    emulated = {(r["K"], r["bandwidth_mbit"], r["scheme"]): r for r in latency if r["mode"] == "replay"}
     expected = {(K, 500.0, s) for K in pb.QUICK["ks"] for s in pb.SCHEMES}
     expected |= {(pb.QUICK["bandwidth_k"], b, s) for b in pb.QUICK["bandwidths"] for s in pb.SCHEMES}
     assert set(emulated) == expected                       # 12 heads and 1536 columns divide by 1, 2 and 4
-    shaped = [r for r in latency if r["link"] == "shaped"]
-    assert {(r["K"], r["scheme"]) for r in shaped} == ({(2, s) for s in pb.SCHEMES} if pb.shaping_problem() is None
+    from workbench.partition.runtime import limits_problem
+
+    shaped = [r for r in latency if r["mode"] == "measured"]
+    assert all(r["links"] == "shaped" for r in shaped) and all(r["links"] == "emulated" for r in emulated.values())
+    assert {(r["K"], r["scheme"]) for r in shaped} == ({(2, s) for s in pb.SCHEMES} if limits_problem() is None
                                                        else set())
     for r in latency:
         plan = plan_partition(r["scheme"], SHAPES[r["model"]], N, devices_like(r["K"], bandwidth_mbit=r["bandwidth_mbit"]))
         assert r["predicted_ms"] == pytest.approx(1e3 * plan.predicted_s)
         assert r["counted_bytes_equal_model"] and r["repeats"] == pb.QUICK["repeats"]
-        assert 0 < r["min_ms"] <= r["measured_ms"] <= r["max_ms"]
-        assert r["error_pct"] == pytest.approx(100 * (r["measured_ms"] / r["predicted_ms"] - 1))
+        assert 0 < r["min_ms"] <= r["latency_ms"] <= r["max_ms"]
+        assert r["error_pct"] == pytest.approx(100 * (r["latency_ms"] / r["predicted_ms"] - 1))
     assert emulated[(1, 500.0, "voltage")]["sent_kB_per_device_layer"] == 0
     assert emulated[(4, 500.0, "voltage")]["sent_kB_per_device_layer"] * 4 == \
         pytest.approx(emulated[(4, 500.0, "tensor_parallel")]["sent_kB_per_device_layer"])

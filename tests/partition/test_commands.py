@@ -25,7 +25,7 @@ def test_plan_prints_every_scheme_as_the_cost_model_predicts():
 
 def test_run_on_real_processes_matches_the_model_and_the_cost_models_bytes(tmp_path):
     trace = tmp_path / "trace.json"
-    done = workbench("partition", "run", "--devices", "2", "--seq-len", "32", "--repeats", "1", "--no-emulate",
+    done = workbench("partition", "run", "--devices", "2", "--seq-len", "32", "--repeats", "1", "--mode", "unlimited",
                      "--trace", str(trace), "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)                     # only JSON on stdout; progress on stderr

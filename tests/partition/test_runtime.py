@@ -185,3 +185,43 @@ def test_a_worker_without_a_usable_rendezvous_says_so_before_waiting(env, messag
     done = subprocess.run([sys.executable, "-m", "workbench.partition.worker"], env={**clean, **env},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_measured_run_holds_every_rank_in_its_own_cpu_limit(reference):
+    """Each rank's process sits in a CPU group of its own, calibrated to its device (a device twice as fast gets
+    about twice the share); the run is labelled measured, nothing is padded to the schedule, the outputs are
+    the model's; closing removes the groups."""
+    from workbench.distributed.cpulimit import limit_problem
+
+    problem = limit_problem()
+    if problem:
+        pytest.skip(f"CPU limits are not available here: {problem}")
+    plan = plan_partition("voltage", ENC, N, devices_like(2))
+    with PartitionRuntime(2, cpu=[10e9, 20e9], probe_layer=(384, 12, 1536, N)) as runtime:
+        for rank, group in enumerate(runtime.cpu_groups):
+            assert runtime.group.workers[rank].process.pid in group.pids()
+        shares = [c.share for c in runtime.calibrations]
+        assert None not in shares and 1.4 < shares[1] / shares[0] < 2.8
+        result = runtime.run(plan, emulate=True)            # limits win: nothing padded, a measurement
+        paths = [g.path for g in runtime.cpu_groups]
+    assert result.mode == "measured" and result.limited and not result.emulated
+    assert result.timeline.name.endswith("measured")
+    assert_equal_outputs(result, reference)
+    assert not any(p.exists() for p in paths)
+    with pytest.raises(WorkbenchError, match="1 CPU limits for 2 worker processes"):
+        PartitionRuntime(2, cpu=[10e9])
+
+
+def test_a_run_asked_to_be_measured_without_limits_says_why_and_is_labelled_unlimited(monkeypatch, reference):
+    import workbench.partition.runtime as rt
+
+    monkeypatch.setattr(rt, "limits_problem", lambda: "no cgroup here")
+    try:
+        result = rt.run_partition(plan_partition("voltage", ENC, N, devices_like(2)), mode="measured")
+    finally:
+        rt.close_shared()
+    assert result.mode == "unlimited" and not result.limited and not result.emulated
+    assert result.note == "cannot emulate the devices (no cgroup here): ran at this host's full speed"
+    assert_equal_outputs(result, reference)
+    with pytest.raises(WorkbenchError, match="one of measured, replay, unlimited"):
+        rt.run_partition(plan_partition("voltage", ENC, N, devices_like(2)), mode="padded")

@@ -174,6 +174,14 @@ def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     title = panel.figures["timeline"].layout.title.text
     assert f"measured {1e3 * result.latency_s:.1f} ms vs predicted {1e3 * plan.predicted_s:.1f} ms" in title
     assert f"Measured {1e3 * result.latency_s:.1f} ms" in panel.run_info.value
+    from workbench.partition.runtime import limits_problem
+
+    if limits_problem() is None:       # root: held to the devices for real, links shaped
+        assert result.mode == "measured" and len(result.calibrations) == 2 and result.shaped
+        assert "each held to its device's speed by a CPU limit; links shaped by tc" in panel.run_info.value
+    else:
+        assert result.mode == "unlimited" and "cannot emulate the devices" in panel.run_info.value
+    assert "Replayed" not in panel.run_info.value
     per_layer = result.traffic()[0][1].sent
     assert per_layer == plan.traffic()[0][1].sent == 16 * 384 * 4          # its 16 rows of 384 floats, once
     for device in range(2):

@@ -13,16 +13,19 @@ in. Tables:
   interleaved, beside the cost model's ratios of Gamma; and the whole layer at P = N, partitioned
   (``partitioned_layer``, which reads the weights through views) against the model's own layer.
 - ``latency`` (Figures 7 and 8): end-to-end latency of every scheme on real worker processes, against K at
-  ``--bandwidth-mbit`` and against the bandwidth at ``--bandwidth-k``; links emulated (compute and links
-  padded to the device profile) or shaped (real traffic through ``tc`` in network namespaces, root only;
-  compute still padded); the median of ``--repeats`` runs after an unpadded warm-up, the cost model's
-  prediction and the error; whether the counted bytes equal the cost model's. The paper's shapes
-  (BERT-Large, GPT-2, random weights) run at a few points (``--paper-ks``).
+  ``--bandwidth-mbit`` and against the bandwidth at ``--bandwidth-k``, in two modes (``mode`` column): ``replay``,
+  compute and links padded to the device profile on the plan's schedule (a replay of the prediction: it shows
+  the padding holds, never called measured), and ``measured``, every rank held to its device's speed by a CPU
+  cgroup calibrated by a probe of one layer (:mod:`workbench.distributed.cpulimit`) and its link shaped by
+  ``tc`` in network namespaces, the links' latency added in the application (root only); the median of
+  ``--repeats`` runs after an unpadded warm-up, the cost model's prediction and the error; whether the counted
+  bytes equal the cost model's. The paper's shapes (BERT-Large, GPT-2, random weights) replay at a few points
+  (``--paper-ks``).
 - ``cost_model``: the cost model alone over the same grid for the shipped encoder and the paper's shapes.
 
-On a 2-core host the emulation holds while the ranks' real compute fits inside the device's predicted time;
-where it does not (many ranks, PyTorch's DTensor overhead) the measured latency is above the prediction and
-the summary says where. ``--quick`` (the tests) makes every table in about a minute.
+A replay holds while the ranks' real compute fits inside the device's predicted time. Measured runs say how far
+the cost model is from ranks that really compute at the device's speed; the summary names every point outside
+the target. ``--quick`` (the tests) makes every table in about a minute.
 """
 from __future__ import annotations
 
@@ -41,7 +44,10 @@ PAPER_SCHEMES = ("voltage", "tensor_parallel", "single")
 """Schemes run for real on the paper's shapes (the pipeline of one request is one device plus transfers, and
 PyTorch's TP would copy every layer once more: both are in the cost model table)."""
 PAPER_MODELS = ("bert-large", "gpt2")
-LINKS = ("emulated", "shaped")
+MODES = ("replay", "measured")
+"""The latency runs: a replay of the prediction (compute and links padded to the cost model's schedule on
+loopback; its latency is the prediction's by construction, never called measured) and measured runs (every
+rank held to its device's speed by a CPU cgroup calibrated by a probe, links shaped by tc; root)."""
 ATTENTION_HIDDEN, ATTENTION_FFN = 1024, 4096
 ATTENTION_LAYERS = ((16, 64), (8, 128), (4, 256))
 """(H, F_H) of Figure 6's synthetic layers, F = H x F_H = 1024."""
@@ -53,9 +59,11 @@ PAPER_BEST_ATTENTION = 3.4
 """Figure 6: the naive order over Theorem 2's, at best (F_H = 256)."""
 
 QUICK = {"ks": [1, 2, 4], "bytes_ks": [2, 4], "bandwidths": [200, 500], "bandwidth_k": 4, "repeats": 3,
-         "shaped_ks": [2], "shaped_bandwidths": [], "paper_ks": [], "attention_ns": [100], "attention_repeats": 3}
-"""--quick: two or three device counts, one bandwidth besides the default, three repeats, shaped links at K = 2
-only, no real runs of the paper's shapes (their cost model only), N = 100 only in the attention table."""
+         "measured_ks": [2], "measured_bandwidths": [], "paper_ks": [], "attention_ns": [100],
+         "attention_repeats": 3}
+"""--quick: two or three device counts, one bandwidth besides the default, three repeats, measured runs (CPU limits,
+shaped links) at K = 2 only, no real runs of the paper's shapes (their cost model only), N = 100 only in the
+attention table."""
 
 ATTENTION_KS = count(1, unit="devices", at_most=Bound(64, "the cost model's largest cluster"))
 
@@ -77,12 +85,13 @@ def parser() -> Parser:
     p.add_argument("--bytes-ks", nargs="+", type=limits.ranks, default=[2, 4, 6],
                    help="device counts whose bytes per device per layer are counted (2 or more)")
     p.add_argument("--repeats", type=limits.repeats, default=5, help="runs per point of the encoder (the median is kept)")
-    p.add_argument("--links", nargs="+", choices=LINKS, default=list(LINKS),
-                   help="emulated links (padded to the profile) and/or shaped ones (tc in network namespaces, root)")
-    p.add_argument("--shaped-ks", nargs="*", type=limits.ranks, default=[2, 3, 4, 5, 6],
-                   help="device counts run on shaped links at --bandwidth-mbit")
-    p.add_argument("--shaped-bandwidths", nargs="*", type=limits.bandwidth_mbit, default=None,
-                   help="bandwidths run on shaped links at --bandwidth-k (default: --bandwidths)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="replay: padded to the prediction (not a measurement); measured: ranks under CPU limits "
+                        "calibrated to the device, links shaped by tc (root)")
+    p.add_argument("--measured-ks", nargs="*", type=limits.ranks, default=[1, 2, 3, 4, 5, 6],
+                   help="device counts measured under limits at --bandwidth-mbit")
+    p.add_argument("--measured-bandwidths", nargs="*", type=limits.bandwidth_mbit, default=None,
+                   help="bandwidths measured under limits at --bandwidth-k (default: --bandwidths)")
     p.add_argument("--paper-models", nargs="*", choices=PAPER_MODELS, default=list(PAPER_MODELS),
                    help="the paper's shapes run for real (random weights)")
     p.add_argument("--paper-ks", nargs="*", type=limits.ranks, default=[2, 4],
@@ -107,11 +116,11 @@ def options(args: list[str]):
         for key, value in QUICK.items():
             setattr(opts, key, value)
     opts.bandwidths = [float(b) for b in opts.bandwidths]
-    opts.shaped_bandwidths = [float(b) for b in (opts.bandwidths if opts.shaped_bandwidths is None
-                                                 else opts.shaped_bandwidths)]
+    opts.measured_bandwidths = [float(b) for b in (opts.bandwidths if opts.measured_bandwidths is None
+                                                   else opts.measured_bandwidths)]
     if any(k < 2 for k in opts.bytes_ks):
         p.error(f"--bytes-ks: a device count of 2 or more (one device sends nothing), got {opts.bytes_ks}")
-    longest = max([*opts.ks, *opts.bytes_ks, opts.bandwidth_k, *opts.paper_ks, *(opts.shaped_ks or [1])])
+    longest = max([*opts.ks, *opts.bytes_ks, opts.bandwidth_k, *opts.paper_ks, *(opts.measured_ks or [1])])
     if opts.seq_len < longest:
         p.error(f"--seq-len {opts.seq_len} is shorter than the {longest} devices it would be split over")
     return opts
@@ -133,18 +142,22 @@ class Runs:
 
     def __init__(self, opts):
         self.opts = opts
-        self.rows: dict[tuple, dict] = {}          # (model, link, K, bandwidth, scheme) -> latency row
+        self.rows: dict[tuple, dict] = {}          # (model, mode, K, bandwidth, scheme) -> latency row
         self.last: dict[tuple, object] = {}        # the same key -> the RunResult of its last repeat
         self.failures: list[str] = []
+        from workbench.partition.cost import SHAPES
 
-    def measure(self, runtime, warm: set, model: str, link: str, K: int, bandwidth: float, scheme: str,
+        encoder = SHAPES["encoder"]
+        self.probe_layer = (encoder.hidden, encoder.heads, encoder.ffn, opts.seq_len)
+
+    def measure(self, runtime, warm: set, model: str, mode: str, K: int, bandwidth: float, scheme: str,
                 repeats: int) -> dict | None:
         from workbench.errors import WorkbenchError
         from workbench.partition.cost import SHAPES
         from workbench.partition.plan import devices_like, plan_partition
         from workbench.partition.runtime import RunFailed
 
-        key = (model, link, K, bandwidth, scheme)
+        key = (model, mode, K, bandwidth, scheme)
         if key in self.rows:
             return self.rows[key]
         try:
@@ -156,44 +169,48 @@ class Runs:
             if (model, scheme) not in warm:      # builds PyTorch's TP layers, warms the kernels; not timed
                 runtime.run(plan, emulate=False)
                 warm.add((model, scheme))
-            results = [runtime.run(plan, emulate=True) for _ in range(repeats)]
+            results = [runtime.run(plan, emulate=mode == "replay") for _ in range(repeats)]
         except RunFailed as exc:
             warm.clear()                         # the group was stopped; the next run starts a fresh one
-            self.failures.append(f"{model} {scheme} K={K} {bandwidth:g} Mbit/s ({link}): {exc}")
+            self.failures.append(f"{model} {scheme} K={K} {bandwidth:g} Mbit/s ({mode}): {exc}")
             print(f"  FAILED {self.failures[-1]}", flush=True)
             return None
         measured = [r.latency_s for r in results]
         median = statistics.median(measured)
         counted = results[-1].traffic()
         layers = plan.shape.num_layers
-        row = {"model": model, "link": link, "K": K, "bandwidth_mbit": bandwidth, "scheme": scheme,
-               "repeats": repeats, "measured_ms": _ms(median), "min_ms": _ms(min(measured)),
+        row = {"model": model, "mode": mode, "links": "shaped" if runtime.shaped else "emulated", "K": K,
+               "bandwidth_mbit": bandwidth, "scheme": scheme, "repeats": repeats, "latency_ms": _ms(median), "min_ms": _ms(min(measured)),
                "max_ms": _ms(max(measured)), "predicted_ms": _ms(plan.predicted_s),
                "error_pct": _error_pct(median, plan.predicted_s),
                "counted_bytes_equal_model": all(r.traffic() == plan.traffic() for r in results),
                "sent_kB_per_device_layer": sum(t.sent for layer in counted for t in layer) / K / layers / 1e3}
         self.rows[key], self.last[key] = row, results[-1]
         note = results[-1].check().note()
-        print(f"  {link:8s} {model:10s} K={K} {bandwidth:6g} Mbit/s {scheme:16s} measured {row['measured_ms']:8.1f} ms "
+        said = "replayed" if mode == "replay" else "measured"
+        print(f"  {mode:8s} {model:10s} K={K} {bandwidth:6g} Mbit/s {scheme:16s} {said} {row['latency_ms']:8.1f} ms "
               f"(median of {repeats}), predicted {row['predicted_ms']:8.1f} ms, error {row['error_pct']:+6.1f} %"
               + (f"  [{note}]" if note else ""), flush=True)
         return row
 
 
-def _group(runs: Runs, K: int, shaped: list[float] | None = None):
+def _group(runs: Runs, K: int, shaped: list[float] | None = None, cpu: list[float] | None = None):
     from workbench.partition.runtime import PartitionRuntime
 
     t0 = time.perf_counter()
-    runtime = PartitionRuntime(K, shaped=shaped).start()
-    print(f"{K} worker processes started ({'shaped' if shaped else 'emulated'} links) in "
+    layer = runs.probe_layer
+    runtime = PartitionRuntime(K, shaped=shaped, cpu=cpu, probe_layer=layer).start()
+    held = (", each rank held to its device by a CPU limit: " + "; ".join(c.describe() for c in runtime.calibrations)
+            if cpu else "")
+    print(f"{K} worker processes started ({'shaped' if shaped else 'emulated'} links{held}) in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     return runtime
 
 
-def emulated_runs(runs: Runs) -> None:
+def replay_runs(runs: Runs) -> None:
     """Each device count's group started once: its sweep points, the bandwidth sweep, the paper's shapes."""
     opts = runs.opts
-    latency = "latency" in opts.tables and "emulated" in opts.links
+    latency = "latency" in opts.tables and "replay" in opts.modes
     counting = "bytes" in opts.tables
     ks = set(opts.bytes_ks if counting else [])
     if latency:
@@ -203,51 +220,49 @@ def emulated_runs(runs: Runs) -> None:
         try:
             if latency and K in opts.ks:
                 for scheme in SCHEMES:
-                    runs.measure(runtime, warm, "encoder", "emulated", K, opts.bandwidth_mbit, scheme, opts.repeats)
+                    runs.measure(runtime, warm, "encoder", "replay", K, opts.bandwidth_mbit, scheme, opts.repeats)
             if counting and K in opts.bytes_ks:                 # measured above when K is in the sweep too
                 for scheme in ("voltage", "tensor_parallel", "torch_tp"):
-                    runs.measure(runtime, warm, "encoder", "emulated", K, opts.bandwidth_mbit, scheme, opts.repeats)
+                    runs.measure(runtime, warm, "encoder", "replay", K, opts.bandwidth_mbit, scheme, opts.repeats)
             if latency and K == opts.bandwidth_k:
                 for bandwidth in opts.bandwidths:
                     for scheme in SCHEMES:
-                        runs.measure(runtime, warm, "encoder", "emulated", K, bandwidth, scheme, opts.repeats)
+                        runs.measure(runtime, warm, "encoder", "replay", K, bandwidth, scheme, opts.repeats)
             if latency and K in opts.paper_ks:
                 for model in opts.paper_models:
                     for scheme in PAPER_SCHEMES:
-                        runs.measure(runtime, warm, model, "emulated", K, opts.bandwidth_mbit, scheme,
+                        runs.measure(runtime, warm, model, "replay", K, opts.bandwidth_mbit, scheme,
                                      opts.paper_repeats)
         finally:
             runtime.close()
 
 
 def shaping_problem() -> str | None:
-    """None when links can be shaped here, else why not."""
-    from workbench.partition.shaping import ShapingError, check_shaping_available
+    from workbench.partition.shaping import shaping_problem as problem
 
-    try:
-        check_shaping_available()
-    except ShapingError as exc:
-        return str(exc)
-    return None
+    return problem()
 
 
-def shaped_runs(runs: Runs) -> None:
-    """One group per (K, bandwidth): the shaped links are the group's (tc in its namespaces)."""
+def measured_runs(runs: Runs) -> None:
+    """One group per (K, bandwidth), every rank under a CPU limit calibrated to the device and its link shaped
+    (tc in the group's namespaces)."""
     opts = runs.opts
-    points = [(K, opts.bandwidth_mbit) for K in opts.shaped_ks if K >= 2]
-    points += [(opts.bandwidth_k, b) for b in opts.shaped_bandwidths if (opts.bandwidth_k, b) not in points]
+    points = [(K, opts.bandwidth_mbit) for K in opts.measured_ks]
+    points += [(opts.bandwidth_k, b) for b in opts.measured_bandwidths if (opts.bandwidth_k, b) not in points]
+    from workbench.devices import get_profile
     from workbench.errors import WorkbenchError
 
+    flops = get_profile(opts.device).flops_per_s
     for K, bandwidth in points:
         try:
-            runtime, warm = _group(runs, K, [bandwidth * 1e6 / 8] * K), set()
-        except WorkbenchError as exc:            # the shaped network or its ranks did not come up
-            runs.failures.append(f"shaped links K={K} {bandwidth:g} Mbit/s: {exc}")
+            runtime, warm = _group(runs, K, [bandwidth * 1e6 / 8] * K, [flops] * K), set()
+        except WorkbenchError as exc:            # the shaped network, the limits or the ranks did not come up
+            runs.failures.append(f"measured K={K} {bandwidth:g} Mbit/s: {exc}")
             print(f"  FAILED {runs.failures[-1]}", flush=True)
             continue
         try:
             for scheme in SCHEMES:
-                runs.measure(runtime, warm, "encoder", "shaped", K, bandwidth, scheme, opts.repeats)
+                runs.measure(runtime, warm, "encoder", "measured", K, bandwidth, scheme, opts.repeats)
         finally:
             runtime.close()
 
@@ -258,7 +273,7 @@ def bytes_table(runs: Runs) -> list[dict]:
     """Per device count and device: layer 0's bytes counted for Voltage, ours and PyTorch's TP, and the model's."""
     opts, rows = runs.opts, []
     for K in opts.bytes_ks:
-        got = {s: runs.last.get(("encoder", "emulated", K, opts.bandwidth_mbit, s))
+        got = {s: runs.last.get(("encoder", "replay", K, opts.bandwidth_mbit, s))
                for s in ("voltage", "tensor_parallel", "torch_tp")}
         if got["voltage"] is None or got["tensor_parallel"] is None:
             continue
@@ -414,41 +429,44 @@ def _reduction(rows: dict, model: str, link: str, K: int, bandwidth: float, sche
     return 100 * (1 - point[column] / single[column])
 
 
-def print_latency(runs: Runs, cost_rows: list[dict], shaping: str | None) -> None:
+def print_latency(runs: Runs, cost_rows: list[dict], problem: str | None) -> None:
     opts, rows = runs.opts, runs.rows
     K, bw = opts.bandwidth_k, opts.bandwidth_mbit
-    for link in LINKS:
-        mine = [r for r in rows.values() if r["link"] == link]
+    for mode in MODES:
+        mine = [r for r in rows.values() if r["mode"] == mode]
         if not mine:
             continue
         worst = max(mine, key=lambda r: abs(r["error_pct"]))
         within = [r for r in mine if abs(r["error_pct"]) <= ERROR_TARGET_PCT]
         misses = [f"{r['model']} {r['scheme']} K={r['K']} {r['bandwidth_mbit']:g} Mbit/s {r['error_pct']:+.0f} %"
                   for r in mine if abs(r["error_pct"]) > ERROR_TARGET_PCT]
-        target = f" (target within {ERROR_TARGET_PCT:g} %)" if link == "emulated" else ""
-        print(f"{link} links: {len(within)} of {len(mine)} points within {ERROR_TARGET_PCT:g} % of the cost model"
-              f"{target}; worst {worst['error_pct']:+.1f} % ({worst['model']} {worst['scheme']} K={worst['K']} "
+        what = ("replayed (padded to the prediction: its agreement shows the padding holds, not the model)"
+                if mode == "replay" else f"measured under CPU limits and shaped links (target within "
+                                         f"{ERROR_TARGET_PCT:g} %)")
+        print(f"{mode}: {len(within)} of {len(mine)} points within {ERROR_TARGET_PCT:g} % of the cost model, "
+              f"{what}; worst {worst['error_pct']:+.1f} % ({worst['model']} {worst['scheme']} K={worst['K']} "
               f"{worst['bandwidth_mbit']:g} Mbit/s)" + (f"; outside: {'; '.join(misses)}" if misses else ""))
-        print(f"{link} links: bytes counted equal the cost model's in every run: "
+        print(f"{mode}: bytes counted equal the cost model's in every run: "
               f"{'yes' if all(r['counted_bytes_equal_model'] for r in mine) else 'NO'}")
         for scheme in ("voltage", "tensor_parallel"):
-            measured = _reduction(rows, "encoder", link, K, bw, scheme, "measured_ms")
-            predicted = _reduction(rows, "encoder", link, K, bw, scheme, "predicted_ms")
-            if measured is not None:
-                print(f"{link} links, encoder N={opts.seq_len}, K={K}, {bw:g} Mbit/s: {scheme} reduces the latency "
-                      f"of one device by {measured:.1f} % measured ({predicted:.1f} % predicted)"
+            got = _reduction(rows, "encoder", mode, K, bw, scheme, "latency_ms")
+            predicted = _reduction(rows, "encoder", mode, K, bw, scheme, "predicted_ms")
+            if got is not None:
+                print(f"{mode}, encoder N={opts.seq_len}, K={K}, {bw:g} Mbit/s: {scheme} reduces the latency "
+                      f"of one device by {got:.1f} % {'measured' if mode == 'measured' else 'replayed'} "
+                      f"({predicted:.1f} % predicted)"
                       + (f"; the paper: {PAPER_REDUCTION_PCT[0]}-{PAPER_REDUCTION_PCT[1]} % for Voltage"
                          if scheme == "voltage" else ""))
-    if "shaped" in opts.links and shaping:
-        print(f"shaped links: not measured, link shaping is not available here ({shaping})")
+    if "measured" in opts.modes and problem:
+        print(f"measured: not run, the devices cannot be emulated here ({problem})")
     for model in PAPER_MODELS:
         for paper_k in opts.paper_ks:
             for scheme in ("voltage", "tensor_parallel"):
-                measured = _reduction(rows, model, "emulated", paper_k, bw, scheme, "measured_ms")
-                if measured is not None:
-                    predicted = _reduction(rows, model, "emulated", paper_k, bw, scheme, "predicted_ms")
-                    print(f"{model}, K={paper_k}, {bw:g} Mbit/s, emulated: {scheme} reduces one device's latency by "
-                          f"{measured:.1f} % measured ({predicted:.1f} % predicted)")
+                got = _reduction(rows, model, "replay", paper_k, bw, scheme, "latency_ms")
+                if got is not None:
+                    predicted = _reduction(rows, model, "replay", paper_k, bw, scheme, "predicted_ms")
+                    print(f"{model}, K={paper_k}, {bw:g} Mbit/s, replay: {scheme} reduces one device's latency by "
+                          f"{got:.1f} % replayed ({predicted:.1f} % predicted)")
     for model in PAPER_MODELS:
         got = {r["scheme"]: r for r in cost_rows if r["model"] == model and r["K"] == 6 and r["bandwidth_mbit"] == bw}
         if "voltage" in got:
@@ -469,15 +487,17 @@ def run(args: list[str]) -> dict[str, list[dict]]:
           f"{opts.repeats} repeats per point (medians)", flush=True)
     tables: dict[str, list[dict]] = {}
     runs = Runs(opts)
-    shaping = None
+    problem = None
     if "bytes" in opts.tables or "latency" in opts.tables:
-        emulated_runs(runs)
-        if "latency" in opts.tables and "shaped" in opts.links:
-            shaping = shaping_problem()
-            if shaping is None:
-                shaped_runs(runs)
+        replay_runs(runs)
+        if "latency" in opts.tables and "measured" in opts.modes:
+            from workbench.partition.runtime import limits_problem
+
+            problem = limits_problem()
+            if problem is None:
+                measured_runs(runs)
             else:
-                print(f"shaped links: skipped, link shaping is not available here ({shaping})", flush=True)
+                print(f"measured: skipped, the devices cannot be emulated here ({problem})", flush=True)
     if "attention" in opts.tables:
         tables["attention"] = attention_table(opts)
     cost_rows = cost_model_table(opts)
@@ -489,7 +509,7 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         print_attention(tables["attention"])
     if "latency" in opts.tables:
         tables["latency"] = list(runs.rows.values())
-        print_latency(runs, cost_rows, shaping)
+        print_latency(runs, cost_rows, problem)
     if runs.failures:
         print(f"{len(runs.failures)} runs failed: " + "; ".join(runs.failures))
     if "cost_model" in opts.tables:

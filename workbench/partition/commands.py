@@ -79,25 +79,38 @@ def _run(args) -> int:
     from workbench.partition.cost import get_shape
     from workbench.partition.models import PartitionModel
     from workbench.partition.plan import plan_partition
-    from workbench.partition.runtime import PartitionRuntime
+    from workbench.partition.runtime import PartitionRuntime, probe_shape
 
     plan = plan_partition(args.scheme, get_shape(args.model), args.seq_len, _devices(args), shares=args.shares)
-    if args.links == "shaped":
+    mode, note = args.mode, ""
+    if mode == "measured":
+        from workbench.partition.runtime import limits_problem
+
+        problem = limits_problem()
+        if problem:
+            mode, note = "unlimited", f"cannot emulate the devices ({problem}): running at this host's full speed"
+            print(note, file=sys.stderr, flush=True)
+    links = args.links or ("shaped" if mode == "measured" else "emulated")
+    if links == "shaped":
         from workbench.partition.shaping import check_shaping_available
 
         check_shaping_available()
-    shaped = [d.net_bytes_per_s for d in plan.devices] if args.links == "shaped" else None
+    shaped = [d.net_bytes_per_s for d in plan.devices] if links == "shaped" else None
+    cpu = [d.flops_per_s for d in plan.devices] if mode == "measured" else None
     model = PartitionModel(args.model)
     hidden, logits = model.reference(model.inputs(model.token_ids(plan.seq_len, args.seed)))
-    print(f"starting {plan.K} worker processes ({args.links} links) ...", file=sys.stderr, flush=True)
-    with PartitionRuntime(plan.K, shaped=shaped) as runtime:
-        results = [runtime.run(plan, emulate=args.emulate, seed=args.seed) for _ in range(args.repeats)]
+    print(f"starting {plan.K} worker processes ({links} links"
+          f"{', each held to its device by a CPU limit' if cpu else ''}) ...", file=sys.stderr, flush=True)
+    with PartitionRuntime(plan.K, shaped=shaped, cpu=cpu, probe_layer=probe_shape(plan)) as runtime:
+        results = [runtime.run(plan, emulate=mode == "replay", seed=args.seed) for _ in range(args.repeats)]
+        calibrations = [c.describe() for c in runtime.calibrations]
     last = results[-1]
     diff = float(np.abs(last.hidden - hidden.numpy()).max())
     counted = [t.sent for t in last.traffic()[0]]
+    label = "measured" if mode != "replay" else "replayed"
     summary = {"scheme": args.scheme, "model": args.model, "seq_len": plan.seq_len, "devices": plan.K,
-               "links": args.links, "emulated": args.emulate,
-               "measured_ms": [1e3 * r.latency_s for r in results], "predicted_ms": 1e3 * plan.predicted_s,
+               "links": links, "mode": mode, "note": note, "cpu_limits": calibrations,
+               f"{label}_ms": [1e3 * r.latency_s for r in results], "predicted_ms": 1e3 * plan.predicted_s,
                "max_abs_diff_hidden": diff, "max_abs_diff_logits": float(np.abs(last.logits - logits.numpy()).max()),
                "counted_sent_bytes_layer0": counted,
                "predicted_sent_bytes_layer0": [t.sent for t in plan.traffic()[0]],
@@ -109,8 +122,15 @@ def _run(args) -> int:
         print(json.dumps(summary))
         return 0
     print(f"{SCHEMES[args.scheme]} on {plan.K} processes, {get_shape(args.model).title}, N = {plan.seq_len}")
-    print(f"  measured {', '.join(f'{m:.1f}' for m in summary['measured_ms'])} ms; predicted "
-          f"{summary['predicted_ms']:.1f} ms ({'emulated' if args.emulate else 'unpadded'}, {args.links} links)")
+    times = ", ".join(f"{m:.1f}" for m in summary[f"{label}_ms"])
+    if mode == "replay":
+        print(f"  replay of the prediction (padded to it, not a measurement): {times} ms; predicted "
+              f"{summary['predicted_ms']:.1f} ms ({links} links)")
+    else:
+        held = "each rank held to its device by a CPU limit" if mode == "measured" else "unlimited: this host's speed"
+        print(f"  measured {times} ms ({held}, {links} links); predicted {summary['predicted_ms']:.1f} ms")
+    for rank, text in enumerate(calibrations):
+        print(f"  rank {rank}: {text}")
     print(f"  outputs equal the model in one process to {diff:.1e} (hidden states)")
     print(f"  bytes sent in layer 0 per device: counted {counted}, cost model {summary['predicted_sent_bytes_layer0']}")
     if summary["check"]:
@@ -123,11 +143,13 @@ def _run(args) -> int:
 def configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=limits.ranks, default=4, help="worker processes started on this machine")
     _common(parser, tuple(SCHEMES))
-    parser.add_argument("--links", choices=("emulated", "shaped"), default="emulated",
+    parser.add_argument("--links", choices=("emulated", "shaped"), default=None,
                         help="emulate link speed in the processes, or shape real traffic with tc in network "
-                             "namespaces (root)")
-    parser.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=True,
-                        help="pad compute and communication to the device profile (--no-emulate: full speed)")
+                             "namespaces (root); default: shaped when measured, else emulated")
+    parser.add_argument("--mode", choices=("measured", "replay", "unlimited"), default="measured",
+                        help="measured: every rank held to its device's speed by a CPU cgroup (root; without it "
+                             "the run says so and runs unlimited); replay: padded to the prediction (not a "
+                             "measurement); unlimited: this host's full speed")
     parser.add_argument("--repeats", type=limits.repeats, default=2, help="runs on the same processes")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the input tokens")
     parser.add_argument("--trace", help="write the last run's timeline as a Chrome/Perfetto trace (JSON)")

@@ -5,8 +5,11 @@ computes its part of each step with the layers of :mod:`workbench.partition.laye
 activations through :class:`Comm`, which counts the bytes of the tensors it hands to each collective
 and times it, and records a measured :class:`~workbench.timeline.Timeline` on its own clock.
 
-Emulation: with ``emulate=True`` each compute step is padded to the device's predicted end and each
-collective to its predicted end, on the plan's schedule counted from the run's start. A step that
+Measured runs (``limited=True``): the rank computes under a CPU cgroup quota set to its device's speed, and
+only the links' latency is added (and, without shaped links, each collective waits out its own predicted
+seconds). Replays (``emulate=True``): each compute step is padded to the device's predicted end and each
+collective to its predicted end, on the plan's schedule counted from the run's start: a replay of the
+prediction, never called measured. A step that
 runs late here (a loopback exchange delayed by the scheduler of a 2-core host) is caught up by the
 padding of the next ones, as on the device, where it would not have been late; work that takes
 longer here than the device's whole schedule is not hidden: the run ends late and the prediction
@@ -121,28 +124,43 @@ class RankResult:
 
 
 LINKS = ("emulated", "shaped")
-"""How links behave in an emulated run: padded to the cost model's seconds, or real traffic over links
-shaped by ``tc`` (:mod:`workbench.partition.shaping`) plus the latency, which ``tbf`` cannot add."""
+"""How links behave: emulated in the application (a collective lasts at least the cost model's seconds), or real
+traffic over links shaped by ``tc`` (:mod:`workbench.partition.shaping`) plus the latency, which ``tbf`` cannot
+add."""
+
+MODES = ("measured", "replay", "unlimited")
+"""How a run relates to its devices: ``measured``, each rank in a CPU cgroup whose quota makes it compute at its
+device's speed (:mod:`workbench.distributed.cpulimit`) and nothing padded but the links' latency (and, on
+emulated links, a collective's bandwidth time); ``replay``, compute and collectives padded to the cost model's
+schedule, a replay of the prediction; ``unlimited``, this host's full speed, nothing padded."""
 
 
 class Clock:
-    """The run's clock on this rank, and the emulated schedule it pads to."""
+    """The run's clock on this rank, and what it pads to: the cost model's schedule (a replay), or per step the
+    links' time when the ranks' compute is limited for real."""
 
-    def __init__(self, emulate: bool, link: str = "emulated"):
+    def __init__(self, emulate: bool, link: str = "emulated", limited: bool = False):
         self.t0 = time.perf_counter()
         self.schedule = self.t0
-        self.emulate, self.link = emulate, link
+        self.emulate, self.link, self.limited = emulate, link, limited
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
     def pad(self, seconds_after_schedule: float) -> None:
-        if self.emulate:
+        if self.emulate and not self.limited:
             pad_until(self.schedule + seconds_after_schedule)
 
-    def pad_collective(self, step: Step, rank: int) -> None:
-        """An emulated link: until the step's end on the schedule. A shaped one: its latency after the real
-        transfer, and the schedule restarts there (the shaped link, not the model, says how long it took)."""
+    def pad_collective(self, step: Step, rank: int, started: float | None = None) -> None:
+        """A replay on emulated links: until the step's end on the schedule. A shaped link: its latency after
+        the real transfer (the schedule restarts there). A limited run on emulated links: the step's own
+        seconds from when this rank ``started`` it (perf_counter)."""
+        if self.limited:
+            if self.link == "shaped":
+                pad_until(time.perf_counter() + step.latency_s)
+            elif started is not None:
+                pad_until(started + step.seconds[rank])
+            return
         if not self.emulate:
             return
         if self.link == "shaped":
@@ -183,7 +201,7 @@ class Walker:
         """A collective this rank takes part in, padded to the link, with the bytes it counted."""
         start, before = self.clock.now(), len(self.comm.counts)
         out = run()
-        self.clock.pad_collective(step, self.rank)
+        self.clock.pad_collective(step, self.rank, self.clock.t0 + start)
         moved = self.comm.counts[before:]
         sent, received = sum(c.sent for c in moved), sum(c.received for c in moved)
         self.span("comm", start, step.label, step.layer, nbytes=sent + received,
@@ -197,15 +215,16 @@ class Walker:
 
 def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, emulate: bool,
             link: str = "emulated", progress: Callable[[int, str], None] = lambda i, label: None,
-            torch_tp=None) -> RankResult:
+            torch_tp=None, limited: bool = False) -> RankResult:
     """Run ``plan`` as rank ``rank`` on ``model`` (see :mod:`workbench.partition.models`).
 
     ``inputs``: ``x`` the embedded input (B, N, F) or (N, F), plus what the model's layers need
     (``attn_bias``, ``positions``). ``progress(i, label)`` is called after step i. ``torch_tp``: the
-    rank's PyTorch tensor-parallel layers for the ``torch_tp`` scheme. ``link``: see :data:`LINKS`."""
+    rank's PyTorch tensor-parallel layers for the ``torch_tp`` scheme. ``link``: see :data:`LINKS`.
+    ``limited``: this rank computes under a CPU limit (:data:`MODES`' measured), so compute is never padded."""
     K, device = plan.K, plan.devices[rank]
     result = RankResult(rank, device.name)
-    clock = Clock(emulate, link)
+    clock = Clock(emulate, link, limited)
     walker = Walker(rank, device.name, comm, clock, result)
     span, collective = walker.span, walker.collective
     x = inputs["x"]

@@ -60,9 +60,18 @@ class RunResult:
     timeline: Timeline                     # measured, every rank on one clock
     counts: tuple[tuple[dict, ...], ...]   # per rank: every collective's {layer, kind, sent, received}
     latency_s: float                       # the terminal's (rank 0's) time from its start to its logits
-    emulated: bool
+    emulated: bool                         # padded to the cost model's schedule: a replay of the prediction
     shaped: bool
     rank_wall_s: tuple[float, ...] = ()
+    limited: bool = False                  # every rank computed under its device's CPU limit
+    calibrations: tuple = ()               # per rank: cpulimit.Calibration of its limit
+    note: str = ""                         # why a run asked to be measured was not
+
+    @property
+    def mode(self) -> str:
+        """"measured" (ranks under their devices' CPU limits), "replay" (padded to the prediction) or
+        "unlimited" (this host's full speed); see :data:`workbench.partition.execute.MODES`."""
+        return "measured" if self.limited else "replay" if self.emulated else "unlimited"
 
     def traffic(self) -> list[list[Traffic]]:
         """Per layer, per rank: bytes counted by the runtime, in the shape of :meth:`PartitionPlan.traffic`."""
@@ -86,7 +95,7 @@ class RunResult:
         """The shared prediction check of this run against its plan."""
         from workbench.prediction import check_prediction
 
-        device = self.plan.devices[0].name if self.emulated else ""
+        device = self.plan.devices[0].name if self.emulated and not self.limited else ""
         predicted = self.plan.timeline
         if self.plan.scheme == "torch_tp":
             # PyTorch's collectives run inside its layers, measured as one span a layer: compare them whole
@@ -99,16 +108,27 @@ class PartitionRuntime:
     """K worker ranks, started once and reused for runs with the same device count and links.
 
     ``shaped``: per-rank link bandwidths (bytes/s) to shape for real with ``tc`` in network namespaces
-    (None: loopback). ``threads``: torch threads per rank (default: this machine's cores over K)."""
+    (None: loopback). ``cpu``: per-rank device speeds (FLOP/s) to hold each rank to with a CPU cgroup of its
+    own, calibrated by a probe running one layer of ``probe_layer``'s shape (hidden, heads, FFN, positions;
+    :mod:`workbench.distributed.cpulimit`, counted as the cost model counts Gamma; None: no limit); the ranks
+    then run one thread each. ``threads``: torch threads per rank (default: one when limited, else this machine's cores
+    over K)."""
 
     def __init__(self, size: int, *, shaped: Sequence[float] | None = None, threads: int | None = None,
                  logs: Path | None = None, should_stop: Callable[[], bool] | None = None,
-                 rank_timeout_s: float = 120.0):
+                 rank_timeout_s: float = 120.0, cpu: Sequence[float] | None = None,
+                 probe_layer: Sequence[int] = (384, 12, 1536, 128)):
         from workbench.partition import limits
 
         limits.ranks.check("worker processes", size)
         self.size, self.shaped = size, tuple(shaped) if shaped is not None else None
-        self.threads = threads or max(1, machine_cores() // size)
+        self.cpu = tuple(float(f) for f in cpu) if cpu is not None else None
+        if self.cpu is not None and len(self.cpu) != size:
+            raise WorkbenchError(f"{len(self.cpu)} CPU limits for {size} worker processes: give one per rank")
+        self.threads = threads or (1 if self.cpu is not None else max(1, machine_cores() // size))
+        self.cpu_groups: list = []
+        self.calibrations: tuple = ()
+        self.probe_layer = tuple(probe_layer)
         self.logs, self.should_stop, self.rank_timeout_s = logs, should_stop, rank_timeout_s
         self.group = None
         self.network = None
@@ -123,7 +143,7 @@ class PartitionRuntime:
 
     @property
     def settings(self) -> tuple:
-        return (self.size, self.shaped, self.threads)
+        return (self.size, self.shaped, self.threads, self.cpu, self.probe_layer if self.cpu else None)
 
     def __enter__(self) -> "PartitionRuntime":
         return self.start()
@@ -167,12 +187,29 @@ class PartitionRuntime:
                 hello[rank] = (conn, file)
             self._conns = [hello[r][0] for r in range(self.size)]
             self._files = [hello[r][1] for r in range(self.size)]
+            if self.cpu is not None:
+                self._limit_cpu()
         except BaseException:
             self.close()
             raise
         finally:
             listener.close()
         return self
+
+    def _limit_cpu(self) -> None:
+        """A CPU group per rank, calibrated (one probe process visiting each group in turn while the ranks
+        wait for work), then the rank moved in."""
+        from workbench.distributed.cpulimit import CpuGroup, Probe, calibrate
+
+        calibrations = []
+        with Probe("layer", self.probe_layer) as probe:
+            for rank in range(self.size):
+                group = CpuGroup()
+                self.cpu_groups.append(group)
+                calibrations.append(calibrate(group, self.cpu[rank] / 1e9, probe=probe))
+        for rank, group in enumerate(self.cpu_groups):
+            group.add(self.group.workers[rank].process.pid)
+        self.calibrations = tuple(calibrations)
 
     def close(self) -> None:
         for conn in self._conns:
@@ -189,6 +226,9 @@ class PartitionRuntime:
         if self.network is not None:
             self.network.close()
             self.network = None
+        for group in self.cpu_groups:
+            group.close()
+        self.cpu_groups, self.calibrations = [], ()
         if self._tmp:
             for name in os.listdir(self._tmp):
                 os.unlink(os.path.join(self._tmp, name))
@@ -208,7 +248,8 @@ class PartitionRuntime:
             raise WorkbenchError(f"the plan has {plan.K} devices but this runtime {self.size} worker processes")
         spec = {"scheme": plan.scheme, "model": plan.shape.name, "seq_len": plan.seq_len,
                 "devices": [d.to_dict() for d in plan.devices], "shares": [list(v) for v in plan.shares] or "even",
-                "order": plan.order, "emulate": emulate, "seed": seed, "model_seed": model_seed}
+                "order": plan.order, "emulate": emulate and self.cpu is None, "limited": self.cpu is not None,
+                "seed": seed, "model_seed": model_seed}
         deadline = deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S
         results = self.run_spec(spec, [d.name for d in plan.devices], len(plan.steps), deadline, progress, should_stop)
         return self._result(plan, results, emulate)
@@ -326,12 +367,14 @@ class PartitionRuntime:
         return split_waits(Timeline.merge(timelines, [s - origin for s in starts], name=name)), origin
 
     def _result(self, plan: PartitionPlan, results: dict[int, dict], emulate: bool) -> RunResult:
-        merged, _ = self.merge(results, f"{plan.scheme} measured")
+        what = "measured" if self.cpu is not None else "replay of the prediction" if emulate else "unlimited"
+        merged, _ = self.merge(results, f"{plan.scheme} {what}")
         counts = tuple(tuple(results[r]["counts"]) for r in range(self.size))
         latency = results[0]["wall_s"]
         return RunResult(plan=plan, hidden=decode_array(results[0]["hidden"]), logits=decode_array(results[0]["logits"]),
-                         timeline=merged, counts=counts, latency_s=latency, emulated=emulate,
-                         shaped=self.shaped is not None, rank_wall_s=tuple(results[r]["wall_s"] for r in range(self.size)))
+                         timeline=merged, counts=counts, latency_s=latency, emulated=emulate and self.cpu is None,
+                         shaped=self.shaped is not None, rank_wall_s=tuple(results[r]["wall_s"] for r in range(self.size)),
+                         limited=self.cpu is not None, calibrations=self.calibrations)
 
 
 def split_waits(timeline: Timeline) -> Timeline:
@@ -359,11 +402,12 @@ _LOCK = threading.Lock()
 
 
 def shared_runtime(size: int, *, shaped: Sequence[float] | None = None, threads: int | None = None,
-                   key: str = "default") -> PartitionRuntime:
+                   key: str = "default", cpu: Sequence[float] | None = None,
+                   probe_layer: Sequence[int] = (384, 12, 1536, 128)) -> PartitionRuntime:
     """The process's runtime under ``key``, reused while its settings hold (a new one replaces it, and the
     old group is stopped, when the device count, the links or the threads change, or a rank died)."""
     with _LOCK:
-        want = PartitionRuntime(size, shaped=shaped, threads=threads)
+        want = PartitionRuntime(size, shaped=shaped, threads=threads, cpu=cpu, probe_layer=probe_layer)
         have = _SHARED.get(key)
         if have is not None and have.settings == want.settings and have.alive:
             return have
@@ -380,17 +424,46 @@ def close_shared() -> None:
         _SHARED.clear()
 
 
-def run_partition(plan: PartitionPlan, *, emulate: bool = True, shaped: bool = False, seed: int = 0,
+def probe_shape(plan: PartitionPlan) -> tuple[int, int, int, int]:
+    """The layer a measured run's CPU limits are calibrated on: the plan's model's, at the plan's positions."""
+    shape = plan.shape
+    return (shape.hidden, shape.heads, shape.ffn, plan.seq_len)
+
+
+def limits_problem() -> str | None:
+    """Why a measured run (ranks under CPU limits, links shaped by ``tc``) cannot happen here; None: it can."""
+    from workbench.distributed.cpulimit import limit_problem
+    from workbench.partition.shaping import shaping_problem
+
+    return limit_problem() or shaping_problem()
+
+
+def run_partition(plan: PartitionPlan, *, mode: str = "measured", shaped: bool | None = None, seed: int = 0,
                   progress: Callable[[int, int], None] | None = None,
                   should_stop: Callable[[], bool] | None = None) -> RunResult:
-    """Run ``plan`` on real processes: the shared group of its device count, started or reused.
+    """Run ``plan`` on real processes: the shared group of its device count and mode, started or reused.
 
-    ``shaped``: each rank in its own network namespace, its link limited by ``tc`` to its device's
-    bandwidth (root and iproute2 needed); otherwise the links are emulated in the application."""
+    ``mode`` (:data:`~workbench.partition.execute.MODES`): "measured" holds each rank to its device's speed with
+    a CPU cgroup and shapes its link with ``tc`` (root and iproute2 needed; where they are missing the run is
+    made at full speed and says why, its mode "unlimited"); "replay" pads to the prediction; "unlimited" runs
+    at this host's speed. ``shaped`` (default: in measured mode) puts each rank in a network namespace with its
+    link limited to its device's bandwidth; otherwise the links are emulated in the application."""
+    from workbench.partition.execute import MODES
+
+    if mode not in MODES:
+        raise WorkbenchError(f"a run's mode is one of {', '.join(MODES)}, got {mode!r}")
+    note = ""
+    if mode == "measured":
+        problem = limits_problem()
+        if problem:
+            mode, note = "unlimited", f"cannot emulate the devices ({problem}): ran at this host's full speed"
+    shaped = mode == "measured" if shaped is None else shaped
     bandwidths = [d.net_bytes_per_s for d in plan.devices] if shaped else None
     if shaped:
         from workbench.partition.shaping import check_shaping_available
 
         check_shaping_available()
-    runtime = shared_runtime(plan.K, shaped=bandwidths)
-    return runtime.run(plan, emulate=emulate, seed=seed, progress=progress, should_stop=should_stop)
+    cpu = [d.flops_per_s for d in plan.devices] if mode == "measured" else None
+    runtime = shared_runtime(plan.K, shaped=bandwidths, cpu=cpu, probe_layer=probe_shape(plan))
+    result = runtime.run(plan, emulate=mode == "replay", seed=seed, progress=progress, should_stop=should_stop)
+    return replace(result, note=note) if note else result

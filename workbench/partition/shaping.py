@@ -99,6 +99,15 @@ def check_shaping_available() -> None:
         raise ShapingError(f"the kernel has no tbf qdisc (CONFIG_NET_SCH_TBF): tc said {_first_line(probe.stderr)}")
 
 
+def shaping_problem() -> str | None:
+    """None when links can be shaped here, else why not (:func:`check_shaping_available`'s message)."""
+    try:
+        check_shaping_available()
+    except ShapingError as exc:
+        return str(exc)
+    return None
+
+
 def ensure_iproute2() -> None:
     """Install ``iproute2`` with apt-get when ``ip`` or ``tc`` is missing; do nothing when both are there."""
     if shutil.which("ip") and shutil.which("tc"):

@@ -75,7 +75,8 @@ class _Runner:
         dist.barrier()
         started = time.perf_counter()
         result = execute(plan, self.rank, model, inputs, Comm(self.rank, self.world, self.groups), emulate=spec.get("emulate", True),
-                         link=spec.get("link", "emulated"), progress=progress, torch_tp=tp)
+                         link=spec.get("link", "emulated"), progress=progress, torch_tp=tp,
+                         limited=bool(spec.get("limited", False)))
         return {"rank": self.rank, "device": result.device, "t0": started,
                 "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
                 "wall_s": result.wall_s,

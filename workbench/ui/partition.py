@@ -37,8 +37,9 @@ each device a range of <i>positions</i> of every layer (its <b>share</b>), lets 
 <b>attention order</b> for its rows (Theorem 2: multiply x in last when 1/P - 1/N exceeds (F - F_H)/(F F_H)), and
 joins the rows with one <b>All-Gather</b> per layer. Tensor parallelism splits heads and FFN columns and needs two
 <b>All-Reduces</b> per layer (four times the bytes); the layer pipeline runs devices one after another. The figures
-come from the cost model at once; <b>Run for real</b> runs the plan on one worker process per device (emulating
-the devices' speed and links) and draws what it measured.</p>
+come from the cost model at once; <b>Run for real</b> runs the plan on one worker process per device, each held
+to its device's speed by a CPU limit (calibrated by a short probe) and its link shaped by tc, and draws what it
+measured; without root it runs at this host's speed and says so.</p>
 """
 
 TABLE_NOTE = ("<span class='wb-table-note' style='color:#555;font-size:90%'>Each device's speed, memory and "
@@ -299,10 +300,17 @@ class PartitionPanel(Panel):
         if result is None:
             self.run_info.value = self.bytes_info.value = ""
             return
+        how = {"measured": "each held to its device's speed by a CPU limit",
+               "unlimited": "at this host's full speed, not the devices'",
+               "replay": "padded to the prediction"}[result.mode]
+        links = "links shaped by tc" if result.shaped else "links emulated in the processes"
+        said = "Replayed" if result.mode == "replay" else "Measured"
         self.run_info.value = (
-            f"<span class='wb-run-info'>Measured {1e3 * result.latency_s:.1f} ms vs predicted "
+            f"<span class='wb-run-info'>{said} {1e3 * result.latency_s:.1f} ms vs predicted "
             f"{1e3 * plan.predicted_s:.1f} ms ({html.escape(scheme_label(plan.scheme))} on {plan.K} worker "
-            f"processes{', devices emulated' if result.emulated else ''})</span>"
+            f"processes, {how}; {links})</span>"
+            + (f"<br><span class='wb-limits' style='color:#9a3412'>{html.escape(result.note)}.</span>"
+               if result.note else "")
             + (f"<br><span class='wb-miss' style='color:#9a3412'>{html.escape(run['note'])}.</span>"
                if run["note"] else ""))
         self.bytes_info.value = self._bytes_html(plan, result)
@@ -353,7 +361,8 @@ class PartitionPanel(Panel):
     # -- the real run
 
     def _run_for_real(self, handle) -> dict | None:
-        """Worker thread: the current plan on one worker process per device (devices emulated)."""
+        """Worker thread: the current plan on one worker process per device, each held to its device's speed
+        by a CPU limit and its link shaped (root; else at full speed, and the page says why)."""
         plan = self.plan
         if plan is None:
             raise WorkbenchError("nothing to run: the settings above give no plan (see the message above)")
@@ -367,7 +376,7 @@ class PartitionPanel(Panel):
 
         handle.progress(0, len(plan.steps))
         try:
-            result = run_partition(plan, emulate=True, progress=handle.progress, should_stop=handle.should_stop)
+            result = run_partition(plan, mode="measured", progress=handle.progress, should_stop=handle.should_stop)
         except RunFailed:
             if handle.should_stop():
                 return None
