@@ -15,7 +15,7 @@ from workbench.partition.plan import devices_like, plan_partition
 COLUMNS = {
     "bytes": ["model", "N", "K", "device", "even_split", "voltage_sent_B", "voltage_received_B", "tp_sent_B",
               "tp_received_B", "torch_tp_sent_B", "tp_over_voltage", "model_voltage_sent_B", "model_tp_sent_B",
-              "counted_equal_model", "same_every_layer"],
+              "voltage_input_sent_B", "voltage_last_layer_sent_B", "counted_equal_model", "same_every_layer"],
     "attention": ["H", "F_H", "N", "K", "P", "order", "full_ms", "ours_ms", "naive_ms", "speedup_ours",
                   "speedup_naive", "naive_over_ours", "model_speedup_ours", "model_naive_over_ours", "layer_ms",
                   "partitioned_layer_ms", "repeats"],
@@ -65,6 +65,9 @@ def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
         assert r["voltage_sent_B"] == r["voltage_received_B"] == r["model_voltage_sent_B"] == per_device
         assert r["tp_sent_B"] == r["tp_received_B"] == r["model_tp_sent_B"] == 4 * per_device
         assert r["tp_over_voltage"] == 4 and r["torch_tp_sent_B"] == r["tp_sent_B"]
+        terminal = r["device"] == 0                                 # Algorithm 2: the input out, the last rows in
+        assert r["voltage_input_sent_B"] == ((r["K"] - 1) * N * F * 4 if terminal else 0)
+        assert r["voltage_last_layer_sent_B"] == (0 if terminal else N // r["K"] * F * 4)
 
     latency = tables["latency"]
     emulated = {(r["K"], r["bandwidth_mbit"], r["scheme"]): r for r in latency if r["mode"] == "replay"}
@@ -84,8 +87,10 @@ def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
         assert 0 < r["min_ms"] <= r["latency_ms"] <= r["max_ms"]
         assert r["error_pct"] == pytest.approx(100 * (r["latency_ms"] / r["predicted_ms"] - 1))
     assert emulated[(1, 500.0, "voltage")]["sent_kB_per_device_layer"] == 0
-    assert emulated[(4, 500.0, "voltage")]["sent_kB_per_device_layer"] * 4 == \
-        pytest.approx(emulated[(4, 500.0, "tensor_parallel")]["sent_kB_per_device_layer"])
+    for scheme in ("voltage", "tensor_parallel"):     # the input and the last rows are in Voltage's total
+        plan = plan_partition(scheme, SHAPES["encoder"], N, devices_like(4))
+        assert emulated[(4, 500.0, scheme)]["sent_kB_per_device_layer"] == \
+            pytest.approx(sum(t.sent for t in plan.total_traffic()) / 4 / 6 / 1e3)
 
     attention = tables["attention"]
     assert len(attention) == len(pb.ATTENTION_LAYERS) * len(pb.QUICK["attention_ns"]) * 8

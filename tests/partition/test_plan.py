@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from pytest import approx
 
 from workbench.devices import PRESETS
 from workbench.errors import WorkbenchError
@@ -24,9 +25,32 @@ def test_uneven_and_per_layer_shares():
     per_layer = [[0.1, 0.2, 0.7]] * 3 + [[0.5, 0.5, 0.0]] * 3
     plan = plan_partition("voltage", ENC, 100, devices_like(3), shares=per_layer)
     assert plan.bounds[0] == (0, 10, 30, 100) and plan.bounds[5] == (0, 50, 100, 100)
-    sent = [t.sent for t in plan.traffic()[5]]
+    sent = [t.sent for t in plan.traffic()[4]]
     assert sent == [2 * 50 * 384 * 4, 2 * 50 * 384 * 4, 0]     # the idle device sends nothing
+    last = plan.traffic()[5]                                     # the last layer: parts to the terminal only
+    assert [t.sent for t in last] == [0, 50 * 384 * 4, 0] and last[0].received == 50 * 384 * 4
     assert plan.orders[5][2] == "none"
+
+
+def test_algorithm_2_broadcasts_the_input_and_gathers_the_last_layer_at_the_terminal():
+    """K = 4, N = 128, F = 384, even: the terminal sends the 128 x 384 input to 3 others; five All-Gathers in
+    which each device sends its 32 rows to 3 others; the last layer's 32 rows from 3 devices to the terminal.
+    The broadcast and the gather take the terminal's link: its 3 x 196,608 bytes and its 3 x 49,152."""
+    plan = plan_partition("voltage", ENC, 128, devices_like(4, bandwidth_mbit=500, latency_ms=0.5))
+    kinds = [s.kind for s in plan.steps if s.kind != "compute"]
+    assert kinds == ["broadcast"] + ["all_gather"] * 5 + ["gather"]
+    x, part = 128 * 384 * 4, 32 * 384 * 4
+    first, last = plan.steps[0], plan.steps[-1]
+    assert first.layer is None and first.traffic == (Traffic(3 * x, 0),) + (Traffic(0, x),) * 3
+    assert last.traffic == (Traffic(0, 3 * part),) + (Traffic(part, 0),) * 3
+    assert first.seconds[0] == approx(0.5e-3 + 3 * x / (500e6 / 8))
+    assert last.seconds[0] == approx(0.5e-3 + 3 * part / (500e6 / 8))
+    totals = plan.total_traffic()
+    assert totals[0] == Traffic(3 * x + 5 * 3 * part, 5 * 3 * part + 3 * part)
+    assert totals[1] == Traffic(5 * 3 * part + part, x + 5 * 3 * part)
+    assert plan.predicted_s == approx(sum(max(s.seconds) for s in plan.steps))
+    one = plan_partition("voltage", ENC, 128, devices_like(1))
+    assert [s.kind for s in one.steps] == ["compute"] * 6                  # one device: nothing to send
 
 
 def test_proportional_shares_follow_speed():
@@ -39,11 +63,14 @@ def test_proportional_shares_follow_speed():
 
 def test_the_prediction_follows_the_schedule():
     plan = plan_partition("voltage", ENC, 128, devices_like(4))
-    assert [s.kind for s in plan.steps[:2]] == ["compute", "all_gather"]
-    layer = max(plan.steps[0].seconds) + plan.steps[1].seconds[0]
-    assert plan.predicted_s == pytest.approx(ENC.num_layers * layer)
+    assert [s.kind for s in plan.steps[:3]] == ["broadcast", "compute", "all_gather"]
+    layer = max(plan.steps[1].seconds) + plan.steps[2].seconds[0]
+    broadcast, gather = plan.steps[0].seconds[0], plan.steps[-1].seconds[0]
+    assert plan.predicted_s == pytest.approx(broadcast + (ENC.num_layers - 1) * layer + max(plan.steps[-2].seconds)
+                                             + gather)
     comm = [s for s in plan.timeline.spans if s.kind == "comm" and s.rank == 0]
-    assert len(comm) == ENC.num_layers and comm[0].nbytes == 2 * 3 * 32 * 384 * 4
+    assert len(comm) == ENC.num_layers + 1 and comm[1].nbytes == 2 * 3 * 32 * 384 * 4
+    assert comm[0].nbytes == 3 * 128 * 384 * 4 and comm[-1].nbytes == 3 * 32 * 384 * 4
 
 
 def test_tensor_parallel_has_two_all_reduces_per_layer_and_four_times_the_bytes():

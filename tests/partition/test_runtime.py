@@ -51,9 +51,13 @@ def test_every_scheme_equals_the_model_in_one_process_and_counts_the_cost_models
         assert runtime.runs == len(SCHEMES)                    # one group served every run
     voltage = results["voltage"].sent_by_kind()
     tp = results["tensor_parallel"].sent_by_kind()
-    assert set(voltage) == {"all_gather"} and set(tp) == {"all_reduce"}
-    assert [4 * v for v in voltage["all_gather"]] == tp["all_reduce"]          # 1:4, counted
-    assert voltage["all_gather"] == [ENC.num_layers * (K - 1) * N // K * ENC.hidden * 4] * K
+    assert set(voltage) == {"broadcast", "all_gather", "gather"} and set(tp) == {"all_reduce"}
+    L = ENC.num_layers                               # All-Gathers in L - 1 layers, two All-Reduces in each of L
+    assert [4 * v * L for v in voltage["all_gather"]] == [t * (L - 1) for t in tp["all_reduce"]]   # 1:4, counted
+    assert voltage["all_gather"] == [(L - 1) * (K - 1) * N // K * ENC.hidden * 4] * K
+    assert voltage["broadcast"] == [(K - 1) * N * ENC.hidden * 4] + [0] * (K - 1)       # the input, from the terminal
+    assert voltage["gather"] == [0] + [N // K * ENC.hidden * 4] * (K - 1)            # the last rows, to it
+    assert results["voltage"].total_traffic() == plan_partition("voltage", ENC, N, devices).total_traffic()
     assert results["torch_tp"].sent_by_kind() == tp                            # PyTorch's split moves the same
 
 
@@ -94,7 +98,10 @@ def test_an_emulated_run_follows_its_prediction_and_draws_every_device():
     lanes = {(s.rank, s.kind) for s in result.timeline.spans}
     assert {(0, "compute"), (1, "compute"), (0, "comm"), (1, "comm")} <= lanes
     comm = [s for s in result.timeline.spans if s.kind == "comm" and s.rank == 1]
-    assert [s.nbytes for s in comm] == [t[1].sent + t[1].received for t in plan.traffic()]
+    steps = [s for s in plan.steps if s.traffic]                               # the broadcast, then each layer's
+    assert [s.nbytes for s in comm] == [s.traffic[1].sent + s.traffic[1].received for s in steps]
+    assert [s.label for s in comm][0] == "broadcast the input" and comm[-1].label.startswith("gather 5")
+    assert result.total_traffic() == plan.total_traffic()
     trace = result.timeline.to_chrome_trace()
     names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert len(names) == 2                                                     # a process per device in Perfetto
@@ -121,10 +128,10 @@ def _gone(pids, within_s=10.0):
 
 
 def test_a_rank_killed_mid_run_is_named_and_nothing_is_left():
-    plan = plan_partition("voltage", ENC, N, devices_like(3, bandwidth_mbit=2))     # about 0.5 s per layer
+    plan = plan_partition("voltage", ENC, N, devices_like(3, bandwidth_mbit=1))     # the input 1.2 s, 0.4 s a layer
     runtime = PartitionRuntime(3).start()
     pids = _pids(runtime)
-    killer = threading.Timer(1.0, lambda: os.kill(pids[1], signal.SIGKILL))
+    killer = threading.Timer(2.0, lambda: os.kill(pids[1], signal.SIGKILL))
     killer.start()
     started = time.monotonic()
     with pytest.raises(RunFailed, match=r"rank 1 \(edge-vm-1\) died \(was killed by SIGKILL\) after step"):
@@ -169,7 +176,9 @@ def test_the_worker_runs_unchanged_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(out.read_text())
     assert summary["ranks"] == 2 and summary["max_abs_diff_hidden"] < 2e-4
-    assert summary["sent_bytes_per_rank"] == [ENC.num_layers * 16 * ENC.hidden * 4] * 2
+    rows = 16 * ENC.hidden * 4                       # half of 32 positions; the input is 32 of them
+    # rank 0: the input to rank 1, then its rows in 5 All-Gathers; rank 1: its rows in 5 and to the terminal
+    assert summary["sent_bytes_per_rank"] == [2 * rows + (ENC.num_layers - 1) * rows, ENC.num_layers * rows]
     assert {e["pid"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"} and trace.stat().st_size
 
 

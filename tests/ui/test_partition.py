@@ -186,9 +186,12 @@ def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     assert per_layer == plan.traffic()[0][1].sent == 16 * 384 * 4          # its 16 rows of 384 floats, once
     for device in range(2):
         row = cells(panel.bytes_info.value, device)
-        sent = {layer[device].sent for layer in result.traffic()}
-        assert len(sent) == 1 and row[1] == f"{sent.pop():,}" and row[3] == f"{per_layer:,}"
-        assert row[4] == f"{sum(layer[device].sent for layer in result.traffic()):,}"
+        sent = [layer[device].sent for layer in result.traffic()]
+        # Algorithm 2: the All-Gathers send its rows; in the last layer only device 1 sends, to the terminal
+        assert sent == [per_layer] * 5 + [per_layer if device else 0]
+        assert row[1] == row[3] == (f"0 to {per_layer:,}" if device == 0 else f"{per_layer:,}")
+        input_bytes = 32 * 384 * 4 if device == 0 else 0                    # the terminal sends the input
+        assert row[4] == f"{sum(sent) + input_bytes:,}" == f"{result.total_traffic()[device].sent:,}"
     assert "Run tensor parallel too" in panel.bytes_info.value
 
     panel.scheme.value = "tensor_parallel"

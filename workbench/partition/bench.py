@@ -5,7 +5,8 @@ in. Tables:
 
 - ``bytes``: the bytes each device sends and receives per layer, counted by the runtime's collectives on real
   worker processes (the shipped encoder, N = 128, K = 2, 4, 6), for Voltage and for tensor parallelism (ours,
-  and PyTorch's where the heads divide), beside the cost model's (``PartitionPlan.traffic``). Evenly split a
+  and PyTorch's where the heads divide), beside the cost model's (``PartitionPlan.traffic``); and Voltage's
+  input broadcast by the terminal and its last layer's rows sent to the terminal (Algorithm 2). Evenly split a
   device sends (K-1)NF/K elements for Voltage and 4(K-1)NF/K for tensor parallelism: the paper's 1:4.
 - ``attention`` (Figure 6): one layer's partitioned self-attention (F = 1024; H x F_H = 16 x 64, 8 x 128,
   4 x 256) computing P = N/K of N rows (rounded) in one process on one thread, batch 1: Theorem 2's order
@@ -60,10 +61,10 @@ PAPER_BEST_ATTENTION = 3.4
 
 QUICK = {"ks": [1, 2, 4], "bytes_ks": [2, 4], "bandwidths": [200, 500], "bandwidth_k": 4, "repeats": 3,
          "measured_ks": [2], "measured_bandwidths": [], "paper_ks": [], "attention_ns": [100],
-         "attention_repeats": 3}
+         "attention_repeats": 7}
 """--quick: two or three device counts, one bandwidth besides the default, three repeats, measured runs (CPU limits,
 shaped links) at K = 2 only, no real runs of the paper's shapes (their cost model only), N = 100 only in the
-attention table."""
+attention table (seven repeats: its orders are compared by time)."""
 
 ATTENTION_KS = count(1, unit="devices", at_most=Bound(64, "the cost model's largest cluster"))
 
@@ -177,14 +178,14 @@ class Runs:
             return None
         measured = [r.latency_s for r in results]
         median = statistics.median(measured)
-        counted = results[-1].traffic()
         layers = plan.shape.num_layers
         row = {"model": model, "mode": mode, "links": "shaped" if runtime.shaped else "emulated", "K": K,
                "bandwidth_mbit": bandwidth, "scheme": scheme, "repeats": repeats, "latency_ms": _ms(median), "min_ms": _ms(min(measured)),
                "max_ms": _ms(max(measured)), "predicted_ms": _ms(plan.predicted_s),
                "error_pct": _error_pct(median, plan.predicted_s),
-               "counted_bytes_equal_model": all(r.traffic() == plan.traffic() for r in results),
-               "sent_kB_per_device_layer": sum(t.sent for layer in counted for t in layer) / K / layers / 1e3}
+               "counted_bytes_equal_model": all(r.traffic() == plan.traffic()
+                                                and r.total_traffic() == plan.total_traffic() for r in results),
+               "sent_kB_per_device_layer": sum(t.sent for t in results[-1].total_traffic()) / K / layers / 1e3}
         self.rows[key], self.last[key] = row, results[-1]
         note = results[-1].check().note()
         said = "replayed" if mode == "replay" else "measured"
@@ -280,7 +281,10 @@ def bytes_table(runs: Runs) -> list[dict]:
         counted = {s: r.traffic() for s, r in got.items() if r is not None}
         model = {s: r.plan.traffic() for s, r in got.items() if r is not None}
         equal = all(counted[s] == model[s] for s in counted)
-        same = all(all(layer == table[0] for layer in table) for table in counted.values())
+        # every layer alike: Voltage's All-Gathers (its last layer goes to the terminal only), both TPs' layers
+        same = all(all(layer == table[0] for layer in (table[:-1] if s == "voltage" else table))
+                   for s, table in counted.items())
+        by_kind = got["voltage"].sent_by_kind()
         for d in range(K):
             v, tp = counted["voltage"][0][d], counted["tensor_parallel"][0][d]
             torch_tp = counted["torch_tp"][0][d].sent if "torch_tp" in counted else ""
@@ -291,6 +295,8 @@ def bytes_table(runs: Runs) -> list[dict]:
                          "tp_over_voltage": tp.sent / v.sent,
                          "model_voltage_sent_B": model["voltage"][0][d].sent,
                          "model_tp_sent_B": model["tensor_parallel"][0][d].sent,
+                         "voltage_input_sent_B": by_kind.get("broadcast", [0] * K)[d],
+                         "voltage_last_layer_sent_B": by_kind.get("gather", [0] * K)[d],
                          "counted_equal_model": equal, "same_every_layer": same})
     return rows
 
@@ -412,12 +418,11 @@ def cost_model_table(opts) -> list[dict]:
                     plan = plan_partition(scheme, SHAPES[model], opts.seq_len, devices)
                 except WorkbenchError:
                     continue
-                traffic = plan.traffic()
                 rows.append({"model": model, "K": K, "bandwidth_mbit": bandwidth, "scheme": scheme,
                              "predicted_ms": _ms(plan.predicted_s), "compute_ms": _ms(max(plan.compute_s())),
                              "comm_ms": _ms(plan.comm_s()),
-                             "sent_kB_per_device_layer": sum(t.sent for layer in traffic for t in layer)
-                             / K / len(traffic) / 1e3,
+                             "sent_kB_per_device_layer": sum(t.sent for t in plan.total_traffic())
+                             / K / plan.shape.num_layers / 1e3,
                              "reduction_vs_single_pct": round(100 * (1 - plan.predicted_s / single), 6) + 0.0})
     return rows
 

@@ -16,6 +16,9 @@ it hands to each collective):
   over K-1 reduce-scatter steps and K-1 all-gather steps a device sends every chunk but two.
   Evenly split, 2(K-1)NF/K elements, so a layer's two cost 4(K-1)NF/K: four times Voltage's.
 - Send (the layer pipeline): one device's whole activation to the next.
+- Voltage's Algorithm 2 in full: the terminal broadcasts the N x F input to the K-1 others before the first
+  layer (it sends (K-1)NF elements), every layer but the last ends in an All-Gather, and the last layer's parts
+  go to the terminal only (it receives (N-P_0)F).
 
 Time of a collective on a switch with one full-duplex link per device (the shaped network's
 topology): each device's bytes go through its own link, so it takes the steps' latencies plus
@@ -221,6 +224,13 @@ def all_gather_traffic(part_elements: Sequence[int], dtype_bytes: int = DTYPE_BY
     """Each device sends its part to the K-1 others and receives the rest."""
     K, total = len(part_elements), sum(part_elements)
     return [Traffic((K - 1) * p * dtype_bytes, (total - p) * dtype_bytes) for p in part_elements]
+
+
+def gather_traffic(part_elements: Sequence[int], dtype_bytes: int = DTYPE_BYTES, root: int = 0) -> list[Traffic]:
+    """Every device sends its part to ``root`` only (Algorithm 2's last layer); the root receives the rest."""
+    total = sum(part_elements)
+    return [Traffic(0, (total - p) * dtype_bytes) if i == root else Traffic(p * dtype_bytes, 0)
+            for i, p in enumerate(part_elements)]
 
 
 def all_reduce_traffic(elements: int, K: int, dtype_bytes: int = DTYPE_BYTES) -> list[Traffic]:

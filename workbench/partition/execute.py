@@ -34,7 +34,7 @@ from workbench.timeline import Span, Timeline
 class Count:
     """Bytes one rank moved in one collective."""
     layer: int | None
-    kind: str                  # "all_gather", "all_reduce", "send", "recv"
+    kind: str                  # "all_gather", "all_reduce", "send", "recv", "broadcast", "gather"
     sent: int
     received: int
 
@@ -97,6 +97,45 @@ class Comm:
         if key not in self._groups:
             self._groups[key] = dist.new_group(list(members), use_local_synchronization=True)
         return self._groups[key]
+
+    def broadcast(self, tensor: torch.Tensor, root: int, layer: int | None = None) -> torch.Tensor:
+        """``root``'s tensor on every rank: it sends it to each other rank, point to point (counted)."""
+        tensor = tensor.contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.rank == root:
+            for request in [dist.isend(tensor, dst=r) for r in range(self.world) if r != root]:
+                request.wait()
+            self.counts.append(Count(layer, "broadcast", (self.world - 1) * nbytes, 0))
+            return tensor
+        out = torch.empty_like(tensor)
+        dist.recv(out, src=root)
+        self.counts.append(Count(layer, "broadcast", 0, nbytes))
+        return out
+
+    def gather_rows(self, part: torch.Tensor, rows: list[int], root: int, layer: int | None) -> torch.Tensor:
+        """Every rank's rows (dim -2) to ``root`` only, which returns them joined; the others return their part."""
+        part = part.contiguous()
+        per_row = part.numel() // part.shape[-2] if part.shape[-2] else 0
+        size = part.element_size()
+        if self.rank != root:
+            if part.numel():
+                dist.send(part, dst=root)
+            self.counts.append(Count(layer, "gather", part.numel() * size, 0))
+            return part
+        pieces, requests = [], []
+        for r, n in enumerate(rows):
+            if r == root:
+                pieces.append(part)
+                continue
+            shape = list(part.shape)
+            shape[-2] = n
+            pieces.append(torch.empty(shape, dtype=part.dtype))
+            if n:
+                requests.append(dist.irecv(pieces[-1], src=r))
+        for request in requests:
+            request.wait()
+        self.counts.append(Count(layer, "gather", 0, (sum(rows) - rows[root]) * per_row * size))
+        return torch.cat(pieces, dim=-2)
 
     def send(self, tensor: torch.Tensor, dst: int, layer: int | None) -> None:
         dist.send(tensor.contiguous(), dst=dst)
@@ -228,6 +267,8 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
     walker = Walker(rank, device.name, comm, clock, result)
     span, collective = walker.span, walker.collective
     x = inputs["x"]
+    if plan.steps and plan.steps[0].kind == "broadcast" and rank != plan.steps[0].src:
+        x = torch.full_like(x, float("nan"))    # only the terminal pre-processes; the others wait for its input
     h = None
     heads_from = [sum(plan.heads[:i]) for i in range(K)] if plan.heads else []
     ffn_from = [sum(plan.ffn_columns[:i]) for i in range(K)] if plan.ffn_columns else []
@@ -243,10 +284,15 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
             if step.kind == "compute":
                 work = _compute(plan, step, rank, model, x, h, inputs, heads_from, ffn_from, torch_tp, comm)
                 x, h = walker.compute(step, work) or (x, h)
-            elif step.kind == "all_gather":
+            elif step.kind == "broadcast":
+                x = collective(step, lambda: comm.broadcast(x, step.src, layer))
+            elif step.kind in ("all_gather", "gather"):
                 b = plan.bounds[layer]
                 rows = [b[j + 1] - b[j] for j in range(K)]
-                x = collective(step, lambda: comm.all_gather_rows(x, rows, layer))
+                if step.kind == "gather":
+                    x = collective(step, lambda: comm.gather_rows(x, rows, step.dst, layer))
+                else:
+                    x = collective(step, lambda: comm.all_gather_rows(x, rows, layer))
             elif step.kind == "all_reduce":
                 if "attention" in step.label:
                     h = collective(step, lambda: comm.all_reduce(h, layer))

@@ -112,12 +112,21 @@ def latency_plan() -> PartitionPlan:
     return plan("voltage", devices, mbit)
 
 
+def _first_compute(p: PartitionPlan):
+    return next(step for step in p.steps if step.kind == "compute")
+
+
 def latency_givens() -> dict[str, float]:
-    """What exercise 4 gives: a layer's compute on each device, the link and the layer count."""
+    """What exercise 4 gives: a layer's compute on each device, the link, the layer count, and the bytes of
+    Algorithm 2's three transfers on the terminal's link: the input it broadcasts, an All-Gather, the last
+    layer's rows it receives."""
     p = latency_plan()
-    return {"layers": p.shape.num_layers, "compute_ms_per_layer": round(_ms(p.steps[0].seconds[0]), 3),
+    by_kind = {step.kind: step for step in p.steps if step.kind != "compute"}
+    return {"layers": p.shape.num_layers, "compute_ms_per_layer": round(_ms(_first_compute(p).seconds[0]), 3),
             "bandwidth_mbit": LATENCY[1], "link_latency_ms": _ms(p.latency_s),
-            "bytes_sent_per_layer": p.traffic()[0][0].sent, "bytes_received_per_layer": p.traffic()[0][0].received}
+            "input_bytes_sent_by_terminal": by_kind["broadcast"].traffic[0].sent,
+            "bytes_sent_per_layer": p.traffic()[0][0].sent, "bytes_received_per_layer": p.traffic()[0][0].received,
+            "last_layer_bytes_received_by_terminal": by_kind["gather"].traffic[0].received}
 
 
 def predicted_ms() -> float:
@@ -125,21 +134,27 @@ def predicted_ms() -> float:
 
 
 def check_latency(answer) -> Feedback:
-    """Exercise 4: Voltage's predicted latency over LATENCY's devices and bandwidth, in ms."""
+    """Exercise 4: Voltage's predicted latency over LATENCY's devices and bandwidth, in ms (Algorithm 2: the
+    input broadcast, an All-Gather after every layer but the last, the last rows to the terminal)."""
     p, g = latency_plan(), latency_givens()
-    gather_ms = _ms(p.steps[1].seconds[0])
+    by_kind = {step.kind: _ms(step.seconds[0]) for step in p.steps if step.kind != "compute"}
     wire = max(g["bytes_sent_per_layer"], g["bytes_received_per_layer"])
+    rate = LATENCY[1] * 1e6 / 8
     return check_number(
         "Exercise 4", answer, predicted_ms(), unit="ms", tolerance=LATENCY_TOLERANCE_MS, minimum=0,
         quantity="a latency",
-        hint="a layer is the devices' compute (side by side) and then one All-Gather; run lab.latency_givens().",
+        hint="the input goes out first; a layer is the devices' compute (side by side) and then one All-Gather, "
+             "but the last layer sends its rows to the terminal only; run lab.latency_givens().",
         why_high="the devices compute their rows at the same time, so a layer's compute counts once; a link is "
                  "full duplex, so what a device sends and what it receives travel together (the larger one counts).",
-        why_low=f"every one of the {g['layers']} layers ends with an All-Gather: one link latency plus the bytes "
-                f"over the link's {with_unit(LATENCY[1], 'Mbit/s')} ({LATENCY[1] * 1e6 / 8:,.0f} bytes/s).",
-        right=f"{g['layers']} layers x ({g['compute_ms_per_layer']:.2f} ms compute + {g['link_latency_ms']:g} ms "
-              f"latency + {wire:,} bytes / {LATENCY[1] * 1e6 / 8:,.0f} bytes/s) = {g['layers']} x "
-              f"({g['compute_ms_per_layer']:.2f} + {gather_ms:.2f}) ms = {predicted_ms():.2f} ms.")
+        why_low=f"every transfer is one link latency plus its bytes over the link's {with_unit(LATENCY[1], 'Mbit/s')} "
+                f"({rate:,.0f} bytes/s): the input's broadcast, {g['layers'] - 1} All-Gathers and the last rows "
+                f"to the terminal.",
+        right=f"{by_kind['broadcast']:.2f} ms input ({g['input_bytes_sent_by_terminal']:,} bytes) + "
+              f"{g['layers'] - 1} x ({g['compute_ms_per_layer']:.2f} ms compute + {g['link_latency_ms']:g} ms latency "
+              f"+ {wire:,} bytes / {rate:,.0f} bytes/s) + {g['compute_ms_per_layer']:.2f} ms + "
+              f"{by_kind['gather']:.2f} ms for the last rows ({g['last_layer_bytes_received_by_terminal']:,} bytes) "
+              f"= {predicted_ms():.2f} ms.")
 
 
 # ----------------------------------------------------------------------------- exercise 5: the break-even
@@ -213,7 +228,7 @@ def uneven_rows() -> dict[str, int]:
 
 def uneven_ms() -> dict[str, float]:
     """Each device's predicted compute per layer in exercise 6, ms."""
-    return {name: round(_ms(s), 3) for (name, _), s in zip(UNEVEN, uneven_plan().steps[0].seconds)}
+    return {name: round(_ms(s), 3) for (name, _), s in zip(UNEVEN, _first_compute(uneven_plan()).seconds)}
 
 
 def bottleneck() -> str:

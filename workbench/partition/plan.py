@@ -29,8 +29,8 @@ from workbench.devices import DeviceProfile, member
 from workbench.errors import WorkbenchError
 from workbench.partition import limits
 from workbench.partition.cost import (DTYPE_BYTES, ModelShape, Traffic, all_gather_traffic, all_reduce_traffic,
-                                      collective_s, layer_orders, split_counts, tensor_parallel_gammas,
-                                      voltage_layer_gamma)
+                                      collective_s, gather_traffic, layer_orders, split_counts,
+                                      tensor_parallel_gammas, voltage_layer_gamma)
 from workbench.timeline import Span, Timeline
 
 SCHEMES: dict[str, str] = {
@@ -49,7 +49,8 @@ MAX_DEVICES = limits.MAX_DEVICES
 class Step:
     """One step of the schedule, the same for every device.
 
-    ``kind`` "compute" (each device's predicted ``seconds``), "all_gather", "all_reduce" or "send"
+    ``kind`` "compute" (each device's predicted ``seconds``), "all_gather", "all_reduce", "send", "broadcast"
+    (the terminal's input to every other device) or "gather" (every part to the terminal)
     (each device's ``traffic`` and the collective's ``seconds``, the same for all)."""
     kind: str
     layer: int | None
@@ -99,6 +100,14 @@ class PartitionPlan:
             if step.traffic and step.layer is not None:
                 per_layer[step.layer] = [a + b for a, b in zip(per_layer[step.layer], step.traffic)]
         return per_layer
+
+    def total_traffic(self) -> list[Traffic]:
+        """Per device: bytes sent and received over the whole run, the input's broadcast included."""
+        total = [Traffic(0, 0)] * self.K
+        for step in self.steps:
+            if step.traffic:
+                total = [a + b for a, b in zip(total, step.traffic)]
+        return total
 
     def compute_s(self) -> list[float]:
         """Per device: predicted seconds of compute."""
@@ -265,7 +274,12 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
     vectors = resolve_shares(shares, devices, L)
     bounds = tuple(position_bounds(N, v) for v in vectors)
     orders, steps = [], []
-    bws = [d.net_bytes_per_s for d in devices]
+    bws, lat = [d.net_bytes_per_s for d in devices], _latency(devices)
+    if K > 1:                                   # Algorithm 2, line 3: the terminal distributes the input features
+        nbytes = N * shape.hidden * DTYPE_BYTES
+        traffic = (Traffic((K - 1) * nbytes, 0),) + (Traffic(0, nbytes),) * (K - 1)
+        steps.append(Step("broadcast", None, "broadcast the input", (collective_s(traffic, bws, lat),) * K, traffic,
+                          src=0, latency_s=lat))
     for layer, b in enumerate(bounds):
         rows = [b[i + 1] - b[i] for i in range(K)]
         layer_orders_ = [layer_orders(shape, N, P, order)[0] if P else "none" for P in rows]
@@ -273,11 +287,14 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
         seconds = tuple(_layer_s(d, voltage_layer_gamma(shape, N, P, layer_orders(shape, N, P, order)), P) if P else 0.0
                         for d, P in zip(devices, rows))
         steps.append(Step("compute", layer, f"layer {layer}", seconds))
-        if K > 1:
+        if K > 1 and layer < L - 1:
             traffic = tuple(all_gather_traffic([P * shape.hidden for P in rows]))
-            s = collective_s(traffic, bws, _latency(devices))
-            steps.append(Step("all_gather", layer, f"All-Gather {layer}", (s,) * K, traffic,
-                              latency_s=_latency(devices)))
+            s = collective_s(traffic, bws, lat)
+            steps.append(Step("all_gather", layer, f"All-Gather {layer}", (s,) * K, traffic, latency_s=lat))
+        elif K > 1:                             # lines 7-8 and 16: the last layer's parts go to the terminal only
+            traffic = tuple(gather_traffic([P * shape.hidden for P in rows]))
+            steps.append(Step("gather", layer, f"gather {layer} to the terminal", (collective_s(traffic, bws, lat),) * K,
+                              traffic, dst=0, latency_s=lat))
     even = all(v == vectors[0] for v in vectors)
     rule = shares if isinstance(shares, str) else ("given" if even else "given per layer")
     F, F_H = shape.hidden, shape.head_dim
@@ -294,7 +311,9 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
         forced = "" if order == "auto" else f" (forced: {order} for every head)"
         reasons.append(f"Theorem 2 threshold (F - F_H)/(F F_H) = {threshold:.4f}; {picks}{forced}")
     if K > 1:
-        reasons.append(f"one All-Gather per layer: a device sends its {F}-wide rows to the {K - 1} others")
+        reasons.append(f"Algorithm 2: the terminal broadcasts the {N} x {F} input; one All-Gather per layer but the "
+                       f"last (a device sends its {F}-wide rows to the {K - 1} others); the last layer's rows go to "
+                       f"the terminal only")
     return {"shares": vectors, "bounds": bounds, "orders": tuple(orders), "reasons": tuple(reasons), "steps": steps}
 
 
@@ -379,7 +398,7 @@ def steps_timeline(steps: Sequence[Step], names: Sequence[str], name: str = "pre
     for k, step in enumerate(steps):
         if step.kind == "compute":
             longest = max(step.seconds)
-            waits = k + 1 < len(steps) and steps[k + 1].kind in ("all_gather", "all_reduce")
+            waits = k + 1 < len(steps) and steps[k + 1].kind in ("all_gather", "all_reduce", "gather")
             for i, s in enumerate(step.seconds):
                 if s > 0:
                     spans.append(Span(f"device {i}", "compute", t, t + s, step.label, device=names[i],

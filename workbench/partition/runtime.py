@@ -83,6 +83,11 @@ class RunResult:
                     table[c["layer"]][rank] = table[c["layer"]][rank] + Traffic(c["sent"], c["received"])
         return table
 
+    def total_traffic(self) -> list[Traffic]:
+        """Per rank: bytes counted over the whole run, the input's broadcast included
+        (:meth:`PartitionPlan.total_traffic`'s shape)."""
+        return [Traffic(sum(c["sent"] for c in counts), sum(c["received"] for c in counts)) for counts in self.counts]
+
     def sent_by_kind(self) -> dict[str, list[int]]:
         """Per collective kind, per rank: bytes sent over the whole run."""
         out: dict[str, list[int]] = {}

@@ -318,15 +318,15 @@ class PartitionPanel(Panel):
     def _bytes_html(self, plan: PartitionPlan, result) -> str:
         """Bytes each device sent and received per layer as the run counted them, beside the plan's; and
         Voltage's bytes against tensor parallelism's when both ran on these devices, model and length."""
-        counted, predicted = result.traffic(), plan.traffic()
+        counted, predicted, total = result.traffic(), plan.traffic(), result.total_traffic()
         rows = []
         for i, d in enumerate(plan.devices):
             received = (min(layer[i].received for layer in counted), max(layer[i].received for layer in counted))
             rows.append(table_row((f"{i} ({d.name})", bytes_text(*traffic_per_layer(counted, i)),
                                    bytes_text(*received), bytes_text(*traffic_per_layer(predicted, i)),
-                                   f"{sum(layer[i].sent for layer in counted):,}"), device=i))
+                                   f"{total[i].sent:,}"), device=i))
         head = table_row(("device", "sent per layer (counted)", "received per layer (counted)",
-                          "sent per layer (planned)", "sent in all"), "th")
+                          "sent per layer (planned)", "sent in all (the input too)"), "th")
         return (f"<div class='wb-bytes-info'><b>Bytes counted by the run</b> ({html.escape(scheme_label(plan.scheme))},"
                 f" {plan.shape.num_layers} layers)<table class='wb-bytes' style='border-collapse:collapse;"
                 f"font-size:90%'>{head}{''.join(rows)}</table>{self._ratio_html(plan)}</div>")
@@ -340,7 +340,9 @@ class PartitionPanel(Panel):
                 if (p.scheme, p.shape.name, p.seq_len, p.devices) == (scheme, plan.shape.name, plan.seq_len,
                                                                        plan.devices):
                     table = run["result"].traffic()
-                    return sum(t.sent for layer in table for t in layer) / (p.K * p.shape.num_layers)
+                    if scheme == "voltage":          # its All-Gather layers: the last one goes to the terminal only
+                        table = table[:-1]
+                    return sum(t.sent for layer in table for t in layer) / (p.K * len(table))
             return None
 
         voltage = sent_per_device_layer("voltage")
