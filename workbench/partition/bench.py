@@ -185,7 +185,8 @@ class Runs:
                "error_pct": _error_pct(median, plan.predicted_s),
                "counted_bytes_equal_model": all(r.traffic() == plan.traffic()
                                                 and r.total_traffic() == plan.total_traffic() for r in results),
-               "sent_kB_per_device_layer": sum(t.sent for t in results[-1].total_traffic()) / K / layers / 1e3}
+               "sent_kB_per_device_layer": sum(t.sent for t in results[-1].total_traffic()) / K / layers / 1e3,
+               "wire_over_counted": max(results[-1].wire_over_counted(), default=math.nan)}
         self.rows[key], self.last[key] = row, results[-1]
         note = results[-1].check().note()
         said = "replayed" if mode == "replay" else "measured"
@@ -453,6 +454,10 @@ def print_latency(runs: Runs, cost_rows: list[dict], problem: str | None) -> Non
               f"{worst['bandwidth_mbit']:g} Mbit/s)" + (f"; outside: {'; '.join(misses)}" if misses else ""))
         print(f"{mode}: bytes counted equal the cost model's in every run: "
               f"{'yes' if all(r['counted_bytes_equal_model'] for r in mine) else 'NO'}")
+        wire = [r["wire_over_counted"] for r in mine if not math.isnan(r["wire_over_counted"])]
+        if wire:
+            print(f"{mode}: bytes read off each rank's veth over the bytes it counted sending: "
+                  f"{min(wire):.3f}-{max(wire):.3f} (TCP/IP framing, acknowledgements, gloo's messages)")
         for scheme in ("voltage", "tensor_parallel"):
             got = _reduction(rows, "encoder", mode, K, bw, scheme, "latency_ms")
             predicted = _reduction(rows, "encoder", mode, K, bw, scheme, "predicted_ms")

@@ -66,6 +66,12 @@ class RunResult:
     limited: bool = False                  # every rank computed under its device's CPU limit
     calibrations: tuple = ()               # per rank: cpulimit.Calibration of its limit
     note: str = ""                         # why a run asked to be measured was not
+    wire: tuple = ()                       # shaped links: per rank, Traffic read off its veth during the run
+
+    def wire_over_counted(self) -> list[float]:
+        """Per rank that sent anything: bytes its link carried out over the bytes it counted sending (framing,
+        acknowledgements and protocol messages make it a little above 1); [] without shaped links."""
+        return [w.sent / c.sent for w, c in zip(self.wire, self.total_traffic()) if c.sent] if self.wire else []
 
     @property
     def mode(self) -> str:
@@ -256,8 +262,13 @@ class PartitionRuntime:
                 "order": plan.order, "emulate": emulate and self.cpu is None, "limited": self.cpu is not None,
                 "seed": seed, "model_seed": model_seed}
         deadline = deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S
+        before = self.network.wire_bytes() if self.network is not None else None
         results = self.run_spec(spec, [d.name for d in plan.devices], len(plan.steps), deadline, progress, should_stop)
-        return self._result(plan, results, emulate)
+        result = self._result(plan, results, emulate)
+        if before is not None and self.network is not None:
+            after = self.network.wire_bytes()
+            result = replace(result, wire=tuple(Traffic(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before)))
+        return result
 
     def run_spec(self, spec: dict, names: Sequence[str], total_steps: int, deadline_s: float,
                  progress: Callable[[int, int], None] | None = None,

@@ -207,6 +207,18 @@ class ShapedNetwork:
         """What torch.distributed needs to use the shaped link: gloo's (and tensorpipe's) interface."""
         return {"GLOO_SOCKET_IFNAME": self.interface, "TP_SOCKET_IFNAME": self.interface}
 
+    def wire_bytes(self) -> list[tuple[int, int]]:
+        """Per rank: the bytes its link has carried so far, (from the rank, to the rank), read off the switch
+        end of its veth pair (``/proc/<switch holder>/net/dev``): what really crossed the wire, TCP/IP and
+        Ethernet framing, acknowledgements and every protocol message included."""
+        counters: dict[str, tuple[int, int]] = {}
+        with open(f"/proc/{self._holders[0].pid}/net/dev") as handle:
+            for line in handle.readlines()[2:]:
+                name, _, rest = line.partition(":")
+                fields = rest.split()
+                counters[name.strip()] = (int(fields[0]), int(fields[8]))        # received, transmitted
+        return [counters[f"{self.name}sw{rank}"] for rank in range(self.size)]
+
     def close(self) -> None:
         """Kill the holders and wait for them: their namespaces and every interface in them go."""
         for holder in self._holders:
