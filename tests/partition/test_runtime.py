@@ -234,3 +234,55 @@ def test_a_run_asked_to_be_measured_without_limits_says_why_and_is_labelled_unli
     assert_equal_outputs(result, reference)
     with pytest.raises(WorkbenchError, match="one of measured, replay, unlimited"):
         rt.run_partition(plan_partition("voltage", ENC, N, devices_like(2)), mode="padded")
+
+
+def readme_torchrun() -> str:
+    """The README's multi-machine command, its continuation lines joined."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("GLOO_SOCKET_IFNAME=IFACE torchrun")
+    end = text.index("```", start)
+    return " ".join(line.strip().rstrip("\\").strip() for line in text[start:end].splitlines() if line.strip())
+
+
+@pytest.mark.slow
+def test_the_readmes_torchrun_command_runs_across_two_network_namespaces(tmp_path):
+    """Two machines as two network namespaces made here (addresses only inside them; gone afterwards), each
+    running the README's command as written with its own R, HEAD, THIS and IFACE: both nodes end with 0, node 0
+    is the terminal, its outputs equal the one-process model, and the bytes each rank sent are Algorithm 2's."""
+    from workbench.partition.shaping import ShapedNetwork, shaping_problem
+
+    problem = shaping_problem()
+    if problem:
+        pytest.skip(f"network namespaces are not available here: {problem}")
+    command = readme_torchrun()
+    assert "--local-addr THIS" in command and "--node-rank R" in command
+    bindir = os.path.dirname(sys.executable)
+    with ShapedNetwork(2, 1000e6 / 8, name="rd") as net:
+        procs = []
+        for r in range(2):
+            line = (command.replace("IFACE", net.interface).replace("--node-rank R", f"--node-rank {r}")
+                    .replace("HEAD", net.master_addr).replace("THIS", net.addresses[r])
+                    .replace("run.json", f"run{r}.json").replace("run-trace.json", f"trace{r}.json"))
+            procs.append(subprocess.Popen([*net.prefix(r), "bash", "-c", line], cwd=tmp_path, text=True,
+                                          env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"},
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [p.communicate(timeout=300) for p in procs]
+        holders = net.holder_pids
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
+    summary = json.loads((tmp_path / "run0.json").read_text())
+    assert summary["ranks"] == 2 and summary["max_abs_diff_hidden"] < 2e-4
+    assert not (tmp_path / "run1.json").exists()                    # only the terminal reports
+    rows = 64 * ENC.hidden * 4                                       # each node's 64 of 128 positions
+    assert summary["sent_bytes_per_rank"] == [2 * rows + (ENC.num_layers - 1) * rows, ENC.num_layers * rows]
+    assert json.loads((tmp_path / "trace0.json").read_text())["traceEvents"]
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in holders)
+
+
+def test_the_worker_fails_when_its_outputs_differ_from_the_model():
+    from workbench.partition.worker import OUTPUT_TOLERANCE, outputs_problem
+
+    assert outputs_problem(2e-6) == "" and outputs_problem(OUTPUT_TOLERANCE) == ""
+    said = outputs_problem(0.5)
+    assert "differ from the model run in one process by 0.5 (more than 0.001)" in said
