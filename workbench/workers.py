@@ -245,7 +245,7 @@ class WorkerGroup:
     With ``ready="signal"``, ``clock_offsets_s[i]`` added to a reading of worker ``i``'s clock (the one it
     gave :func:`ready`) puts it on ``clock``'s, and ``released_at`` is ``clock()`` when all were released.
     ``master_addr``: where rank 0's rendezvous listens (127.0.0.1 unless the workers run in network
-    namespaces of their own, see :mod:`workbench.partition.shaping`).
+    namespaces of their own, see :mod:`workbench.distributed.shaping`).
     """
 
     def __init__(self, command: Sequence[str] | Callable[[int], Sequence[str]], size: int = 1, *,

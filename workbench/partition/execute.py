@@ -164,7 +164,7 @@ class RankResult:
 
 LINKS = ("emulated", "shaped")
 """How links behave: emulated in the application (a collective lasts at least the cost model's seconds), or real
-traffic over links shaped by ``tc`` (:mod:`workbench.partition.shaping`) plus the latency, which ``tbf`` cannot
+traffic over links shaped by ``tc`` (:mod:`workbench.distributed.shaping`) plus the latency, which ``tbf`` cannot
 add."""
 
 MODES = ("measured", "replay", "unlimited")

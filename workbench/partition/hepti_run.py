@@ -300,7 +300,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
 
     from workbench.partition.cost import get_shape
     from workbench.partition.runtime import DEADLINE_MARGIN_S, PartitionRuntime, RunFailed
-    from workbench.partition.wire import encode_array
+    from workbench.distributed.wire import encode_array
     from workbench.timeline import Span, Timeline
 
     model_shape = get_shape(model)
@@ -385,6 +385,6 @@ def _decisions(raw: Sequence[dict]) -> list[Decision]:
 
 
 def decode(d):
-    from workbench.partition.wire import decode_array
+    from workbench.distributed.wire import decode_array
 
     return decode_array(d)

@@ -24,13 +24,12 @@ import os
 import socket
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from datetime import timedelta
 
 import numpy as np
 
-from workbench.partition.wire import THREADS_ENV, TIMEOUT_ENV, decode_array, encode_array
+from workbench.distributed.wire import THREADS_ENV, TIMEOUT_ENV, decode_array, encode_array
 
 
 def plan_from_spec(spec: dict):
@@ -139,29 +138,11 @@ class _Runner:
 
 
 def serve(control: str) -> int:
-    """Connect to the parent's control socket and run its jobs until told to exit."""
-    from workbench import workers
+    """Connect to the parent's control socket and run its jobs until told to exit (the shared loop of
+    :func:`workbench.distributed.worker.serve`, with this mechanism's runner)."""
+    from workbench.distributed.worker import serve as serve_jobs
 
-    runner = _Runner()
-    workers.ready()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.connect(control)
-        out = conn.makefile("w", encoding="utf-8")
-        send = lambda msg: (out.write(json.dumps(msg) + "\n"), out.flush())
-        send({"hello": runner.rank, "pid": os.getpid()})
-        for line in conn.makefile("r", encoding="utf-8"):
-            msg = json.loads(line)
-            if msg.get("exit"):
-                break
-            job = msg["job"]
-            try:
-                result = runner.run(msg["spec"], lambda i, label, extra=None: send(
-                    {"progress": job, "step": i, "label": label, **(extra or {})}))
-            except Exception as exc:                           # reported to the parent, which ends the group
-                send({"error": job, "message": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
-                return 1
-            send({"done": job, "result": result})
-    return 0
+    return serve_jobs(control, _Runner)
 
 
 def one_shot(args) -> int:

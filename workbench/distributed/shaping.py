@@ -1,4 +1,4 @@
-"""Real link shaping for the partition runtime: each rank in a network namespace of its own, its link
+"""Real link shaping for distributed runs: each rank in a network namespace of its own, its link
 limited in both directions by a ``tc`` token bucket (tbf) at its device profile's bandwidth.
 
 The layout: ``size`` rank namespaces and one switch namespace holding a bridge. Each rank is joined to

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.partition import shaping
-from workbench.partition.shaping import ShapedNetwork, ShapingError, check_shaping_available, measure_throughput
+from workbench.distributed import shaping
+from workbench.distributed.shaping import ShapedNetwork, ShapingError, check_shaping_available, measure_throughput
 from workbench.workers import WorkerGroup
 
 MBIT = 1e6 / 8
@@ -96,7 +96,7 @@ def test_nothing_is_left_when_the_parent_is_killed(shaping_available):
     before = host_links()
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, time
-        from workbench.partition.shaping import ShapedNetwork
+        from workbench.distributed.shaping import ShapedNetwork
         net = ShapedNetwork(3, 100e6 / 8, name="wbcrash")
         print(*net.holder_pids, flush=True)
         time.sleep(120)

@@ -1,4 +1,4 @@
-"""What the partition runtime's parent and its workers share on the wire: arrays as JSON-able base64, and
+"""What a distributed run's parent and its workers share on the wire: arrays as JSON-able base64, and
 the environment a worker reads its threads and timeout from. Kept apart so that neither side imports the other."""
 from __future__ import annotations
 
