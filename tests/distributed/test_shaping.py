@@ -203,8 +203,8 @@ def test_gloo_all_reduce_across_shaped_links(shaping_available, tmp_path):
 def test_bytes_read_off_the_wire_equal_the_counted_bytes_within_framing(shaping_available):
     """Every rank's veth, read before and after a run (switch end: what left the rank and what reached it),
     carries what the runtime counted plus TCP/IP and Ethernet framing, acknowledgements and gloo's own messages:
-    between 1.00 and 1.06 of the counted bytes (1.01-1.035 measured here; GSO sends large segments, so a
-    header of about 66 bytes goes with each 64 kB, not each 1.4 kB). On the wire as counted, the second rank of
+    at least the counted bytes and at most 5 % and 16 kB more (1.01-1.035 of them measured here; GSO sends large
+    segments, so a header of about 66 bytes goes with each 64 kB, not each 1.4 kB; gloo adds a few kB a run). On the wire as counted, the second rank of
     two sends Voltage a quarter of what it sends tensor parallelism (both send its rows every layer: All-Gathers
     and the last rows to the terminal, against two All-Reduces)."""
     from workbench.partition.cost import SHAPES
@@ -220,7 +220,8 @@ def test_bytes_read_off_the_wire_equal_the_counted_bytes_within_framing(shaping_
                 counted = result.total_traffic()
                 assert counted == plan.total_traffic()
                 for w, c in zip(result.wire, counted):
-                    assert c.sent <= w.sent <= 1.06 * c.sent and c.received <= w.received <= 1.06 * c.received
+                    assert c.sent <= w.sent <= 1.05 * c.sent + 16384
+                    assert c.received <= w.received <= 1.05 * c.received + 16384
                 assert len(result.wire_over_counted()) == K
                 wire[K, scheme] = result.wire
     assert wire[2, "tensor_parallel"][1].sent / wire[2, "voltage"][1].sent == pytest.approx(4, rel=0.02)

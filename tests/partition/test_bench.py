@@ -85,8 +85,11 @@ def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
         plan = plan_partition(r["scheme"], SHAPES[r["model"]], N, devices_like(r["K"], bandwidth_mbit=r["bandwidth_mbit"]))
         assert r["predicted_ms"] == pytest.approx(1e3 * plan.predicted_s)
         assert r["counted_bytes_equal_model"] and r["repeats"] == pb.QUICK["repeats"]
-        if r["mode"] == "measured" and r["sent_kB_per_device_layer"] > 0:    # off the veths: counted + framing
-            assert 1.0 <= r["wire_over_counted"] <= 1.06
+        if r["mode"] == "measured" and r["sent_kB_per_device_layer"] > 0:
+            # off the veths: the counted bytes, 1-5 % of TCP/IP framing and acknowledgements, and a few kB of gloo's
+            # own messages per run (its barrier and handshakes), which weigh most where a rank sends least
+            least = min(t.sent for t in plan.total_traffic() if t.sent)
+            assert 1.0 <= r["wire_over_counted"] <= 1.05 + 16384 / least, (r, least)
         else:
             assert math.isnan(r["wire_over_counted"])
         assert 0 < r["min_ms"] <= r["latency_ms"] <= r["max_ms"]
