@@ -72,9 +72,10 @@ def real_controller():
 def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
     """The group is calibrated to a sixth of what the probe computes unlimited (a device at a sixth of a core);
     then another process, put in the group afterwards as a rank would be, computes near that. The calibration
-    stops within 7.5 %; the same share then gives 8-20 % less or more from one ten seconds to the next on this
-    2-vCPU host (measured: medians 15.3 and 13.0 GFLOP/s for a 16.6 target, back to back), so the check allows
-    25 %: a share off by the unlimited speed (x 6) or the period (1 ms of 6) is far outside it."""
+    stops within 7.5 %, but on this 2-vCPU host the same share then gives a fresh process 20 % less to 28 % more
+    (measured in three full runs: 13.6, 15.3 and 20.6 GFLOP/s for 16-17 targets), so the check is the share's
+    order of magnitude: within 50 % of the target, and at least three times slower than unlimited. A share left
+    unlimited, taken from the unlimited speed the wrong way, or off by the period (1 ms of 6) fails it."""
     c = real_controller()
     with cl.CpuGroup() as group, cl.Probe() as probe:
         group.add(probe.pid)
@@ -91,7 +92,7 @@ def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
             assert rank.pid in group.pids()
             rank.measure(0.1)                                       # its first products warm up
             got = statistics.median(rank.measure() for _ in range(cl.MEASURES))   # as the calibration measures
-        assert abs(got / target - 1) <= 0.25, (got, target, calibration)
+        assert abs(got / target - 1) <= 0.5 and got <= free / 3, (got, target, free, calibration)
         path = group.path
     assert not path.exists() and not [p for p in c.root.glob(f"workbench-{os.getpid()}-*")]
 
