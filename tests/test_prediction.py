@@ -59,3 +59,9 @@ def test_a_faster_run_is_never_blamed_on_load():
     assert check.missed and not any("busy" in c for c in check.causes)
     assert check.causes == ("compute took 50 ms against 200 ms predicted (this host computes faster than the "
                             "device the prediction assumes)",)
+
+
+def test_a_replayed_run_is_never_called_measured():
+    same = timeline("predicted", 0.1, 0.05)
+    check = check_prediction(same, same, 0.5, 0.15, load=QUIET, label="replayed")
+    assert check.note().startswith("replayed 500 ms is 233 % above the predicted 150 ms")

@@ -46,6 +46,7 @@ class PredictionCheck:
     measured_s: float
     predicted_s: float
     causes: tuple[str, ...] = ()
+    label: str = "measured"         # "replayed" for a run padded to its prediction: never called measured
 
     @property
     def ratio(self) -> float:
@@ -60,7 +61,7 @@ class PredictionCheck:
         if not self.missed:
             return ""
         way = "above" if self.ratio > 1 else "below"
-        text = (f"measured {1e3 * self.measured_s:.0f} ms is {abs(self.ratio - 1) * 100:.0f} % {way} the predicted "
+        text = (f"{self.label} {1e3 * self.measured_s:.0f} ms is {abs(self.ratio - 1) * 100:.0f} % {way} the predicted "
                 f"{1e3 * self.predicted_s:.0f} ms")
         return text + (f"; likely: {'; '.join(self.causes)}" if self.causes else "")
 
@@ -77,7 +78,8 @@ def compare_kinds(measured: Timeline, predicted: Timeline) -> list[tuple[str, fl
 
 
 def check_prediction(measured: Timeline, predicted: Timeline, measured_s: float, predicted_s: float, *,
-                     first_run: bool = False, emulated: str = "", load: HostLoad | None = None) -> PredictionCheck:
+                     first_run: bool = False, emulated: str = "", load: HostLoad | None = None,
+                     label: str = "measured") -> PredictionCheck:
     """Compare one measured run with its prediction; ``emulated`` names the device a preset run pads to."""
     causes = []
     if first_run:
@@ -96,4 +98,4 @@ def check_prediction(measured: Timeline, predicted: Timeline, measured_s: float,
         elif group == "compute" and got < want:
             text += " (this host computes faster than the device the prediction assumes)"
         causes.append(text)
-    return PredictionCheck(measured_s=measured_s, predicted_s=predicted_s, causes=tuple(causes))
+    return PredictionCheck(measured_s=measured_s, predicted_s=predicted_s, causes=tuple(causes), label=label)

@@ -95,6 +95,7 @@ def test_an_emulated_run_follows_its_prediction_and_draws_every_device():
         runtime.run(plan)                                                      # warm up
         result = runtime.run(plan)
     assert result.latency_s >= 0.98 * plan.predicted_s                         # padded to the device, never faster
+    assert result.mode == "replay" and result.check().label == "replayed"      # a replay is never called measured
     lanes = {(s.rank, s.kind) for s in result.timeline.spans}
     assert {(0, "compute"), (1, "compute"), (0, "comm"), (1, "comm")} <= lanes
     comm = [s for s in result.timeline.spans if s.kind == "comm" and s.rank == 1]

@@ -90,7 +90,8 @@ class RunResult:
             # PyTorch's collectives run inside its layers, measured as one span a layer: compare them whole
             predicted = Timeline(tuple(replace(s, kind="compute") if s.kind == "comm" else s for s in predicted.spans),
                                  predicted.source, predicted.counters, predicted.name)
-        return check_prediction(self.timeline, predicted, self.latency_s, self.plan.predicted_s, emulated=device)
+        return check_prediction(self.timeline, predicted, self.latency_s, self.plan.predicted_s, emulated=device,
+                                label="replayed" if self.mode == "replay" else "measured")
 
 
 class PartitionRuntime(RankGroup):
