@@ -239,12 +239,6 @@ def replay_runs(runs: Runs) -> None:
             runtime.close()
 
 
-def shaping_problem() -> str | None:
-    from workbench.distributed.shaping import shaping_problem as problem
-
-    return problem()
-
-
 def measured_runs(runs: Runs) -> None:
     """One group per (K, bandwidth), every rank under a CPU limit calibrated to the device and its link shaped
     (tc in the group's namespaces)."""
