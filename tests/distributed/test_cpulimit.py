@@ -71,28 +71,34 @@ def real_controller():
 @pytest.mark.slow
 def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
     """The group is calibrated to a sixth of what the probe computes unlimited (a device at a sixth of a core);
-    then another process, put in the group afterwards as a rank would be, computes near that. The calibration
-    stops within 7.5 %, but on this 2-vCPU host the same share then gives a fresh process 20 % less to 28 % more
-    (measured in three full runs: 13.6, 15.3 and 20.6 GFLOP/s for 16-17 targets), so the check is the share's
-    order of magnitude: within 50 % of the target, and at least three times slower than unlimited. A share left
-    unlimited, taken from the unlimited speed the wrong way, or off by the period (1 ms of 6) fails it."""
+    then a fresh process, put in the group afterwards as a rank would be, computes within the tolerance (15 %)
+    of the target. This 2-vCPU VM's own speed drifts by up to a quarter between half-seconds under the full
+    suite, so a miss is followed by a recalibration (which starts from the share found) and a new fresh process,
+    three attempts at most: a limit that really holds passes at the first or second, while a share left
+    unlimited, taken from the unlimited speed the wrong way, or off by the period (1 ms of 6) misses all three."""
     c = real_controller()
+    errors = []
     with cl.CpuGroup() as group, cl.Probe() as probe:
         group.add(probe.pid)
         probe.measure(0.1)
         free = statistics.median(probe.measure() for _ in range(cl.MEASURES))
         target = free / 6
-        calibration = cl.calibrate(group, target, probe=probe)
-        assert calibration.share is not None and calibration.share < 0.5
-        quota, period = group.limits()
-        assert quota / period == pytest.approx(calibration.share)
-        assert probe.pid not in group.pids()                    # the probe went back to the root
-        with cl.Probe() as rank:
-            group.add(rank.pid)
-            assert rank.pid in group.pids()
-            rank.measure(0.1)                                       # its first products warm up
-            got = statistics.median(rank.measure() for _ in range(cl.MEASURES))   # as the calibration measures
-        assert abs(got / target - 1) <= 0.5 and got <= free / 3, (got, target, free, calibration)
+        for _ in range(3):
+            calibration = cl.calibrate(group, target, probe=probe)
+            assert calibration.share is not None and calibration.share < 0.5
+            quota, period = group.limits()
+            assert quota / period == pytest.approx(calibration.share)
+            assert probe.pid not in group.pids()                    # the probe went back to the root
+            with cl.Probe() as rank:
+                group.add(rank.pid)
+                assert rank.pid in group.pids()
+                rank.measure(0.1)                                   # its first products warm up
+                got = statistics.median(rank.measure() for _ in range(cl.MEASURES))   # as the calibration does
+            errors.append(got / target - 1)
+            assert got <= free / 3, (got, target, free, calibration)
+            if abs(errors[-1]) <= cl.TOLERANCE:
+                break
+        assert abs(errors[-1]) <= cl.TOLERANCE, (errors, target, free)
         path = group.path
     assert not path.exists() and not [p for p in c.root.glob(f"workbench-{os.getpid()}-*")]
 

@@ -11,6 +11,7 @@ from workbench import bench
 from workbench.partition import bench as pb
 from workbench.partition.cost import SHAPES, attention_flops, attention_order
 from workbench.partition.plan import devices_like, plan_partition
+from workbench.partition.ratio import paper_ratio_device, paper_speed_gflops
 
 COLUMNS = {
     "bytes": ["model", "N", "K", "device", "even_split", "voltage_sent_B", "voltage_received_B", "tp_sent_B",
@@ -19,7 +20,8 @@ COLUMNS = {
     "attention": ["H", "F_H", "N", "K", "P", "order", "full_ms", "ours_ms", "naive_ms", "speedup_ours",
                   "speedup_naive", "naive_over_ours", "model_speedup_ours", "model_naive_over_ours", "layer_ms",
                   "partitioned_layer_ms", "repeats"],
-    "latency": ["model", "mode", "links", "K", "bandwidth_mbit", "scheme", "repeats", "latency_ms", "min_ms", "max_ms",
+    "latency": ["model", "mode", "links", "K", "bandwidth_mbit", "link_mbit", "device", "device_gflops",
+                "half_peak_tokens", "scheme", "repeats", "latency_ms", "min_ms", "max_ms",
                 "predicted_ms", "error_pct", "counted_bytes_equal_model", "sent_kB_per_device_layer",
                 "wire_over_counted"],
     "cost_model": ["model", "K", "bandwidth_mbit", "scheme", "predicted_ms", "compute_ms", "comm_ms",
@@ -81,15 +83,26 @@ def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
     assert all(r["links"] == "shaped" for r in shaped) and all(r["links"] == "emulated" for r in emulated.values())
     assert {(r["K"], r["scheme"]) for r in shaped} == ({(2, s) for s in pb.SCHEMES} if limits_problem() is None
                                                        else set())
+    paper = paper_speed_gflops()
     for r in latency:
-        plan = plan_partition(r["scheme"], SHAPES[r["model"]], N, devices_like(r["K"], bandwidth_mbit=r["bandwidth_mbit"]))
+        if r["mode"] == "measured":      # at the paper's ratio: the named bandwidth is the paper's, slowed for the run
+            device = paper_ratio_device(r["device_gflops"], half_peak_tokens=r["half_peak_tokens"], paper_gflops=paper)
+            assert r["device"] == "edge-vm-ratio" and r["device_gflops"] == 10 and r["half_peak_tokens"] >= 0
+            assert r["link_mbit"] == pytest.approx(r["bandwidth_mbit"] * 10 / paper)
+        else:
+            device = "edge-vm"
+            assert r["link_mbit"] == r["bandwidth_mbit"] and r["device"] == device
+        plan = plan_partition(r["scheme"], SHAPES[r["model"]], N,
+                              devices_like(r["K"], device, bandwidth_mbit=r["link_mbit"]))
         assert r["predicted_ms"] == pytest.approx(1e3 * plan.predicted_s)
         assert r["counted_bytes_equal_model"] and r["repeats"] == pb.QUICK["repeats"]
         if r["mode"] == "measured" and r["sent_kB_per_device_layer"] > 0:
-            # off the veths: the counted bytes, 1-5 % of TCP/IP framing and acknowledgements, and a few kB of gloo's
-            # own messages per run (its barrier and handshakes), which weigh most where a rank sends least
+            # off the veths: the counted bytes, 4.6 % of TCP/IP framing (1514 bytes on the wire per 1448), up to
+            # 2.3 % of acknowledgements for as much received (66 bytes per two segments, on slow links where none
+            # are coalesced: 1.069 at 29 Mbit/s), and a few kB of gloo's own messages per run (its barrier and
+            # handshakes), which weigh most where a rank sends least
             least = min(t.sent for t in plan.total_traffic() if t.sent)
-            assert 1.0 <= r["wire_over_counted"] <= 1.05 + 16384 / least, (r, least)
+            assert 1.0 <= r["wire_over_counted"] <= 1.075 + 16384 / least, (r, least)
         else:
             assert math.isnan(r["wire_over_counted"])
         assert 0 < r["min_ms"] <= r["latency_ms"] <= r["max_ms"]

@@ -62,6 +62,18 @@ def test_hepti_prints_the_partitioners_decision():
     assert even["shares"] == [0.25] * 4 and even["predicted_ms"] > out["predicted_ms"]
 
 
+def _dropped_by_the_default_plan() -> list[str]:
+    from workbench.devices import get_cluster
+    from workbench.partition.hepti import hepti_partition
+    from workbench.partition.hepti_run import shape_of
+
+    devices = get_cluster("hepti").devices
+    part = hepti_partition(devices, shape_of(SHAPES["encoder"], 128), num_layers=6)
+    dropped = [d.name for d, n in zip(devices, part.sizes) if not n]
+    assert dropped, "the hepti cluster's default plan leaves its slowest device out (rpi3); pick a case that drops one"
+    return dropped
+
+
 def test_hepti_refuses_bad_input_in_one_line():
     for args, message in ((("--memory-falls", "rpi3:x:5"), "expected DEVICE:LAYER:MB"),
                           (("--kill", "rpi3"), "expected DEVICE:LAYER"),
@@ -70,5 +82,14 @@ def test_hepti_refuses_bad_input_in_one_line():
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = workbench("partition", "hepti", "--deadline-ms", "1")
     assert done.returncode != 0 and "best reachable is" in done.stderr
-    done = workbench("partition", "hepti", "--run", "--kill", "laptop:2")
-    assert done.returncode != 0 and "no device 'laptop'" in done.stderr
+    for args, message in ((("--run", "--kill", "laptop:2"), "no device 'laptop' in cluster hepti"),
+                          (("--kill", "rpi4-b:2"), "--kill acts on a run: add --run"),
+                          (("--memory-falls", "rpi4-b:2:10"), "--memory-falls acts on a run: add --run"),
+                          (("--run", "--kill", "rpi4-b:99"), "the layer must be 0 to 5 (encoder has 6 layers)"),
+                          (("--run", "--memory-falls", "rpi4-b:6:10"), "the layer must be 0 to 5"),
+                          (("--seq-len", "8192"), "sequence length must be 1 to 512 positions for encoder"),
+                          *[(("--run", "--kill", f"{name}:2"), f"{name} takes no part in the plan")
+                            for name in _dropped_by_the_default_plan()]):
+        done = workbench("partition", "hepti", *args)
+        assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+            (args, done.stderr)

@@ -148,9 +148,92 @@ def test_a_device_whose_link_costs_more_than_its_compute_saves_is_left_out():
     assert part.shares[2] == 0 and any("d2 dropped: leaving it out is faster" in r for r in part.reasons)
     both = hepti_partition(devices[:2], MINILM)
     assert part.predicted_latency_s == pytest.approx(both.predicted_latency_s)
+    exact = hepti_partition(devices, MINILM, solver="milp")
+    assert exact.shares[2] == 0 and any("d2 dropped: the mixed-integer optimum leaves it out" in r
+                                        for r in exact.reasons)
+    assert exact.predicted_latency_s <= part.predicted_latency_s * (1 + 1e-9)
+    with pytest.raises(WorkbenchError, match="solver must be one of lp, milp"):
+        hepti_partition(devices, MINILM, solver="greedy")
 
 
 def test_ws_needs_room_for_a_head_beside_the_fixed_part():
     exact = ws_fixed_bytes(MINILM, 6)
     devices = [boards(10, memory=4e9)[0]] + boards(10, 10, memory=exact)[1:]
     assert hepti_partition(devices, MINILM, num_layers=6).mode == "1d"
+
+
+# -- P2 as a mixed-integer program
+
+def _brute_force(mode, shape, devices, num_layers, deadline_s=math.inf):
+    """The best Eq. 7 over every integer split of the mode's units that fits each device's memory."""
+    from workbench.partition.hepti import split_units
+
+    U, best = split_units(mode, shape), (math.inf, None)
+    for head in product(range(U + 1), repeat=len(devices) - 1):
+        units = (U - sum(head), *head)
+        if units[0] < 1:
+            continue
+        if any(a and memory_bytes(mode, shape, a / U, num_layers) > d.memory_bytes * (1 + 1e-12)
+               for a, d in zip(units, devices)):
+            continue
+        latency = layer_latency(mode, shape, [a / U for a in units], devices)[0] * num_layers
+        if latency <= deadline_s and latency < best[0]:
+            best = (latency, units)
+    return best
+
+
+TINY = LayerShape(hidden=16, heads=2, ffn=10, seq_len=9)
+
+
+@pytest.mark.parametrize("mode", ["ws", "1d"])
+@pytest.mark.parametrize("case", ["mixed", "slow link", "memory", "deadline"])
+def test_the_mixed_integer_program_equals_brute_force(mode, case):
+    """Over every integer split of a tiny layer (9 rows, 10 FFN columns) on three or four unequal devices, the
+    MILP finds Eq. 7's minimum, and its units give that latency: with a device whose link costs more than its
+    compute saves (left out), one whose memory caps its units, and a deadline the LP relaxation's shares would
+    round past. A participation decided by the LP (the old heuristic) or an All-Reduce charged for devices not
+    taking part fails one of them."""
+    from workbench.partition.hepti import solve_sizes
+
+    devices = [replace(d, net_bytes_per_s=b) for d, b in zip(boards(3, 5, 2, 4), (2e6, 8e6, 4e6, 6e6))]
+    deadline = math.inf
+    if case == "slow link":
+        devices[2] = replace(devices[2], net_bytes_per_s=2e4)
+    if case == "memory":
+        cap = memory_bytes(mode, TINY, 2 / 9 if mode == "ws" else 2 / 10, 2)
+        devices[1] = replace(devices[1], memory_bytes=cap)
+    if case == "deadline":
+        deadline = 1.02 * _brute_force(mode, TINY, devices[:3], 2)[0]
+        devices = devices[:3]
+    best, units = _brute_force(mode, TINY, devices, 2, deadline)
+    solved = solve_sizes(mode, TINY, devices, 2, deadline)
+    assert solved is not None
+    got_units, got_latency, binding = solved
+    U = 9 if mode == "ws" else 10
+    assert sum(got_units) == U and got_units[0] >= 1
+    assert got_latency == pytest.approx(best, rel=1e-6)
+    assert layer_latency(mode, TINY, [a / U for a in got_units], devices)[0] * 2 == pytest.approx(best, rel=1e-6)
+    if case == "slow link":
+        assert got_units[2] == 0
+    if case == "memory":
+        assert got_units[1] <= 2
+    assert "sets the time" in binding
+
+
+def test_sixty_four_devices_never_predict_worse_than_the_best_subset_of_them():
+    """64 copies of four boards: the MILP's latency is at most that of the best 1, 2, ... of each kind (which it
+    can pick itself), where the LP relaxation over all 64 is many times worse (every device pays Eq. 6)."""
+    from workbench.partition.hepti import solve_shares, solve_sizes
+
+    kinds = [replace(d, net_bytes_per_s=b) for d, b in zip(boards(12, 8, 12, 4), (125e6, 125e6, 125e6, 37.5e6))]
+    devices = [replace(kinds[i % 4], name=f"b{i}") for i in range(64)]
+    units, latency, _ = solve_sizes("ws", MINILM, devices, 6)
+    assert sum(units) == MINILM.seq_len
+    for n in range(1, 9):
+        subset = devices[:n]
+        sub = solve_sizes("ws", MINILM, subset, 6)
+        assert latency <= sub[1] * (1 + 1e-9)
+    relaxed = solve_shares("ws", MINILM, devices, 6)
+    assert relaxed[1] > 3 * latency
+    part = hepti_partition(devices, MINILM, num_layers=6, solver="milp", mode="ws")
+    assert part.sizes == tuple(units) and part.predicted_latency_s == pytest.approx(latency)

@@ -55,7 +55,8 @@ def test_exercise_one_a_secondary_short_of_ws_memory_tiles_the_weights():
 def test_exercise_two_short_for_ws_is_not_short_when_tiled():
     p = lab.partition(lab.MIXED)
     speeds = [s for _, s, _, _ in lab.MIXED]
-    assert p.shares == pytest.approx([s / sum(speeds) for s in speeds], abs=1e-6)     # All-Reduces: shares follow speed
+    unit = 1 / lab.shape().ffn                    # the mixed-integer program splits whole FFN columns
+    assert p.shares == pytest.approx([s / sum(speeds) for s in speeds], abs=unit)    # All-Reduces: shares follow speed
     c = lab.names(lab.MIXED).index(lab.SHORT_DEVICE)
     assert p.shares[c] * whole_model_bytes() < lab.MIXED[c][2] * 1e9                # C's share fits in its 24 MB
     assert lab.binding_answer() == lab.binding_kind(p) == "compute" and not p.binding.startswith("memory")
@@ -63,7 +64,7 @@ def test_exercise_two_short_for_ws_is_not_short_when_tiled():
     wrong = lab.check_binding("memory")
     assert wrong.status == "wrong" and "does not fit" in wrong.text and "18.9 MB" not in wrong.text
     told = lab.check_binding("answer")
-    assert told.status == "shown" and "0.444 x 42.5 MB = 18.9 MB of its 24 MB" in told.text and p.binding in told.text
+    assert told.status == "shown" and f"{p.shares[c]:.3f} x 42.5 MB = 18.9 MB of its 24 MB" in told.text and p.binding in told.text
 
 
 def test_exercise_three_twice_as_fast_takes_half():
@@ -84,12 +85,13 @@ def test_exercise_three_twice_as_fast_takes_half():
 
 def test_exercise_four_a_fallen_memory_caps_the_share_and_the_rest_follows_speed():
     cap = lab.FALLEN_GB * 1e9 / whole_model_bytes()
-    assert lab.capped_share() == pytest.approx(cap, abs=1e-6) == pytest.approx(0.2826, abs=1e-4)
+    unit = 1 / lab.shape().ffn                    # whole FFN columns: the most that fits, one column at most below
+    assert cap - unit <= lab.capped_share() <= cap and cap == pytest.approx(0.2826, abs=1e-4)
     p = lab.partition(lab.fallen_table())
     assert p.mode == "1d" and lab.binding_kind(p) == "memory" and p.binding.startswith(f"memory of {lab.SHORT_DEVICE}")
     others = [(share, s) for (n, s, _, _), share in zip(lab.MIXED, p.shares) if n != lab.SHORT_DEVICE]
     total = sum(s for _, s in others)
-    assert [share for share, _ in others] == pytest.approx([(1 - cap) * s / total for _, s in others], abs=1e-6)
+    assert [share for share, _ in others] == pytest.approx([(1 - cap) * s / total for _, s in others], abs=2 * unit)
     assert lab.check_capped(f"{cap + 0.004:.4f}").right
     high = lab.check_capped(0.444)                        # the share its speed earns, as before the fall
     assert high.status == "high" and "cannot hold more than its free memory" in high.text

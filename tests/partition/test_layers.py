@@ -107,3 +107,21 @@ def test_head_weights_are_views_not_copies(small):
     block = _head_block(w, [1, 2], 4, 16)
     assert block.shape == (2, 16, 64) and block.data_ptr() == w[16].data_ptr() and block._base is not None
     assert torch.equal(_head_block(w, [0, 2], 4, 16), torch.stack([w[0:16], w[32:48]]))
+
+
+def test_tensor_parallel_heads_read_the_weights_in_place(small):
+    """A device's consecutive heads index W_Q, W_K, W_V and W_O by a slice (views, no copy per call, as Voltage's
+    rows); a scattered set gets the same rows by an index, and the Megatron split over it still sums to the
+    layer (test above)."""
+    from workbench.partition.layers import head_rows
+
+    layer, x = small
+    rows = head_rows(layer, [1, 2])
+    assert rows == slice(16, 48)
+    w = layer.query.weight
+    assert w[rows].data_ptr() == w[16].data_ptr() and layer.attn_out.weight[:, rows]._base is not None
+    scattered = head_rows(layer, [0, 2])
+    assert torch.equal(w[scattered], torch.cat([w[0:16], w[32:48]]))
+    with torch.no_grad():
+        torch.testing.assert_close(tensor_parallel_attention(layer, x, [0, 2]) + tensor_parallel_attention(layer, x, [1, 3]),
+                                   tensor_parallel_attention(layer, x, [0, 1, 2, 3]), atol=ATOL, rtol=0)

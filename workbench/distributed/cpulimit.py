@@ -13,8 +13,8 @@ so shares under a sixth of a core get a longer period.
 
 Calibration (:func:`calibrate`): a probe process (:func:`matmul_gflops`, a one-thread float32 matrix product
 loop, or :func:`layer_gflops`, a transformer layer counted as a cost model counts it) is put in the group, measured without a limit, given the share
-``target / unlimited`` of a core, measured again and corrected until it computes within half the tolerance
-of the target (or the rounds run out; the result says how close it came). A device faster than one core of
+``target / unlimited`` of a core, measured again and corrected until it computes within :data:`STOP` of the
+target (or the rounds run out; the result says how close it came). A device faster than one core of
 this host cannot be emulated: the result says so and the group stays unlimited.
 """
 from __future__ import annotations
@@ -47,7 +47,10 @@ LAYER_PROBE_S = 0.5
 MEASURES = 3
 """Each measure of a calibration is the median of this many (a throttled process's speed varies by about
 10 % from one half second to the next)."""
-ROUNDS = 4
+ROUNDS = 5
+STOP = 0.04
+"""A calibration stops this close to the target: well inside the tolerance, since a share found at its edge
+leaves a run of many layers that far off (a run's compute follows the share, the probe's noise averages out)."""
 
 _counter = itertools.count()
 
@@ -361,7 +364,7 @@ def calibrate(group: CpuGroup, target_gflops: float, *, rounds: int = ROUNDS, se
         for done in range(1, rounds + 1):
             group.set_share(share)
             got = measure()
-            if abs(got / target_gflops - 1) <= TOLERANCE / 2:
+            if abs(got / target_gflops - 1) <= STOP:
                 break
             share = min(1.0, max(MIN_SHARE, share * target_gflops / got))
         _known[key] = group.share

@@ -17,6 +17,7 @@ _EXPORTS = {
     "ShapedNetwork": "shaping",
     "hepti_partition": "hepti", "Partition": "hepti",
     "paper_figures": "reference", "paper_value": "reference",
+    "paper_ratio_device": "ratio", "paper_speed_gflops": "ratio", "fit_half_peak": "ratio",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -20,7 +20,9 @@ in. Tables:
   cgroup calibrated by a probe of one layer (:mod:`workbench.distributed.cpulimit`) and its link shaped by
   ``tc`` in network namespaces, the links' latency added in the application (root only); the median of
   ``--repeats`` runs after an unpadded warm-up, the cost model's prediction and the error; whether the counted
-  bytes equal the cost model's. The paper's shapes (BERT-Large, GPT-2, random weights) replay at a few points
+  bytes equal the cost model's. Measured runs default to the paper's set-up at this host's scale
+  (:mod:`workbench.partition.ratio`: BERT-Large on devices of 10 GFLOP/s whose links keep the paper's ratio
+  of compute to link; ``bandwidth_mbit`` is then the paper's, ``link_mbit`` the run's). The paper's shapes (BERT-Large, GPT-2, random weights) replay at a few points
   (``--paper-ks``).
 - ``cost_model``: the cost model alone over the same grid for the shipped encoder and the paper's shapes.
 
@@ -45,6 +47,7 @@ PAPER_SCHEMES = ("voltage", "tensor_parallel", "single")
 """Schemes run for real on the paper's shapes (the pipeline of one request is one device plus transfers, and
 PyTorch's TP would copy every layer once more: both are in the cost model table)."""
 PAPER_MODELS = ("bert-large", "gpt2")
+SET_UPS = ("paper-ratio", "preset")
 MODES = ("replay", "measured")
 """The latency runs: a replay of the prediction (compute and links padded to the cost model's schedule on
 loopback; its latency is the prediction's by construction, never called measured) and measured runs (every
@@ -60,7 +63,8 @@ PAPER_BEST_ATTENTION = 3.4
 """Figure 6: the naive order over Theorem 2's, at best (F_H = 256)."""
 
 QUICK = {"ks": [1, 2, 4], "bytes_ks": [2, 4], "bandwidths": [200, 500], "bandwidth_k": 4, "repeats": 3,
-         "measured_ks": [2], "measured_bandwidths": [], "paper_ks": [], "attention_ns": [100],
+         "measured_ks": [2], "measured_bandwidths": [], "measured_model": "encoder", "paper_ks": [],
+         "attention_ns": [100],
          "attention_repeats": 7}
 """--quick: two or three device counts, one bandwidth besides the default, three repeats, measured runs (CPU limits,
 shaped links) at K = 2 only, no real runs of the paper's shapes (their cost model only), N = 100 only in the
@@ -93,6 +97,14 @@ def parser() -> Parser:
                    help="device counts measured under limits at --bandwidth-mbit")
     p.add_argument("--measured-bandwidths", nargs="*", type=limits.bandwidth_mbit, default=None,
                    help="bandwidths measured under limits at --bandwidth-k (default: --bandwidths)")
+    p.add_argument("--measured-set-up", choices=SET_UPS, default="paper-ratio",
+                   help="paper-ratio: devices at --measured-gflops whose links keep the paper's ratio of compute to "
+                        "link (bandwidths are then the paper's Mbit/s, scaled down for the run); preset: --device "
+                        "as it is")
+    p.add_argument("--measured-gflops", type=limits.speed_gflops, default=10.0,
+                   help="each emulated device's speed at the paper's ratio (six at 10 fit two cores)")
+    p.add_argument("--measured-model", choices=("encoder", *PAPER_MODELS), default="bert-large",
+                   help="the model of the measured runs (a paper's shape has random weights)")
     p.add_argument("--paper-models", nargs="*", choices=PAPER_MODELS, default=list(PAPER_MODELS),
                    help="the paper's shapes run for real (random weights)")
     p.add_argument("--paper-ks", nargs="*", type=limits.ranks, default=[2, 4],
@@ -152,7 +164,9 @@ class Runs:
         self.probe_layer = (encoder.hidden, encoder.heads, encoder.ffn, opts.seq_len)
 
     def measure(self, runtime, warm: set, model: str, mode: str, K: int, bandwidth: float, scheme: str,
-                repeats: int) -> dict | None:
+                repeats: int, device=None, link_mbit: float | None = None) -> dict | None:
+        """One point's runs and row. ``bandwidth`` names the point (the paper's Mbit/s at its ratio);
+        ``device`` (default ``--device``) and ``link_mbit`` (default ``bandwidth``) are what runs."""
         from workbench.errors import WorkbenchError
         from workbench.partition.cost import SHAPES
         from workbench.partition.plan import devices_like, plan_partition
@@ -163,7 +177,7 @@ class Runs:
             return self.rows[key]
         try:
             plan = plan_partition(scheme, SHAPES[model], self.opts.seq_len,
-                                  devices_like(K, self.opts.device, bandwidth_mbit=bandwidth))
+                                  devices_like(K, device or self.opts.device, bandwidth_mbit=link_mbit or bandwidth))
         except WorkbenchError:                   # torch_tp where K does not divide the heads and the FFN
             return None
         try:
@@ -180,7 +194,10 @@ class Runs:
         median = statistics.median(measured)
         layers = plan.shape.num_layers
         row = {"model": model, "mode": mode, "links": "shaped" if runtime.shaped else "emulated", "K": K,
-               "bandwidth_mbit": bandwidth, "scheme": scheme, "repeats": repeats, "latency_ms": _ms(median), "min_ms": _ms(min(measured)),
+               "bandwidth_mbit": bandwidth, "link_mbit": link_mbit or bandwidth, "device": plan.devices[0].preset,
+               "device_gflops": plan.devices[0].flops_per_s / 1e9,
+               "half_peak_tokens": plan.devices[0].half_peak_tokens, "scheme": scheme, "repeats": repeats,
+               "latency_ms": _ms(median), "min_ms": _ms(min(measured)),
                "max_ms": _ms(max(measured)), "predicted_ms": _ms(plan.predicted_s),
                "error_pct": _error_pct(median, plan.predicted_s),
                "counted_bytes_equal_model": all(r.traffic() == plan.traffic()
@@ -190,17 +207,19 @@ class Runs:
         self.rows[key], self.last[key] = row, results[-1]
         note = results[-1].check().note()
         said = "replayed" if mode == "replay" else "measured"
-        print(f"  {mode:8s} {model:10s} K={K} {bandwidth:6g} Mbit/s {scheme:16s} {said} {row['latency_ms']:8.1f} ms "
+        link = f" ({link_mbit:.3g} here)" if link_mbit and link_mbit != bandwidth else ""
+        print(f"  {mode:8s} {model:10s} K={K} {bandwidth:6g} Mbit/s{link} {scheme:16s} {said} {row['latency_ms']:8.1f} ms "
               f"(median of {repeats}), predicted {row['predicted_ms']:8.1f} ms, error {row['error_pct']:+6.1f} %"
               + (f"  [{note}]" if note else ""), flush=True)
         return row
 
 
-def _group(runs: Runs, K: int, shaped: list[float] | None = None, cpu: list[float] | None = None):
+def _group(runs: Runs, K: int, shaped: list[float] | None = None, cpu: list[float] | None = None,
+           layer: tuple | None = None):
     from workbench.partition.runtime import PartitionRuntime
 
     t0 = time.perf_counter()
-    layer = runs.probe_layer
+    layer = layer or runs.probe_layer
     runtime = PartitionRuntime(K, shaped=shaped, cpu=cpu, probe_layer=layer).start()
     held = (", each rank held to its device by a CPU limit: " + "; ".join(c.describe() for c in runtime.calibrations)
             if cpu else "")
@@ -239,26 +258,59 @@ def replay_runs(runs: Runs) -> None:
             runtime.close()
 
 
+def measured_set_up(opts) -> tuple:
+    """(device, factor): the device every measured rank emulates and how much slower than the paper's its
+    link is (1 for ``--measured-set-up preset``). At the paper's ratio the device is
+    :func:`~workbench.partition.ratio.paper_ratio_device` at ``--measured-gflops``, with this host's fall of
+    FLOP/s at fewer rows fitted for the measured model."""
+    from workbench.devices import get_profile
+    from workbench.partition import ratio
+
+    if opts.measured_set_up == "preset":
+        return get_profile(opts.device), 1.0
+    paper = ratio.paper_speed_gflops(base=opts.device)
+    h, efficiency = ratio.fit_half_peak(opts.measured_model, opts.seq_len,
+                                        rows=sorted({rows_of(opts.seq_len, K) for K in range(2, 7)}))
+    device = ratio.paper_ratio_device(opts.measured_gflops, half_peak_tokens=h, paper_gflops=paper, base=opts.device)
+    factor = ratio.ratio_factor(device, opts.device)
+    print(f"measured set-up, the paper's ratio: {opts.device} devices at {paper:.1f} GFLOP/s and "
+          f"{ratio.PAPER_MBIT:g} Mbit/s give BERT-Large (N={ratio.PAPER_N}) the paper's "
+          f"{100 * ratio.PAPER_REDUCTION:.1f} % at K={ratio.PAPER_K} (cost model); emulated at "
+          f"{opts.measured_gflops:g} GFLOP/s, each device {factor:.1f}x slower in compute, link, latency and "
+          f"overhead, so a paper bandwidth of b Mbit/s is b/{factor:.1f} here", flush=True)
+    print(f"this host's FLOP/s on {opts.measured_model}'s layer at P of N={opts.seq_len} rows, against P=N: "
+          + ", ".join(f"P={p} {e:.2f}" for p, e in efficiency.items())
+          + f"; fitted half_peak_tokens {h:.1f} (the cost model's fall at fewer rows)", flush=True)
+    return device, factor
+
+
 def measured_runs(runs: Runs) -> None:
     """One group per (K, bandwidth), every rank under a CPU limit calibrated to the device and its link shaped
     (tc in the group's namespaces)."""
     opts = runs.opts
     points = [(K, opts.bandwidth_mbit) for K in opts.measured_ks]
     points += [(opts.bandwidth_k, b) for b in opts.measured_bandwidths if (opts.bandwidth_k, b) not in points]
-    from workbench.devices import get_profile
     from workbench.errors import WorkbenchError
+    from workbench.partition.cost import SHAPES
+    from workbench.partition.runtime import limit_speed
 
-    flops = get_profile(opts.device).flops_per_s
+    device, factor = measured_set_up(opts)
+    model = opts.measured_model
+    shape = SHAPES[model]
+    layer = (shape.hidden, shape.heads, shape.ffn, opts.seq_len)
+    speed = limit_speed(device, opts.seq_len)
     for K, bandwidth in points:
+        link = bandwidth / factor
         try:
-            runtime, warm = _group(runs, K, [bandwidth * 1e6 / 8] * K, [flops] * K), set()
+            runtime, warm = _group(runs, K, [link * 1e6 / 8] * K, [speed] * K, layer), set()
         except WorkbenchError as exc:            # the shaped network, the limits or the ranks did not come up
             runs.failures.append(f"measured K={K} {bandwidth:g} Mbit/s: {exc}")
             print(f"  FAILED {runs.failures[-1]}", flush=True)
             continue
         try:
-            for scheme in SCHEMES:
-                runs.measure(runtime, warm, "encoder", "measured", K, bandwidth, scheme, opts.repeats)
+            for scheme in SCHEMES:             # Figures 4 and 5's (PyTorch's TP where K divides the heads)
+                runs.measure(runtime, warm, model, "measured", K, bandwidth, scheme,
+                             opts.repeats if model == "encoder" else opts.paper_repeats, device, link)
         finally:
             runtime.close()
 
@@ -452,11 +504,18 @@ def print_latency(runs: Runs, cost_rows: list[dict], problem: str | None) -> Non
         if wire:
             print(f"{mode}: bytes read off each rank's veth over the bytes it counted sending: "
                   f"{min(wire):.3f}-{max(wire):.3f} (TCP/IP framing, acknowledgements, gloo's messages)")
+        model = "encoder" if mode == "replay" else opts.measured_model
+        if mode == "measured":
+            for scheme in SCHEMES:
+                line = [f"K={r['K']} {r['bandwidth_mbit']:g} Mbit/s {r['latency_ms']:.0f} ms ({r['error_pct']:+.0f} %)"
+                        for r in sorted(mine, key=lambda r: (r["K"], r["bandwidth_mbit"])) if r["scheme"] == scheme]
+                if line:
+                    print(f"measured {model} {scheme}, against the cost model: {'; '.join(line)}")
         for scheme in ("voltage", "tensor_parallel"):
-            got = _reduction(rows, "encoder", mode, K, bw, scheme, "latency_ms")
-            predicted = _reduction(rows, "encoder", mode, K, bw, scheme, "predicted_ms")
+            got = _reduction(rows, model, mode, K, bw, scheme, "latency_ms")
+            predicted = _reduction(rows, model, mode, K, bw, scheme, "predicted_ms")
             if got is not None:
-                print(f"{mode}, encoder N={opts.seq_len}, K={K}, {bw:g} Mbit/s: {scheme} reduces the latency "
+                print(f"{mode}, {model} N={opts.seq_len}, K={K}, {bw:g} Mbit/s: {scheme} reduces the latency "
                       f"of one device by {got:.1f} % {'measured' if mode == 'measured' else 'replayed'} "
                       f"({predicted:.1f} % predicted)"
                       + (f"; the paper: {PAPER_REDUCTION_PCT[0]}-{PAPER_REDUCTION_PCT[1]} % for Voltage"

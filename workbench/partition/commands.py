@@ -79,7 +79,7 @@ def _run(args) -> int:
     from workbench.partition.cost import get_shape
     from workbench.partition.models import PartitionModel
     from workbench.partition.plan import plan_partition
-    from workbench.partition.runtime import PartitionRuntime, probe_shape
+    from workbench.partition.runtime import PartitionRuntime, limit_speeds, probe_shape
 
     plan = plan_partition(args.scheme, get_shape(args.model), args.seq_len, _devices(args), shares=args.shares)
     mode, note = args.mode, ""
@@ -96,7 +96,7 @@ def _run(args) -> int:
 
         check_shaping_available()
     shaped = [d.net_bytes_per_s for d in plan.devices] if links == "shaped" else None
-    cpu = [d.flops_per_s for d in plan.devices] if mode == "measured" else None
+    cpu = limit_speeds(plan) if mode == "measured" else None
     model = PartitionModel(args.model)
     hidden, logits = model.reference(model.inputs(model.token_ids(plan.seq_len, args.seed)))
     print(f"starting {plan.K} worker processes ({links} links"
@@ -194,21 +194,34 @@ def _hepti(args) -> int:
     from workbench.partition.hepti_run import shape_of
     from workbench.partition.plan import proportional_shares
 
+    from workbench.errors import WorkbenchError
+
     devices = list(get_cluster(args.cluster).devices)
     model = get_shape(args.model)
     if model.kind != "encoder":
-        raise SystemExit("workbench partition hepti: Hepti's modes split encoder-style layers; choose an encoder model")
+        raise WorkbenchError("Hepti's modes split encoder-style layers; choose an encoder model")
+    faults = [("--memory-falls", name, layer) for name, (layer, _) in args.memory_falls]
+    faults += [("--kill", *args.kill)] if args.kill else []
+    if faults and not args.run:
+        raise WorkbenchError(f"{faults[0][0]} acts on a run: add --run")
     shape = shape_of(model, args.seq_len)
     names = [d.name for d in devices]
-    for name in [f[0] for f in args.memory_falls] + ([args.kill[0]] if args.kill else []):
+    for option, name, layer in faults:
         if name not in names:
-            raise SystemExit(f"workbench partition hepti: no device {name!r} in cluster {args.cluster} "
-                             f"({', '.join(names)})")
+            raise WorkbenchError(f"{option}: no device {name!r} in cluster {args.cluster} ({', '.join(names)})")
+        if layer >= model.num_layers:
+            raise WorkbenchError(f"{option} {name}:{layer}: the layer must be 0 to {model.num_layers - 1} "
+                                 f"({model.name} has {model.num_layers} layers)")
     deadline = math.inf if args.deadline_ms is None else args.deadline_ms / 1e3
     fixed = {"hepti": None, "even": [1 / len(devices)] * len(devices),
              "proportional": list(proportional_shares(devices))}[args.shares]
     mode = None if fixed is None else hepti_partition(devices, shape, deadline, num_layers=model.num_layers).mode
     part = hepti_partition(devices, shape, deadline, num_layers=model.num_layers, mode=mode, fixed_shares=fixed)
+    taking_part = [d.name for d, n in zip(devices, part.sizes) if n]
+    for option, name, _ in faults:
+        if name not in taking_part:
+            raise WorkbenchError(f"{option}: {name} takes no part in the plan (a fault there changes nothing); the "
+                                 f"plan's devices: {', '.join(taking_part)}")
     out = {"mode": part.mode, "shares": list(part.shares), "sizes": list(part.sizes), "dimension": part.dimension,
            "predicted_ms": 1e3 * part.predicted_latency_s, "binding": part.binding, "reasons": list(part.reasons)}
     if args.run:

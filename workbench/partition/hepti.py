@@ -100,7 +100,7 @@ def layer_weights(shape: LayerShape) -> tuple[float, float]:
 def memory_bytes(mode: str, shape: LayerShape, share: float, num_layers: int = 1) -> float:
     """Bytes a device with ``share`` must hold for ``num_layers`` layers in ``mode``: WS keeps its share of
     Q/K/V and the output projection and the MLP whole; the tiled modes keep their share of every weight."""
-    d, f = shape.hidden, shape.ffn
+    d = shape.hidden
     attention, mlp = layer_weights(shape)
     if mode == "ws":
         floats = share * 3 * d * d + d * d + mlp
@@ -270,6 +270,115 @@ def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile],
     return shares / shares.sum(), float(res.fun), binding
 
 
+def split_units(mode: str, shape: LayerShape) -> int:
+    """How many whole units the mode's split dimension has: rows (WS, serial) or FFN columns (the tiled modes)."""
+    return shape.seq_len if mode in ("ws", "serial") else shape.ffn
+
+
+def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
+                deadline_s: float = math.inf) -> tuple[list[int], float, str] | None:
+    """P2 as the paper states it, a mixed-integer program (HiGHS through ``scipy.optimize.milp``): integer
+    units a_i of the split dimension per device, a binary z_i for taking part (the primary always does, with at
+    least one unit), memory per device, Eq. 7 as the objective through one epigraph t_b per block, Eq. 6 summed
+    over the devices taking part, and T <= D. Returns (units per device, Eq. 7 over ``num_layers`` layers, the
+    binding constraint), or None when nothing fits.
+
+    Eq. 6 makes every device taking part pay for what it receives, which is why participation must be an
+    integer decision: an All-Gather gives device i (z_i - a_i/U) of its tensor; an All-Reduce 2 (G-1)/G of its
+    tensor for each of the G devices taking part, linearised exactly as 2 z_i - 2 y_i with y_i = z_i / G
+    (y_i <= z_i, y_i <= g, y_i >= g - (1 - z_i), sum y_i = 1, where g is 1/G)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    if mode not in ("ws", "1d"):
+        raise WorkbenchError(f"the mixed-integer program splits one axis (ws or 1d), got {mode!r}")
+    K, U = len(devices), split_units(mode, shape)
+    blocks = mode_blocks(mode, shape, K)
+    B = len(blocks)
+    A_, Z, Y, G, T_ = 0, K, 2 * K, 3 * K, 3 * K + 1        # where each kind of variable starts
+    n = 3 * K + 1 + B
+    rows, lows, highs, labels = [], [], [], []
+
+    def add(coef: dict[int, float], low: float, high: float, label=None) -> None:
+        row = np.zeros(n)
+        for j, v in coef.items():
+            row[j] += v
+        rows.append(row)
+        lows.append(low)
+        highs.append(high)
+        labels.append(label)
+
+    add({A_ + i: 1.0 for i in range(K)}, U, U)
+    add({Y + i: 1.0 for i in range(K)}, 1.0, 1.0)
+    fixed = memory_bytes(mode, shape, 0.0, num_layers)
+    per_unit = (memory_bytes(mode, shape, 1.0, num_layers) - fixed) / U
+    caps = [(U if fixed <= dev.memory_bytes else -1) if per_unit <= 0
+            else int(min(U, max(-1.0, (dev.memory_bytes - fixed) / per_unit))) for dev in devices]                                         # units each device's memory holds
+    for i, dev in enumerate(devices):
+        add({A_ + i: 1.0, Z + i: -float(max(caps[i], 0))}, -np.inf, 0.0)   # no units unless taking part
+        add({A_ + i: 1.0, Z + i: -1.0}, 0.0, np.inf)                  # taking part: one unit at least
+        add({Y + i: 1.0, Z + i: -1.0}, -np.inf, 0.0)
+        add({Y + i: 1.0, G: -1.0}, -np.inf, 0.0)
+        add({Y + i: 1.0, G: -1.0, Z + i: -1.0}, -1.0, np.inf)
+    # times in units of the primary's whole layer: HiGHS's tolerances are absolute, and a layer takes microseconds
+    scale = 1.0 / sum(2 * block.work / devices[0].flops_per_s for block in blocks)
+    for b, block in enumerate(blocks):
+        comm: dict[int, float] = {}
+        for j, dev in enumerate(devices):
+            if block.collective == "all_gather":
+                per = scale * block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                comm[Z + j] = comm.get(Z + j, 0.0) + per
+                comm[A_ + j] = comm.get(A_ + j, 0.0) - per / U
+            elif block.collective == "all_reduce":
+                per = scale * 2 * block.reduce_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                comm[Z + j] = comm.get(Z + j, 0.0) + per
+                comm[Y + j] = comm.get(Y + j, 0.0) - per
+        for i, dev in enumerate(devices):
+            coef = dict(comm)
+            coef[A_ + i] = coef.get(A_ + i, 0.0) + scale * 2 * block.work / U / dev.flops_per_s
+            coef[T_ + b] = -1.0
+            add(coef, -np.inf, 0.0, (b, i, block.name))
+    if math.isfinite(deadline_s):
+        add({T_ + b: float(num_layers) for b in range(B)}, -np.inf, scale * deadline_s)
+    # a secondary at least as fast, as well linked and as roomy as another can take its place: whenever the
+    # other takes part, it does (valid for every optimum's set; identical ones are ordered by index, the first
+    # of a kind also holding the most), which prunes most of the search over sets
+    kind = [(devices[i].flops_per_s, devices[i].net_bytes_per_s, caps[i]) for i in range(K)]
+    for i in range(1, K):
+        for j in range(1, K):
+            if i == j or not all(x >= y for x, y in zip(kind[i], kind[j])):
+                continue
+            if kind[i] == kind[j]:
+                if i < j:
+                    add({Z + i: 1.0, Z + j: -1.0}, 0.0, np.inf)
+                    add({A_ + i: 1.0, A_ + j: -1.0}, 0.0, np.inf)
+            else:
+                add({Z + i: 1.0, Z + j: -1.0}, 0.0, np.inf)
+    low = np.zeros(n)
+    high = np.concatenate([np.array([max(c, 0) for c in caps], float), np.array([float(c >= 1) for c in caps]),
+                           np.ones(K), [1.0], np.full(B, np.inf)])
+    if caps[0] < 1:
+        return None
+    low[Z] = 1.0                                                        # the primary always takes part
+    integrality = np.concatenate([np.ones(2 * K), np.zeros(K + 1 + B)])
+    c = np.concatenate([np.zeros(3 * K + 1), np.full(B, float(num_layers))])
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lows, highs), integrality=integrality,
+               bounds=Bounds(low, high))
+    if res.status != 0 or res.x is None:
+        return None
+    units = [int(round(v)) for v in res.x[A_:A_ + K]]
+    t = res.x[T_:] / scale
+    costliest = int(np.argmax(t))
+    x = res.x
+    tight = min((k for k, label in enumerate(labels) if label and label[0] == costliest),
+                key=lambda k: highs[k] - rows[k] @ x)
+    at_memory = [devices[i].name for i in range(K) if units[i] and units[i] == caps[i] < U]
+    binding = f"{labels[tight][2]}: {devices[labels[tight][1]].name} sets the time ({1e3 * t[costliest]:.2f} ms a layer)"
+    if at_memory:
+        binding = f"memory of {', '.join(at_memory)} (no room for another unit); {binding}"
+    latency, _ = layer_latency(mode, shape, [a / U for a in units], devices)
+    return units, latency * num_layers, binding
+
+
 def _binding(res, labels, bounds, devices, K) -> str:
     """The constraint that sets the latency: a memory bound at its limit, and the device whose compute plus
     communication is tight in the costliest block."""
@@ -349,9 +458,15 @@ def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: i
     return (shares, 0.0, binding), (tuple(float(x) for x in mu), tuple(float(x) for x in nu))
 
 
+SOLVERS = ("lp", "milp")
+"""P2's solvers: the LP relaxation with a participation search and rounding (the default for now: the
+mixed-integer program takes up to seconds at 64 devices), and the mixed-integer program (:func:`solve_sizes`,
+the paper's P2, exact over integer units)."""
+
+
 def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
                     num_layers: int = 1, mode: str | None = None,
-                    fixed_shares: Sequence[float] | None = None) -> Partition:
+                    fixed_shares: Sequence[float] | None = None, solver: str = "lp") -> Partition:
     """Hepti's partition of ``workload`` over ``devices`` (the first the primary) within ``deadline_s``.
 
     Mode: serial when no secondary device can take part; WS when every secondary taking part holds what WS
@@ -359,7 +474,10 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     1D-tiled below 16 devices and 2D-tiled from 16. ``mode`` forces one (it must still fit). A device
     with no free memory is dropped; so is one whose share solves to 0, and the rest are solved again.
     ``fixed_shares`` (one per device, summing to 1) replaces the LP: the baselines (even shares, shares
-    in proportion to speed) in the same mode, their memory checked the same way."""
+    in proportion to speed) in the same mode, their memory checked the same way. ``solver`` (:data:`SOLVERS`):
+    "milp" solves WS and 1D-tiled as the mixed-integer program; 2D-tiled solves each axis as an LP."""
+    if solver not in SOLVERS:
+        raise WorkbenchError(f"Hepti's solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     devices = tuple(devices)
     _check(devices, workload, deadline_s, num_layers)
     K = len(devices)
@@ -430,7 +548,22 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         latency, _ = layer_latency(mode, workload, [n / total for n in largest_remainder(total, full)], devices, grid)
         return full, latency * num_layers, solved[2], axis
 
-    if mode in ("ws", "1d") and len(taking) > 2:
+    if solver == "milp" and mode in ("ws", "1d") and len(taking) > 1:
+        solved = solve_sizes(mode, workload, [devices[i] for i in taking], num_layers)
+        if solved is None:
+            have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
+            raise WorkbenchError(f"the weights of {num_layers} layers ({whole / 1e6:.1f} MB) fit nowhere in "
+                                 f"{MODE_TITLES[mode]} mode: free memory {have}")
+        units, _, binding = solved
+        full = [0.0] * K
+        for n, i in enumerate(taking):
+            full[i] = units[n] / unit
+        for i in taking:
+            if not full[i]:
+                reasons.append(f"{names[i]} dropped: the mixed-integer optimum leaves it out (what it would receive "
+                               "over its link, or hold, outweighs its compute)")
+        taking = [i for i in taking if full[i]]
+    elif mode in ("ws", "1d") and len(taking) > 2:
         # Eq. 6 charges every device taking part for what it receives, which the LP cannot weigh against
         # leaving a device out (a share on a slow link even looks cheap to it, as the device then receives
         # less): try leaving out the 1, 2, 4, ... secondaries that bring least (speed times link) and keep
@@ -452,7 +585,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
                                    f"{1e3 * whole_set[1]:.1f} ms): what it would receive over its link outweighs "
                                    "its compute")
             taking = best_set
-    while True:
+    while solver != "milp" or mode not in ("ws", "1d") or len(taking) == 1:
         solved = solve(taking)
         if solved is None:
             have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from workbench.devices import DeviceProfile, LayerShape
+from workbench.errors import WorkbenchError
 from workbench.partition.cost import Traffic, all_gather_traffic, all_reduce_traffic
 from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, largest_remainder, memory_bytes
 from workbench.partition.plan import Step
@@ -213,6 +214,10 @@ class Reports:
 
 
 def shape_of(model_shape, seq_len: int) -> LayerShape:
+    """The layer shape Hepti splits: ``model_shape``'s at ``seq_len`` positions (1 to the model's positions)."""
+    if not 1 <= seq_len <= model_shape.max_positions:
+        raise WorkbenchError(f"sequence length must be 1 to {model_shape.max_positions} positions for "
+                             f"{model_shape.name} (its position embeddings end there), got {seq_len}")
     return LayerShape(model_shape.hidden, model_shape.heads, model_shape.ffn, seq_len)
 
 

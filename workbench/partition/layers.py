@@ -156,9 +156,13 @@ def partitioned_decoder_layer(layer, x: torch.Tensor, start: int, end: int,
 
 # -- Megatron-style tensor parallelism: one device's partial sums
 
-def head_rows(layer, heads: Sequence[int]) -> torch.Tensor:
-    dh = layer.cfg.head_dim
-    idx = torch.as_tensor(list(heads), dtype=torch.long)
+def head_rows(layer, heads: Sequence[int]) -> torch.Tensor | slice:
+    """The rows of ``heads`` in a (H dh, F) projection weight: a slice (indexing with it gives a view) when the
+    heads are consecutive, as every even split's are; an index tensor (a copy) for a scattered set."""
+    dh, heads = layer.cfg.head_dim, list(heads)
+    if heads and heads == list(range(heads[0], heads[0] + len(heads))):
+        return slice(heads[0] * dh, (heads[0] + len(heads)) * dh)
+    idx = torch.as_tensor(heads, dtype=torch.long)
     return (idx[:, None] * dh + torch.arange(dh)).reshape(-1)
 
 

@@ -174,6 +174,17 @@ def probe_shape(plan: PartitionPlan) -> tuple[int, int, int, int]:
     return (shape.hidden, shape.heads, shape.ffn, plan.seq_len)
 
 
+def limit_speed(device, seq_len: int) -> float:
+    """The FLOP/s a rank's CPU limit is calibrated to: ``device``'s speed on the probe's layer, which computes
+    all ``seq_len`` rows (below the profile's peak by its ``half_peak_tokens``, as the cost model counts)."""
+    return device.flops_per_s / (1 + device.half_peak_tokens / seq_len)
+
+
+def limit_speeds(plan: PartitionPlan) -> list[float]:
+    """Per rank, :func:`limit_speed` of its device at the plan's positions."""
+    return [limit_speed(d, plan.seq_len) for d in plan.devices]
+
+
 def limits_problem() -> str | None:
     """Why a measured run (ranks under CPU limits, links shaped by ``tc``) cannot happen here; None: it can."""
     from workbench.distributed.cpulimit import limit_problem
@@ -207,7 +218,7 @@ def run_partition(plan: PartitionPlan, *, mode: str = "measured", shaped: bool |
         from workbench.distributed.shaping import check_shaping_available
 
         check_shaping_available()
-    cpu = [d.flops_per_s for d in plan.devices] if mode == "measured" else None
+    cpu = limit_speeds(plan) if mode == "measured" else None
     runtime = shared_runtime(plan.K, shaped=bandwidths, cpu=cpu, probe_layer=probe_shape(plan))
     result = runtime.run(plan, emulate=mode == "replay", seed=seed, progress=progress, should_stop=should_stop)
     return replace(result, note=note) if note else result

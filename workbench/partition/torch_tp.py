@@ -73,10 +73,11 @@ class TorchTPLayer(nn.Module):
 
     @classmethod
     def from_layer(cls, layer: EncoderLayer, mesh) -> "TorchTPLayer":
-        """A copy of ``layer`` split over ``mesh`` by :func:`tp_plan`: rank 0's weights are scattered to the others
-        and its row-wise biases broadcast (10 scatters and 2 broadcasts), whatever the other ranks held."""
+        """A copy of ``layer`` split over ``mesh`` by :func:`tp_plan`, each rank cutting its shards from its own copy
+        (every rank builds the same model from the same seed, as a device loads its slice from disk): nothing
+        is sent, which on shaped links would be the whole model scattered from rank 0 before the first run."""
         module = cls(layer, _mesh_size(mesh))
-        return parallelize_module(module, mesh, tp_plan())
+        return parallelize_module(module, mesh, tp_plan(), src_data_rank=None)
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d), the same on every rank; attn_bias: additive (B, 1, 1, T), causal (B or 1, 1, T, T) or None."""
