@@ -533,7 +533,8 @@ def print_latency(runs: Runs, cost_rows: list[dict], problem: str | None) -> Non
     for model in PAPER_MODELS:
         got = {r["scheme"]: r for r in cost_rows if r["model"] == model and r["K"] == 6 and r["bandwidth_mbit"] == bw}
         if "voltage" in got:
-            print(f"{model}, K=6, {bw:g} Mbit/s, cost model: Voltage {got['voltage']['reduction_vs_single_pct']:.1f} % "
+            print(f"{model}, K=6, {bw:g} Mbit/s, cost model on {opts.device} as it is: Voltage "
+                  f"{got['voltage']['reduction_vs_single_pct']:.1f} % "
                   f"below one device, tensor parallel {got['tensor_parallel']['reduction_vs_single_pct']:.1f} %")
 
 
