@@ -192,9 +192,12 @@ def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_pa
 
     cache = tmp_path / "cache"
     port = free_port()
+    # as started from a terminal: a suite run as a background job (bash without job control) ignores SIGINT,
+    # and its children would inherit that
     server = subprocess.Popen([sys.executable, "-m", "workbench.cli", "dashboards", "--preset", "quick", "--port",
                                str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "WORKBENCH_CACHE": str(cache)})
+                              env={**os.environ, "WORKBENCH_CACHE": str(cache)},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for_http(f"http://127.0.0.1:{port}/voila/render/index.ipynb", server, 120)
         def kernels():
