@@ -416,7 +416,7 @@ def _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reason
         if s > 0 and memory_bytes(mode, workload, s, num_layers) > d.memory_bytes:
             raise WorkbenchError(f"{d.name} cannot hold its share {s:.3f} in {MODE_TITLES[mode]} mode: it needs "
                                  f"{memory_bytes(mode, workload, s, num_layers) / 1e6:.1f} MB, has {d.memory_bytes / 1e6:.1f} MB")
-    dimension, total = ("rows", workload.seq_len) if mode in ("ws", "serial") else ("FFN columns", workload.ffn)
+    dimension, total = "rows" if mode in ("ws", "serial") else "FFN columns", split_units(mode, workload)
     sizes = largest_remainder(total, shares)
     heads = largest_remainder(workload.heads, shares)
     latency, breakdown = layer_latency(mode, workload, [n / total for n in sizes], devices, grid)
@@ -544,11 +544,12 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         full = [0.0] * K
         for n, i in enumerate(taking):
             full[i] = float(solved[0][n])
-        total = {"ws": workload.seq_len, "serial": workload.seq_len}.get(mode, workload.ffn)
+        total = split_units(mode, workload)
         latency, _ = layer_latency(mode, workload, [n / total for n in largest_remainder(total, full)], devices, grid)
         return full, latency * num_layers, solved[2], axis
 
-    if solver == "milp" and mode in ("ws", "1d") and len(taking) > 1:
+    exact = solver == "milp" and mode in ("ws", "1d") and len(taking) > 1     # the MILP decides participation
+    if exact:
         solved = solve_sizes(mode, workload, [devices[i] for i in taking], num_layers)
         if solved is None:
             have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
@@ -585,7 +586,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
                                    f"{1e3 * whole_set[1]:.1f} ms): what it would receive over its link outweighs "
                                    "its compute")
             taking = best_set
-    while solver != "milp" or mode not in ("ws", "1d") or len(taking) == 1:
+    while not exact:
         solved = solve(taking)
         if solved is None:
             have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
@@ -604,8 +605,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         binding = f"{names[0]} computes everything"
         reasons.append("serial: no secondary is worth its link")
     shares = full
-    dimension, total = {"ws": ("rows", workload.seq_len), "1d": ("FFN columns", workload.ffn),
-                        "2d": ("FFN columns", workload.ffn), "serial": ("rows", workload.seq_len)}[mode]
+    dimension, total = "rows" if mode in ("ws", "serial") else "FFN columns", split_units(mode, workload)
     sizes = largest_remainder(total, shares)
     heads = largest_remainder(workload.heads, shares)
     rounded = [s / total for s in sizes]
