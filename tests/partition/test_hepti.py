@@ -68,6 +68,11 @@ def test_modes_follow_the_device_count_and_memory():
     assert part.mode == "2d" and part.grid == (4, 4) and math.isclose(sum(part.shares), 1.0)
     mu, nu = part.axis_shares
     np.testing.assert_allclose(part.shares, [m * n for m, n in product(mu, nu)])
+    slow = [replace(d, net_bytes_per_s=125e6) for d in many]        # 1 Gbit/s: only a few are worth their link
+    part = hepti_partition(slow, MINILM, num_layers=6)
+    assert part.mode == "1d" and len(part.participants) < 16
+    assert any("1D-tiled after all: the mixed-integer optimum takes" in r for r in part.reasons)
+    assert part.predicted_latency_s < hepti_partition(slow, MINILM, num_layers=6, mode="2d").predicted_latency_s
 
 
 def test_memory_bounds_the_shares_and_binds():
@@ -144,7 +149,7 @@ def test_the_primary_always_takes_part():
 def test_a_device_whose_link_costs_more_than_its_compute_saves_is_left_out():
     devices = boards(10, 10, 10, bandwidth=125e6)
     devices[2] = replace(devices[2], net_bytes_per_s=1.25e6)          # 10 Mbit/s
-    part = hepti_partition(devices, MINILM)
+    part = hepti_partition(devices, MINILM, solver="lp")
     assert part.shares[2] == 0 and any("d2 dropped: leaving it out is faster" in r for r in part.reasons)
     both = hepti_partition(devices[:2], MINILM)
     assert part.predicted_latency_s == pytest.approx(both.predicted_latency_s)
@@ -152,7 +157,7 @@ def test_a_device_whose_link_costs_more_than_its_compute_saves_is_left_out():
     assert exact.shares[2] == 0 and any("d2 dropped: the mixed-integer optimum leaves it out" in r
                                         for r in exact.reasons)
     assert exact.predicted_latency_s <= part.predicted_latency_s * (1 + 1e-9)
-    with pytest.raises(WorkbenchError, match="solver must be one of lp, milp"):
+    with pytest.raises(WorkbenchError, match="solver must be one of milp, lp"):
         hepti_partition(devices, MINILM, solver="greedy")
 
 

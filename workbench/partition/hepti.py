@@ -25,9 +25,11 @@ The cost model of Hepti §4.3 over one transformer layer of a :class:`~workbench
   blocks and layers. Memory: what a device holds for all ``num_layers`` layers, since weights stay resident
   (WS needs the output projection and the MLP whole; the tiled modes only their share).
 
-:func:`hepti_partition` solves P2 as a linear program (HiGHS): shares in [0, 1] summing to 1, memory
-bounds, and the min-max latency through one epigraph variable per block; devices with share 0 are dropped
-and the rest solved again; shares become integer sizes by largest remainder. Pure Python + SciPy.
+:func:`hepti_partition` solves P2 as the paper states it, a mixed-integer program (:func:`solve_sizes`,
+HiGHS): integer units and binary participation per device, memory bounds, Eq. 7 as the objective. The LP
+relaxation (:func:`solve_shares`: shares in [0, 1], devices with share 0 dropped, a greedy search over leaving
+out the worst-linked, shares rounded by largest remainder) stays as a baseline (``solver="lp"``) and solves
+each axis of 2D-tiled WS. Pure Python + SciPy.
 """
 from __future__ import annotations
 
@@ -276,69 +278,73 @@ def split_units(mode: str, shape: LayerShape) -> int:
 
 
 def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
-                deadline_s: float = math.inf) -> tuple[list[int], float, str] | None:
+                deadline_s: float = math.inf, upper_s: float = math.inf) -> tuple[list[int], float, str] | None:
     """P2 as the paper states it, a mixed-integer program (HiGHS through ``scipy.optimize.milp``): integer
     units a_i of the split dimension per device, a binary z_i for taking part (the primary always does, with at
-    least one unit), memory per device, Eq. 7 as the objective through one epigraph t_b per block, Eq. 6 summed
-    over the devices taking part, and T <= D. Returns (units per device, Eq. 7 over ``num_layers`` layers, the
-    binding constraint), or None when nothing fits.
+    least one unit), memory per device, Eq. 7 as the objective, Eq. 6 summed over the devices taking part, and
+    T <= D. Returns (units per device, Eq. 7 over ``num_layers`` layers, the binding constraint), or None when
+    nothing fits. ``upper_s``: a latency some feasible split reaches (a cut that prunes the search; it must
+    not be below the optimum).
 
-    Eq. 6 makes every device taking part pay for what it receives, which is why participation must be an
-    integer decision: an All-Gather gives device i (z_i - a_i/U) of its tensor; an All-Reduce 2 (G-1)/G of its
-    tensor for each of the G devices taking part, linearised exactly as 2 z_i - 2 y_i with y_i = z_i / G
-    (y_i <= z_i, y_i <= g, y_i >= g - (1 - z_i), sum y_i = 1, where g is 1/G)."""
+    In WS and 1D-tiled every block of a layer splits one dimension by the same units, so the slowest device
+    of every block is the one with the largest a_i / f_i: Eq. 7 is ``W M + comm`` with one variable
+    M >= a_i / f_i (no epigraph per block). Eq. 6 makes every device taking part pay for what it receives,
+    which is why participation must be an integer decision: an All-Gather gives device i (z_i - a_i/U) of its
+    tensor; an All-Reduce 2 (G-1)/G of its tensor for each of the G devices taking part, linearised exactly
+    as 2 z_i - 2 y_i with y_i = z_i / G (y_i <= z_i, y_i <= g, y_i >= g - (1 - z_i), sum y_i = 1, where g
+    is 1/G)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     if mode not in ("ws", "1d"):
         raise WorkbenchError(f"the mixed-integer program splits one axis (ws or 1d), got {mode!r}")
     K, U = len(devices), split_units(mode, shape)
     blocks = mode_blocks(mode, shape, K)
-    B = len(blocks)
-    A_, Z, Y, G, T_ = 0, K, 2 * K, 3 * K, 3 * K + 1        # where each kind of variable starts
-    n = 3 * K + 1 + B
-    rows, lows, highs, labels = [], [], [], []
+    A_, Z, Y, G, M = 0, K, 2 * K, 3 * K, 3 * K + 1        # where each kind of variable starts
+    n = 3 * K + 2
+    rows, lows, highs = [], [], []
 
-    def add(coef: dict[int, float], low: float, high: float, label=None) -> None:
+    def add(coef: dict[int, float], low: float, high: float) -> None:
         row = np.zeros(n)
         for j, v in coef.items():
             row[j] += v
         rows.append(row)
         lows.append(low)
         highs.append(high)
-        labels.append(label)
 
     add({A_ + i: 1.0 for i in range(K)}, U, U)
     add({Y + i: 1.0 for i in range(K)}, 1.0, 1.0)
     fixed = memory_bytes(mode, shape, 0.0, num_layers)
     per_unit = (memory_bytes(mode, shape, 1.0, num_layers) - fixed) / U
     caps = [(U if fixed <= dev.memory_bytes else -1) if per_unit <= 0
-            else int(min(U, max(-1.0, (dev.memory_bytes - fixed) / per_unit))) for dev in devices]                                         # units each device's memory holds
-    for i, dev in enumerate(devices):
-        add({A_ + i: 1.0, Z + i: -float(max(caps[i], 0))}, -np.inf, 0.0)   # no units unless taking part
-        add({A_ + i: 1.0, Z + i: -1.0}, 0.0, np.inf)                  # taking part: one unit at least
-        add({Y + i: 1.0, Z + i: -1.0}, -np.inf, 0.0)
-        add({Y + i: 1.0, G: -1.0}, -np.inf, 0.0)
-        add({Y + i: 1.0, G: -1.0, Z + i: -1.0}, -1.0, np.inf)
+            else int(min(U, max(-1.0, (dev.memory_bytes - fixed) / per_unit))) for dev in devices]   # units each holds
+    if caps[0] < 1:
+        return None
     # times in units of the primary's whole layer: HiGHS's tolerances are absolute, and a layer takes microseconds
-    scale = 1.0 / sum(2 * block.work / devices[0].flops_per_s for block in blocks)
-    for b, block in enumerate(blocks):
-        comm: dict[int, float] = {}
+    work = sum(2 * block.work / U for block in blocks)                     # seconds x FLOP/s of one unit, all blocks
+    scale = 1.0 / (work * U / devices[0].flops_per_s)
+    speed = [dev.flops_per_s / devices[0].flops_per_s for dev in devices]  # M counts units of the primary's time
+    c = np.zeros(n)
+    c[M] = scale * work / devices[0].flops_per_s
+    for block in blocks:
         for j, dev in enumerate(devices):
             if block.collective == "all_gather":
                 per = scale * block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
-                comm[Z + j] = comm.get(Z + j, 0.0) + per
-                comm[A_ + j] = comm.get(A_ + j, 0.0) - per / U
+                c[Z + j] += per
+                c[A_ + j] -= per / U
             elif block.collective == "all_reduce":
                 per = scale * 2 * block.reduce_floats * FLOAT_BYTES / dev.net_bytes_per_s
-                comm[Z + j] = comm.get(Z + j, 0.0) + per
-                comm[Y + j] = comm.get(Y + j, 0.0) - per
-        for i, dev in enumerate(devices):
-            coef = dict(comm)
-            coef[A_ + i] = coef.get(A_ + i, 0.0) + scale * 2 * block.work / U / dev.flops_per_s
-            coef[T_ + b] = -1.0
-            add(coef, -np.inf, 0.0, (b, i, block.name))
-    if math.isfinite(deadline_s):
-        add({T_ + b: float(num_layers) for b in range(B)}, -np.inf, scale * deadline_s)
+                c[Z + j] += per
+                c[Y + j] -= per
+    for i in range(K):
+        add({A_ + i: 1.0, Z + i: -float(max(caps[i], 0))}, -np.inf, 0.0)   # no units unless taking part
+        add({A_ + i: 1.0, Z + i: -1.0}, 0.0, np.inf)                     # taking part: one unit at least
+        add({A_ + i: 1.0, M: -speed[i]}, -np.inf, 0.0)                   # M: the slowest device's units
+        add({Y + i: 1.0, Z + i: -1.0}, -np.inf, 0.0)
+        add({Y + i: 1.0, G: -1.0}, -np.inf, 0.0)
+        add({Y + i: 1.0, G: -1.0, Z + i: -1.0}, -1.0, np.inf)
+    bound = min(deadline_s, upper_s * (1 + 1e-6) + 1e-12) / num_layers
+    if math.isfinite(bound):
+        add({j: v for j, v in enumerate(c) if v}, -np.inf, scale * bound)
     # a secondary at least as fast, as well linked and as roomy as another can take its place: whenever the
     # other takes part, it does (valid for every optimum's set; identical ones are ordered by index, the first
     # of a kind also holding the most), which prunes most of the search over sets
@@ -354,28 +360,23 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
             else:
                 add({Z + i: 1.0, Z + j: -1.0}, 0.0, np.inf)
     low = np.zeros(n)
-    high = np.concatenate([np.array([max(c, 0) for c in caps], float), np.array([float(c >= 1) for c in caps]),
-                           np.ones(K), [1.0], np.full(B, np.inf)])
-    if caps[0] < 1:
-        return None
+    high = np.concatenate([np.array([max(cap, 0) for cap in caps], float), np.array([float(cap >= 1) for cap in caps]),
+                           np.ones(K), [1.0, np.inf]])
     low[Z] = 1.0                                                        # the primary always takes part
-    integrality = np.concatenate([np.ones(2 * K), np.zeros(K + 1 + B)])
-    c = np.concatenate([np.zeros(3 * K + 1), np.full(B, float(num_layers))])
-    res = milp(c, constraints=LinearConstraint(np.array(rows), lows, highs), integrality=integrality,
+    integrality = np.concatenate([np.ones(2 * K), np.zeros(K + 2)])
+    res = milp(num_layers * c, constraints=LinearConstraint(np.array(rows), lows, highs), integrality=integrality,
                bounds=Bounds(low, high))
     if res.status != 0 or res.x is None:
         return None
     units = [int(round(v)) for v in res.x[A_:A_ + K]]
-    t = res.x[T_:] / scale
-    costliest = int(np.argmax(t))
-    x = res.x
-    tight = min((k for k, label in enumerate(labels) if label and label[0] == costliest),
-                key=lambda k: highs[k] - rows[k] @ x)
+    latency, breakdown = layer_latency(mode, shape, [a / U for a in units], devices)
+    costliest = max(breakdown, key=lambda row: max(row["compute_s"]) + row["comm_s"])
+    slowest = int(np.argmax(costliest["compute_s"]))
+    binding = (f"{costliest['block']}: {devices[slowest].name} sets the time "
+               f"({1e3 * (max(costliest['compute_s']) + costliest['comm_s']):.2f} ms a layer)")
     at_memory = [devices[i].name for i in range(K) if units[i] and units[i] == caps[i] < U]
-    binding = f"{labels[tight][2]}: {devices[labels[tight][1]].name} sets the time ({1e3 * t[costliest]:.2f} ms a layer)"
     if at_memory:
         binding = f"memory of {', '.join(at_memory)} (no room for another unit); {binding}"
-    latency, _ = layer_latency(mode, shape, [a / U for a in units], devices)
     return units, latency * num_layers, binding
 
 
@@ -458,15 +459,16 @@ def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: i
     return (shares, 0.0, binding), (tuple(float(x) for x in mu), tuple(float(x) for x in nu))
 
 
-SOLVERS = ("lp", "milp")
-"""P2's solvers: the LP relaxation with a participation search and rounding (the default for now: the
-mixed-integer program takes up to seconds at 64 devices), and the mixed-integer program (:func:`solve_sizes`,
-the paper's P2, exact over integer units)."""
+SOLVERS = ("milp", "lp")
+"""P2's solvers: the mixed-integer program (:func:`solve_sizes`, the paper's P2, exact over integer units and
+participation; the default), and the LP relaxation with a greedy participation search and rounding (the
+older heuristic, kept as a compared baseline: milliseconds where the MILP takes tenths of a second at 16
+devices and seconds at 64, and up to several times slower predictions)."""
 
 
 def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
                     num_layers: int = 1, mode: str | None = None,
-                    fixed_shares: Sequence[float] | None = None, solver: str = "lp") -> Partition:
+                    fixed_shares: Sequence[float] | None = None, solver: str = "milp") -> Partition:
     """Hepti's partition of ``workload`` over ``devices`` (the first the primary) within ``deadline_s``.
 
     Mode: serial when no secondary device can take part; WS when every secondary taking part holds what WS
@@ -475,7 +477,8 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     with no free memory is dropped; so is one whose share solves to 0, and the rest are solved again.
     ``fixed_shares`` (one per device, summing to 1) replaces the LP: the baselines (even shares, shares
     in proportion to speed) in the same mode, their memory checked the same way. ``solver`` (:data:`SOLVERS`):
-    "milp" solves WS and 1D-tiled as the mixed-integer program; 2D-tiled solves each axis as an LP."""
+    "milp" (default) solves WS and 1D-tiled as the mixed-integer program; 2D-tiled solves each axis as an LP;
+    "lp" is the relaxation with the greedy participation search (a baseline)."""
     if solver not in SOLVERS:
         raise WorkbenchError(f"Hepti's solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     devices = tuple(devices)
@@ -483,6 +486,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     K = len(devices)
     reasons: list[str] = []
     names = [d.name for d in devices]
+    presolved = None
     if devices[0].memory_bytes <= 0:
         raise WorkbenchError(f"the primary {devices[0].name!r} has no free memory: it always takes part and must hold "
                              "its share of the weights; give it memory or make another device the primary")
@@ -505,6 +509,13 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
             reasons.append(f"{MODE_TITLES[mode]}: {', '.join(short)} cannot hold what WS needs "
                            f"({ws_minimum_bytes(workload, num_layers) / 1e6:.1f} MB with one head); "
                            f"{len(taking)} devices {'< 16' if mode == '1d' else '>= 16'}")
+        if mode == "2d" and solver == "milp" and fixed_shares is None:
+            # the rule counts the devices taking part, which the mixed-integer program decides
+            tiled = presolved = solve_sizes("1d", workload, [devices[i] for i in taking], num_layers)
+            few = sum(1 for a in tiled[0] if a) if tiled is not None else TILED_2D_FROM
+            if few < TILED_2D_FROM:
+                mode = "1d"
+                reasons.append(f"1D-tiled after all: the mixed-integer optimum takes {few} of them part (< 16)")
     elif mode not in MODES:
         raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
     else:
@@ -550,7 +561,8 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
 
     exact = solver == "milp" and mode in ("ws", "1d") and len(taking) > 1     # the MILP decides participation
     if exact:
-        solved = solve_sizes(mode, workload, [devices[i] for i in taking], num_layers)
+        solved = presolved if mode == "1d" and presolved is not None else \
+            solve_sizes(mode, workload, [devices[i] for i in taking], num_layers)
         if solved is None:
             have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
             raise WorkbenchError(f"the weights of {num_layers} layers ({whole / 1e6:.1f} MB) fit nowhere in "
