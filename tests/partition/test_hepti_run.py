@@ -10,7 +10,8 @@ import pytest
 
 from workbench.devices import PRESETS
 from workbench.partition.hepti import hepti_partition
-from workbench.partition.hepti_run import memory_bytes, predicted_steps, run_hepti, shape_of
+from workbench.errors import WorkbenchError
+from workbench.partition.hepti_run import PrimaryLost, memory_bytes, predicted_steps, run_hepti, shape_of
 from workbench.partition.cost import SHAPES
 from workbench.partition.models import PartitionModel
 
@@ -82,6 +83,40 @@ def test_a_killed_device_is_named_and_its_work_moves_to_the_rest(reference):
     assert len(run.faults) == 1 and "rank 2 (d2) died (was killed by SIGKILL)" in run.faults[0]
     assert "resumed at layer 3 over the 3 devices left" in run.faults[0]
     assert run.decisions[-1].layer == 3 and len(run.decisions[-1].shares) == 3
+
+
+def test_the_primary_holds_the_request_and_its_death_fails_it():
+    """Killing the primary ends the request with one clear error (a run that resumed from a copy the parent
+    kept would pass here); no worker process is left."""
+    started = time.monotonic()
+    with pytest.raises(PrimaryLost, match=r"the primary d0 died at layer 2: it holds the request .* nothing is resumed"):
+        run_hepti(devices(), seq_len=N, kill_at=("d0", 2), adapt=False)
+    assert time.monotonic() - started < 120
+
+
+def test_the_primary_checkpoint_is_one_file_of_the_latest_layer(tmp_path):
+    from workbench.partition.hepti_run import checkpoint_layer, load_checkpoint, save_checkpoint
+
+    assert checkpoint_layer(str(tmp_path)) is None
+    x = np.arange(24, dtype=np.float32).reshape(1, 4, 6)
+    save_checkpoint(str(tmp_path), 1, x)
+    save_checkpoint(str(tmp_path), 2, x + 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layer-0002.npy"]
+    layer, got = load_checkpoint(str(tmp_path))
+    assert layer == 2 and np.array_equal(got, x + 1)
+
+
+@pytest.mark.parametrize("kill, falls, message", [
+    (("d9", 1), None, "the kill names 'd9', which is none of the devices"),
+    (("d2", 99), None, "the kill on d2 is at layer 99; the model's layers are 0 to 5"),
+    (None, {"d2": (6, 1e6)}, "the memory fall on d2 is at layer 6"),
+    (("d3", 1), None, "the kill names 'd3', which takes no part in the plan"),
+])
+def test_faults_outside_the_plan_or_the_model_are_refused_before_any_process(kill, falls, message):
+    boards = devices()
+    boards[3] = replace(boards[3], net_bytes_per_s=1e4)                  # 80 kbit/s: never worth its link
+    with pytest.raises(WorkbenchError, match=message):
+        run_hepti(boards, seq_len=N, kill_at=kill, memory_falls=falls, adapt=False)
 
 
 def test_the_first_decision_is_the_partitioners():

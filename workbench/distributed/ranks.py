@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from workbench.argtypes import machine_cores
-from workbench.distributed.wire import THREADS_ENV, TIMEOUT_ENV, decode_array
+from workbench.distributed.wire import THREADS_ENV, TIMEOUT_ENV
 from workbench.errors import WorkbenchError
 from workbench.timeline import Span, Timeline
 
@@ -79,7 +79,7 @@ class RankGroup:
         self._tmp: str | None = None
         self._job = 0
         self.runs = 0
-        self.checkpoint = None          # (layer, its input) the terminal last reported, for resuming a run
+        self.steps: list[int] = []      # the step each rank last reported in the current job
         self.reports: list[dict] = []   # what the terminal reported on the way (e.g. Hepti's decisions)
         self.first_progress_at = None   # when the terminal first reported (its inference began), parent's clock
 
@@ -190,7 +190,7 @@ class RankGroup:
             self.start()
         self._job += 1
         job = self._job
-        self.checkpoint = None
+        self.steps = [-1] * self.size
         self.reports = []
         self.first_progress_at = None
         spec = {**spec, "link": "shaped" if self.shaped is not None else "emulated"}
@@ -203,7 +203,7 @@ class RankGroup:
         return results
 
     def _collect(self, names, total, job, deadline, progress, should_stop):
-        steps = [-1] * self.size
+        steps = self.steps
         labels = [""] * self.size
         results: dict[int, dict] = {}
         selector = selectors.DefaultSelector()
@@ -232,8 +232,6 @@ class RankGroup:
                             steps[rank], labels[rank] = msg["step"], msg["label"]
                             if rank == 0 and self.first_progress_at is None:
                                 self.first_progress_at = time.perf_counter()
-                            if "checkpoint" in msg:
-                                self.checkpoint = (msg["step"], decode_array(msg["checkpoint"]))
                             if "report" in msg:
                                 self.reports.append(msg["report"])
                             if progress is not None:

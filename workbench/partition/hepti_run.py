@@ -293,20 +293,15 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
 
     ``memory_falls``: device name -> (layer, free bytes from that layer on), the emulated memory reports.
     ``kill_at``: (device name, layer): that device's process is killed with SIGKILL when the primary starts
-    that layer (a fault to recover from: the run goes on from that layer's input over the devices left).
-    A failed device is named in ``faults``; the run re-partitions over the rest and finishes. ``mode``
+    that layer. The primary holds the request: it checkpoints each layer's input in its own storage (a
+    directory only it writes), so a secondary's death re-partitions over the devices left from that
+    checkpoint (the failed device is named in ``faults``), and the primary's death fails the request with
+    :class:`PrimaryLost`. A device outside the first plan cannot be named; one that a later decision left
+    out is not killed (its failure would change nothing) and ``faults`` says so. ``mode``
     forces one mode at every decision (it must fit; ``"2d"`` on 4 devices shows the grid). ``adapt=False``
     re-partitions on memory reports only, not on measured speeds. ``shares`` replaces the LP's (a baseline:
     even, or in proportion to speed) in the mode Hepti picks or ``mode`` forces."""
-    import os
-    import signal
-
-    import numpy as np
-
     from workbench.partition.cost import get_shape
-    from workbench.partition.runtime import DEADLINE_MARGIN_S, PartitionRuntime, RunFailed
-    from workbench.distributed.wire import encode_array
-    from workbench.timeline import Span, Timeline
 
     model_shape = get_shape(model)
     shape = shape_of(model_shape, seq_len)
@@ -315,12 +310,55 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
         mode = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers).mode
     first = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers, mode=mode,
                             fixed_shares=shares)
+    check_faults(first, model_shape.num_layers, kill_at, memory_falls)
+    import shutil
+    import tempfile
+
+    primary_dir = tempfile.mkdtemp(prefix="hepti-primary-")       # the primary device's own storage
+    try:
+        return _run(devices, model, seq_len, model_shape, shape, first, primary_dir, deadline_s=deadline_s,
+                    memory_falls=memory_falls, emulate=emulate, kill_at=kill_at, seed=seed, mode=mode, adapt=adapt,
+                    shares=shares, progress=progress, should_stop=should_stop)
+    finally:
+        shutil.rmtree(primary_dir, ignore_errors=True)
+
+
+class PrimaryLost(WorkbenchError):
+    """The primary died: it holds the request, so the request fails (Hepti does not resume without it)."""
+
+
+def check_faults(partition: Partition, num_layers: int, kill_at, memory_falls) -> None:
+    """Faults must name a device of the plan and a layer of the model (one line each, before any work)."""
+    names = [d.name for d, s in zip(partition.devices, partition.shares)]
+    taking = [d.name for d, s in zip(partition.devices, partition.shares) if s > 0]
+    wanted = [("kill", *kill_at)] if kill_at is not None else []
+    wanted += [("memory fall", name, layer) for name, (layer, _) in (memory_falls or {}).items()]
+    for what, name, layer in wanted:
+        if name not in names:
+            raise WorkbenchError(f"the {what} names {name!r}, which is none of the devices ({', '.join(names)})")
+        if what == "kill" and name not in taking:
+            raise WorkbenchError(f"the kill names {name!r}, which takes no part in the plan (it takes "
+                                 f"{', '.join(taking)}): its failure would change nothing")
+        if not (isinstance(layer, int) and 0 <= layer < num_layers):
+            raise WorkbenchError(f"the {what} on {name} is at layer {layer!r}; the model's layers are 0 to "
+                                 f"{num_layers - 1}")
+
+
+def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, deadline_s, memory_falls, emulate,
+         kill_at, seed, mode, adapt, shares, progress, should_stop) -> HeptiRun:
+    import os
+    import signal
+
+    import numpy as np
+
+    from workbench.partition.runtime import DEADLINE_MARGIN_S, PartitionRuntime, RunFailed
+    from workbench.timeline import Span, Timeline
     from workbench.partition.plan import steps_timeline
 
     predicted = steps_timeline(predicted_steps(first, shape, model_shape.num_layers), [d.name for d in devices],
                                "hepti predicted")
     falls = {name: [layer, nbytes] for name, (layer, nbytes) in (memory_falls or {}).items()}
-    start_layer, x = 0, None
+    resume, start_layer = False, 0
     spans, decisions, faults, counts = [], [], [], []
     lost_s = 0.0                                # inference time of runs a fault cut short
     lost_names: list[str] = []
@@ -331,16 +369,24 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
         runtime = PartitionRuntime(len(devices))
         spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
-                "start_layer": start_layer, "x": None if x is None else encode_array(x), "emulate": emulate,
+                "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate,
                 "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares)}
         victim = None
-        if kill_at is not None and kill_at[0] in names and kill_at[1] >= start_layer:
+        if kill_at is not None and kill_at[0] in names:
             victim = (names.index(kill_at[0]), kill_at[1])
 
         def hook(done, total, runtime=runtime, victim=victim):
-            if victim is not None and runtime.checkpoint is not None and runtime.checkpoint[0] >= victim[1] \
+            nonlocal kill_at
+            primary_at = runtime.steps[0] if runtime.steps else -1
+            if victim is not None and kill_at is not None and primary_at >= victim[1] \
                     and runtime.group is not None and runtime.group.workers[victim[0]].process.poll() is None:
-                os.kill(runtime.group.workers[victim[0]].process.pid, signal.SIGKILL)
+                latest = [r["decision"] for r in runtime.reports if "decision" in r]
+                if latest and not latest[-1]["shares"][victim[0]]:
+                    faults.append(f"{kill_at[0]} was not killed at layer {primary_at}: the decision at layer "
+                                  f"{latest[-1]['layer']} left it out, so its failure would change nothing")
+                else:
+                    os.kill(runtime.group.workers[victim[0]].process.pid, signal.SIGKILL)
+                kill_at = None
             if progress is not None:
                 progress(done, total)
 
@@ -353,19 +399,23 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
         except RunFailed as failure:
             if failure.kind not in ("died", "hung") or failure.rank is None or len(devices) == 1:
                 raise                                   # an error in the code or a cancel is no device fault
+            lost = devices[failure.rank].name
+            start_layer = checkpoint_layer(primary_dir)
+            if failure.rank == 0:
+                at = f"at layer {start_layer}" if start_layer is not None else "before its first layer"
+                raise PrimaryLost(f"the primary {lost} died {at}: it holds the request (its input and each "
+                                  f"layer's checkpoint), so the request fails; nothing is resumed ({failure})") from None
             lost_s += time.perf_counter() - (runtime.first_progress_at or job_start)
             t_zero = t_zero if t_zero is not None else (runtime.first_progress_at or job_start)
-            lost = devices[failure.rank].name
             decisions.extend(_decisions([r["decision"] for r in runtime.reports if "decision" in r]))
-            checkpoint = runtime.checkpoint
-            start_layer, x = (checkpoint[0], checkpoint[1]) if checkpoint is not None else (0, None)
+            resume = start_layer is not None
+            start_layer = start_layer or 0
             now = time.perf_counter() - t_zero
             faults.append(f"{failure}; resumed at layer {start_layer} over the {len(devices) - 1} devices left")
             spans.append(Span(lane_of[lost], "stall", now, now, f"fault: {lost} lost at layer {start_layer}; "
                               f"re-partition over {len(devices) - 1} devices", device=lost, layer=start_layer))
             devices = [d for i, d in enumerate(devices) if i != failure.rank]
             lost_names.append(lost)
-            kill_at = None
             continue
         t_zero = t_zero if t_zero is not None else origin
         shift = origin - t_zero
@@ -382,6 +432,45 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
                         logits=np.asarray(decode(results[0]["logits"])), timeline=measured, predicted=predicted,
                         decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts),
                         started_at=t_zero)
+
+
+CHECKPOINT = "layer-{:04d}.npy"
+
+
+def save_checkpoint(directory: str, layer: int, x) -> None:
+    """The primary's checkpoint of the request: the input of ``layer``, written whole (a temporary file renamed
+    over) into the primary's own storage, the previous layer's removed."""
+    import os
+
+    import numpy as np
+
+    path = os.path.join(directory, CHECKPOINT.format(layer))
+    with open(path + ".tmp", "wb") as handle:
+        np.save(handle, np.ascontiguousarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x))
+    os.replace(path + ".tmp", path)
+    for name in os.listdir(directory):
+        if name != os.path.basename(path) and name.startswith("layer-"):
+            os.remove(os.path.join(directory, name))
+
+
+def checkpoint_layer(directory: str) -> int | None:
+    """The layer whose input the primary's checkpoint holds; None before the first."""
+    import os
+
+    names = sorted(n for n in os.listdir(directory) if n.startswith("layer-") and n.endswith(".npy"))
+    return int(names[-1][6:10]) if names else None
+
+
+def load_checkpoint(directory: str):
+    """(layer, its input) from the primary's checkpoint."""
+    import os
+
+    import numpy as np
+
+    layer = checkpoint_layer(directory)
+    if layer is None:
+        raise RuntimeError(f"the primary holds no checkpoint in {directory}")
+    return layer, np.load(os.path.join(directory, CHECKPOINT.format(layer)))
 
 
 def _decisions(raw: Sequence[dict]) -> list[Decision]:

@@ -83,11 +83,10 @@ class _Runner:
                 "logits": encode_array(result.logits) if result.logits is not None else None}
 
     def run_hepti(self, spec: dict, progress) -> dict:
-        """A Hepti job: the model's layers from ``start_layer`` (on the checkpointed input ``x`` when resuming),
-        each layer's mode decided at its start."""
+        """A Hepti job: the model's layers, each layer's mode decided at its start; resuming after a fault, from
+        the layer checkpoint the primary keeps in ``checkpoint_dir`` (its own storage)."""
         import math
 
-        import torch
         import torch.distributed as dist
 
         from workbench.devices import DeviceProfile
@@ -100,8 +99,10 @@ class _Runner:
             raise RuntimeError(f"the job has {len(devices)} devices but this group {self.world} ranks")
         model = cached_model(spec["model"], spec.get("model_seed", 0))
         inputs = model.inputs(model.token_ids(spec["seq_len"], spec.get("seed", 0)))
-        if spec.get("x") is not None:
-            inputs["x"] = torch.from_numpy(decode_array(spec["x"]).copy())
+        primary_dir = spec.get("checkpoint_dir")
+        start_layer = 0
+        if spec.get("resume"):
+            start_layer, inputs["x"] = self._resume(primary_dir, inputs["x"])
         falls = {name: (int(layer), float(nbytes)) for name, (layer, nbytes) in spec.get("memory_falls", {}).items()}
         import scipy.optimize  # noqa: F401  (loaded before the clock starts: the first decision would pay for it)
         deadline = spec.get("deadline_s")
@@ -110,8 +111,10 @@ class _Runner:
 
         def report(layer, label, extra):
             message_extra = {}
-            if extra and "checkpoint" in extra:
-                message_extra["checkpoint"] = encode_array(extra["checkpoint"][1])
+            if extra and "checkpoint" in extra and primary_dir:
+                from workbench.partition.hepti_run import save_checkpoint
+
+                save_checkpoint(primary_dir, *extra["checkpoint"])
             if extra and "decision" in extra:
                 message_extra["report"] = {"decision": asdict(extra["decision"])}
             progress(layer, label, message_extra)
@@ -119,7 +122,7 @@ class _Runner:
         result, decisions = execute_hepti(devices, model, inputs, Comm(self.rank, self.world, self.groups),
                                           emulate=spec.get("emulate", True), memory_falls=falls,
                                           deadline_s=math.inf if deadline is None else float(deadline),
-                                          start_layer=spec.get("start_layer", 0), link=spec.get("link", "emulated"),
+                                          start_layer=start_layer, link=spec.get("link", "emulated"),
                                           mode=spec.get("mode"), adapt=spec.get("adapt", True),
                                           fixed_shares=spec.get("shares"), progress=report)
         return {"rank": self.rank, "device": result.device, "t0": started,
@@ -127,6 +130,25 @@ class _Runner:
                 "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions],
                 "hidden": encode_array(result.hidden) if result.hidden is not None else None,
                 "logits": encode_array(result.logits) if result.logits is not None else None}
+
+    def _resume(self, primary_dir: str, x):
+        """The primary reads the request's last layer checkpoint from its own storage and hands the layer and
+        its input to every rank (a secondary holds nothing of the request)."""
+        import torch
+        import torch.distributed as dist
+
+        from workbench.partition.hepti_run import load_checkpoint
+
+        meta = torch.zeros(1 + x.dim(), dtype=torch.int64)
+        if self.rank == 0:
+            layer, saved = load_checkpoint(primary_dir)
+            x = torch.from_numpy(saved)
+            meta = torch.tensor([layer, *x.shape], dtype=torch.int64)
+        dist.broadcast(meta, 0)
+        if self.rank != 0:
+            x = torch.empty(tuple(int(v) for v in meta[1:]), dtype=torch.float32)
+        dist.broadcast(x, 0)
+        return int(meta[0]), x
 
     def _torch_tp(self, name: str, seed: int, model):
         key = (name, seed)
