@@ -119,6 +119,39 @@ def test_faults_outside_the_plan_or_the_model_are_refused_before_any_process(kil
         run_hepti(boards, seq_len=N, kill_at=kill, memory_falls=falls, adapt=False)
 
 
+def test_the_speed_estimate_ignores_one_slow_layer_and_follows_two():
+    from workbench.partition.hepti_run import SpeedEstimate
+
+    est = SpeedEstimate(6e9)
+    assert est.flops_per_s == 6e9
+    est.add(6e8, 1.0)                               # one layer at a tenth of the speed
+    assert est.flops_per_s == 6e9
+    est.add(6e9, 1.0)
+    est.add(6e9, 1.0)
+    est.add(6e8, 1.0)                               # another lone stall, two layers later
+    assert est.flops_per_s == 6e9
+    est.add(1.2e9, 1.0)                             # two slow layers of the last three: the estimate follows
+    assert est.flops_per_s == pytest.approx(1.2e9)
+    est.add(0.0, 0.0)                               # a layer the rank sat out says nothing
+    assert est.flops_per_s == pytest.approx(1.2e9)
+
+
+@pytest.mark.parametrize("stalled, repartitions", [((1,), False), ((1, 2), True)])
+def test_one_stalled_layer_keeps_the_split_and_a_sustained_slowdown_repartitions(stalled, repartitions, reference):
+    """d1 (the fastest) loses 0.15 s inside its compute at the stalled layers (many times its layer): one stall
+    is smoothed away, two in a row re-partition at the next layer, away from d1; the output never changes.
+    A rank that reported its last layer's speed alone would re-partition on the single stall."""
+    run = run_hepti(devices(), seq_len=N, stalls={"d1": {layer: 0.15 for layer in stalled}})
+    np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
+    assert any(s.label == f"stall {stalled[-1]} (injected)" for s in run.timeline.spans)
+    if not repartitions:
+        assert [d.changed for d in run.decisions] == ["first"]
+        return
+    assert [d.layer for d in run.decisions] == [0, stalled[-1] + 1]
+    assert "d1's measured speed (median of its last 3 layers) moved from" in run.decisions[1].changed
+    assert run.decisions[1].shares[1] < run.decisions[0].shares[1] / 2
+
+
 def test_the_first_decision_is_the_partitioners():
     boards = devices()
     run_first = hepti_partition(boards, shape_of(ENC, N), num_layers=ENC.num_layers)

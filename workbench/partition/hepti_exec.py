@@ -18,20 +18,21 @@ import torch.nn.functional as F
 from workbench.devices import DeviceProfile
 from workbench.partition import layers as L
 from workbench.partition.execute import Clock, Comm, Count, RankResult, Walker
-from workbench.partition.hepti_run import Decision, LayerSplit, Reports, decide, layer_steps, shape_of
+from workbench.partition.hepti_run import Decision, LayerSplit, Reports, SpeedEstimate, decide, layer_steps, shape_of
 from workbench.partition.plan import Step
 
 REPORT_FLOATS = 3
-"""free memory (bytes), measured speed (FLOP/s), measured link (bytes/s)."""
+"""free memory (bytes), speed estimate (FLOP/s), link (bytes/s: the profile's)."""
 
 
 def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: Comm, *, emulate: bool,
                   memory_falls: dict, deadline_s: float, start_layer: int = 0, link: str = "emulated",
-                  mode: str | None = None, adapt: bool = True, fixed_shares=None,
+                  mode: str | None = None, adapt: bool = True, fixed_shares=None, stalls: dict | None = None,
                   progress: Callable[[int, str, dict], None] = lambda i, label, extra: None
                   ) -> tuple[RankResult, list[Decision]]:
     """Run the model's layers from ``start_layer`` on ``inputs["x"]`` (every rank holds it), deciding each
-    layer's mode and split at its start. Rank 0 ends with the hidden states and logits."""
+    layer's mode and split at its start. Rank 0 ends with the hidden states and logits. ``stalls``: layer ->
+    seconds this rank loses inside that layer's compute (a host hiccup, injected: it sleeps)."""
     rank, K = comm.rank, comm.world
     device = devices[rank]
     result = RankResult(rank, device.name)
@@ -42,7 +43,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
     num_layers = len(model.layers)
     x, split, speeds_at_decision = inputs["x"], None, None
     decisions: list[Decision] = []
-    measured = {"compute_s": 0.0, "work": 0.0, "comm_s": 0.0, "bytes": 0}
+    measured = {"compute_s": 0.0, "work": 0.0, "comm_s": 0.0, "bytes": 0, "speed": SpeedEstimate(device.flops_per_s)}
     has_x = [True] * K
     with torch.no_grad():
         for layer in range(start_layer, num_layers):
@@ -65,6 +66,11 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
             steps = layer_steps(split, layer, shape, devices, batch=x.shape[0])   # padded to the devices themselves
             t0, before = time.perf_counter(), len(comm.counts)
             x = _run_layer(split, steps, layer, model, x, inputs, comm, walker, rank)
+            lost = float((stalls or {}).get(layer, 0.0))
+            if lost > 0:
+                start = clock.now()
+                time.sleep(lost)
+                walker.span("compute", start, f"stall {layer} (injected)", layer, meta={"real_s": lost, "predicted_s": 0.0})
             has_x = [r in split.participants for r in range(K)]
             # the device's time for the layer's work: the real compute here, or the profile's where padding
             # stood in for a device slower than this host (a span's own length also holds lateness caught up)
@@ -73,6 +79,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
             measured["work"] = sum(s.seconds[rank] for s in steps if s.kind == "compute") * device.flops_per_s
             measured["comm_s"] = sum(s.duration for s in result.spans if s.layer == layer and s.kind == "comm")
             measured["bytes"] = sum(c.received for c in comm.counts[before:])
+            measured["speed"].add(measured["work"], measured["compute_s"])
         x = _bring_x(comm, LayerSplit("serial", (0,), ()), x, has_x, num_layers - 1)
         if rank == 0:
             start = clock.now()
@@ -84,12 +91,10 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
 
 
 def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, measured: dict, walker: Walker):
-    """Every rank's report, gathered by all: each device's free memory now, and its speed and link as the
-    last layer measured them (the device's profile until a layer has run; a padded run measures the
-    profile itself, a run at full speed the host)."""
-    speed = reports.speed[rank]
-    if measured["compute_s"] > 0 and measured["work"] > 0:
-        speed = measured["work"] / measured["compute_s"]
+    """Every rank's report, gathered by all: each device's free memory now, its speed estimate (the median of
+    its last layers' compute; a padded run measures the profile itself unless this host falls behind it,
+    a run under CPU limits the limited rank) and its profile's link."""
+    speed = measured["speed"].flops_per_s
     link = reports.link[rank]
     mine = torch.tensor([reports.free_bytes(rank, layer), speed, link], dtype=torch.float64)
     start = walker.clock.now()

@@ -1,8 +1,9 @@
 """Hepti executed for real: the three weight-stationary modes on the runtime's processes, decided layer by layer.
 
 At the start of every layer's self-attention (when every rank holds the whole input) each rank reports
-its free memory (from an emulated schedule the caller can lower mid-run), its speed as measured on the
-last layer and its link as measured on the bytes it moved; every rank gathers the reports and runs the
+its free memory (from an emulated schedule the caller can lower mid-run), its speed as its own compute
+measured it (smoothed: :class:`SpeedEstimate`) and its link (the profile's: links are not re-estimated);
+every rank gathers the reports and runs the
 same deterministic partitioner (:func:`workbench.partition.hepti.hepti_partition`), so all agree on the
 next layer's mode and split without a coordinator. The layer is then executed in that mode:
 
@@ -32,7 +33,29 @@ from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, l
 from workbench.partition.plan import Step
 
 REESTIMATE_THRESHOLD = 0.5
-"""Re-partition when a device's measured speed or link moved by more than half since the last decision."""
+"""Re-partition when a device's smoothed speed moved by more than half from the one the split was decided on
+(a band: anything within it keeps the split)."""
+SPEED_WINDOW = 3
+"""A rank's speed estimate is the median of its last three layers' samples (the profile's speed standing in
+for layers not yet run), so one stalled layer never moves it and two slow layers in three do."""
+
+
+class SpeedEstimate:
+    """A rank's speed as the partitioner reads it: the median of the last :data:`SPEED_WINDOW` per-layer
+    samples (the work of the rank's own compute steps over their time), starting from the profile."""
+
+    def __init__(self, profile_flops_per_s: float):
+        self.samples = [profile_flops_per_s] * (SPEED_WINDOW - 1)
+
+    def add(self, work: float, compute_s: float) -> None:
+        if work > 0 and compute_s > 0:
+            self.samples.append(work / compute_s)
+
+    @property
+    def flops_per_s(self) -> float:
+        import statistics
+
+        return statistics.median(self.samples[-SPEED_WINDOW:])
 
 
 @dataclass(frozen=True)
@@ -228,7 +251,7 @@ def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[De
     """(split, why it changed, partition) for the next layer; (None, "", None) when the current split holds.
 
     Re-partitions when there is none yet, when a participant's free memory no longer holds what its share
-    of the current mode needs, or when a measured speed or link moved by more than
+    of the current mode needs, or when a speed estimate (:class:`SpeedEstimate`) moved by more than
     :data:`REESTIMATE_THRESHOLD` since the last decision (unless ``adapt`` is off: memory alone decides)."""
     why = ""
     if previous is None:
@@ -244,7 +267,8 @@ def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[De
         if not why and adapt and previous_speed is not None:
             for r, (old, dev) in enumerate(zip(previous_speed, devices_now)):
                 if old and abs(dev.flops_per_s - old) > REESTIMATE_THRESHOLD * old:
-                    why = f"{dev.name}'s measured speed moved from {old / 1e9:.1f} to {dev.flops_per_s / 1e9:.1f} GFLOP/s"
+                    why = (f"{dev.name}'s measured speed (median of its last {SPEED_WINDOW} layers) moved from "
+                           f"{old / 1e9:.1f} to {dev.flops_per_s / 1e9:.1f} GFLOP/s")
                     break
     if not why:
         return None, "", None
@@ -288,7 +312,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
               deadline_s: float = math.inf, memory_falls: dict[str, tuple[int, float]] | None = None,
               emulate: bool = True, kill_at: tuple[str, int] | None = None, seed: int = 0,
               mode: str | None = None, adapt: bool = True, shares: Sequence[float] | None = None,
-              progress=None, should_stop=None) -> HeptiRun:
+              stalls: dict[str, dict[int, float]] | None = None, progress=None, should_stop=None) -> HeptiRun:
     """Hepti on real processes, one per device (the first the primary).
 
     ``memory_falls``: device name -> (layer, free bytes from that layer on), the emulated memory reports.
@@ -300,7 +324,9 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     out is not killed (its failure would change nothing) and ``faults`` says so. ``mode``
     forces one mode at every decision (it must fit; ``"2d"`` on 4 devices shows the grid). ``adapt=False``
     re-partitions on memory reports only, not on measured speeds. ``shares`` replaces the LP's (a baseline:
-    even, or in proportion to speed) in the mode Hepti picks or ``mode`` forces."""
+    even, or in proportion to speed) in the mode Hepti picks or ``mode`` forces. ``stalls``: device name ->
+    {layer: seconds} that device's rank loses inside that layer's compute (injected host hiccups: one is
+    smoothed away, a run of them re-partitions)."""
     from workbench.partition.cost import get_shape
 
     model_shape = get_shape(model)
@@ -318,7 +344,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     try:
         return _run(devices, model, seq_len, model_shape, shape, first, primary_dir, deadline_s=deadline_s,
                     memory_falls=memory_falls, emulate=emulate, kill_at=kill_at, seed=seed, mode=mode, adapt=adapt,
-                    shares=shares, progress=progress, should_stop=should_stop)
+                    shares=shares, stalls=stalls, progress=progress, should_stop=should_stop)
     finally:
         shutil.rmtree(primary_dir, ignore_errors=True)
 
@@ -345,7 +371,7 @@ def check_faults(partition: Partition, num_layers: int, kill_at, memory_falls) -
 
 
 def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, deadline_s, memory_falls, emulate,
-         kill_at, seed, mode, adapt, shares, progress, should_stop) -> HeptiRun:
+         kill_at, seed, mode, adapt, shares, stalls, progress, should_stop) -> HeptiRun:
     import os
     import signal
 
@@ -370,7 +396,8 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
         spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
                 "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate,
-                "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares)}
+                "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares),
+                "stalls": {name: {str(k): v for k, v in by.items()} for name, by in (stalls or {}).items()}}
         victim = None
         if kill_at is not None and kill_at[0] in names:
             victim = (names.index(kill_at[0]), kill_at[1])

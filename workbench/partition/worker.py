@@ -124,7 +124,9 @@ class _Runner:
                                           deadline_s=math.inf if deadline is None else float(deadline),
                                           start_layer=start_layer, link=spec.get("link", "emulated"),
                                           mode=spec.get("mode"), adapt=spec.get("adapt", True),
-                                          fixed_shares=spec.get("shares"), progress=report)
+                                          fixed_shares=spec.get("shares"), progress=report,
+                                          stalls={int(k): float(v) for k, v in
+                                                  spec.get("stalls", {}).get(devices[self.rank].name, {}).items()})
         return {"rank": self.rank, "device": result.device, "t0": started,
                 "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
                 "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions],

@@ -199,8 +199,9 @@ class HeptiPanel(Panel):
                                            style={"description_width": "20px"}, layout=widgets.Layout(width="140px"))
         self.adapt = widgets.Checkbox(value=True, description="Re-partition on measured speeds", indent=False,
                                       layout=widgets.Layout(width="260px"),
-                                      tooltip="Hepti re-partitions when a device's measured speed or link moves by "
-                                              "more than half; off: memory reports alone decide")
+                                      tooltip="Hepti re-partitions when a device's measured speed (the median of its "
+                                              "last three layers) moves by more than half; off: memory reports "
+                                              "alone decide")
         self.runs_note = widgets.HTML(
             f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real starts one worker process per "
             f"device: up to {int(limits.ranks.maximum)} here ({html.escape(limits.ranks.at_most.why)}). A killed "
