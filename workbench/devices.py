@@ -269,9 +269,14 @@ class Link:
 class Cluster:
     """Devices and a :class:`Link` per linked pair; ``links`` maps (name, name), in either order, to a link."""
 
-    def __init__(self, devices, links, *, name: str = "", title: str = "", source: str = ""):
+    def __init__(self, devices, links, *, name: str = "", title: str = "", source: str = "", network: str = "switch"):
+        from workbench.partition.cost import check_network
+
         self.devices: tuple[DeviceProfile, ...] = tuple(devices)
         self.name, self.title, self.source = name, title, source
+        self.network = check_network(network)
+        """How collectives cross the links (``workbench.partition.cost.NETWORKS``): every mechanism's cost
+        model on this cluster reads it, so their predictions compare."""
         if not self.devices:
             raise WorkbenchError(f"cluster {name!r} has no devices; give at least one")
         self._by_name: dict[str, DeviceProfile] = {}
@@ -339,7 +344,7 @@ def _voltage_cluster() -> Cluster:
     vms = [member("edge-vm", f"vm{i}") for i in range(6)]
     link = Link(500e6 / 8, 0.5e-3, source="Voltage paper §VI-A: bandwidth limited to 500 Mbps; 0.5 ms latency "
                                            "an estimate, not measured")
-    return Cluster(vms, {(a.name, b.name): link for a, b in combinations(vms, 2)}, name="voltage",
+    return Cluster(vms, {(a.name, b.name): link for a, b in combinations(vms, 2)}, name="voltage", network="switch",
                    title="Voltage: six 1-vCPU VMs, 7.6 GB each, 500 Mbps between every pair",
                    source="Voltage paper §VI-A (six Compute Canada VMs, 1 vCPU and 7.6 GB each, 500 Mbps)")
 
@@ -352,7 +357,7 @@ def _hepti_cluster() -> Cluster:
     usb = Link(300e6 / 8, 0.2e-3, source="estimate, not measured: the Raspberry Pi 3B+'s Ethernet over USB 2.0 "
                                          "(300 Mbps at most), 0.2 ms latency")
     links = {("rpi4-a", "jetson-nano-cpu"): gbe, ("jetson-nano-cpu", "rpi4-b"): gbe, ("rpi4-b", "rpi3"): usb}
-    return Cluster(devices, links, name="hepti",
+    return Cluster(devices, links, name="hepti", network="shared",
                    title="Hepti: four CPU boards of unequal clock and memory, linked to their neighbours",
                    source="Hepti §4.3's inputs (CPU frequency f_i, memory s_i, bandwidth BW_i,i+1 between "
                           "neighbours; the first device the primary); the devices and figures are estimates, "

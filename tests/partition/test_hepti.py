@@ -169,7 +169,7 @@ def test_ws_needs_room_for_a_head_beside_the_fixed_part():
 
 # -- P2 as a mixed-integer program
 
-def _brute_force(mode, shape, devices, num_layers, deadline_s=math.inf):
+def _brute_force(mode, shape, devices, num_layers, deadline_s=math.inf, network="shared"):
     """The best Eq. 7 over every integer split of the mode's units that fits each device's memory."""
     from workbench.partition.hepti import split_units
 
@@ -181,7 +181,7 @@ def _brute_force(mode, shape, devices, num_layers, deadline_s=math.inf):
         if any(a and memory_bytes(mode, shape, a / U, num_layers) > d.memory_bytes * (1 + 1e-12)
                for a, d in zip(units, devices)):
             continue
-        latency = layer_latency(mode, shape, [a / U for a in units], devices)[0] * num_layers
+        latency = layer_latency(mode, shape, [a / U for a in units], devices, network=network)[0] * num_layers
         if latency <= deadline_s and latency < best[0]:
             best = (latency, units)
     return best
@@ -190,9 +190,10 @@ def _brute_force(mode, shape, devices, num_layers, deadline_s=math.inf):
 TINY = LayerShape(hidden=16, heads=2, ffn=10, seq_len=9)
 
 
+@pytest.mark.parametrize("network", ["shared", "switch"])
 @pytest.mark.parametrize("mode", ["ws", "1d"])
 @pytest.mark.parametrize("case", ["mixed", "slow link", "memory", "deadline"])
-def test_the_mixed_integer_program_equals_brute_force(mode, case):
+def test_the_mixed_integer_program_equals_brute_force(mode, case, network):
     """Over every integer split of a tiny layer (9 rows, 10 FFN columns) on three or four unequal devices, the
     MILP finds Eq. 7's minimum, and its units give that latency: with a device whose link costs more than its
     compute saves (left out), one whose memory caps its units, and a deadline the LP relaxation's shares would
@@ -208,16 +209,17 @@ def test_the_mixed_integer_program_equals_brute_force(mode, case):
         cap = memory_bytes(mode, TINY, 2 / 9 if mode == "ws" else 2 / 10, 2)
         devices[1] = replace(devices[1], memory_bytes=cap)
     if case == "deadline":
-        deadline = 1.02 * _brute_force(mode, TINY, devices[:3], 2)[0]
+        deadline = 1.02 * _brute_force(mode, TINY, devices[:3], 2, network=network)[0]
         devices = devices[:3]
-    best, units = _brute_force(mode, TINY, devices, 2, deadline)
-    solved = solve_sizes(mode, TINY, devices, 2, deadline)
+    best, units = _brute_force(mode, TINY, devices, 2, deadline, network)
+    solved = solve_sizes(mode, TINY, devices, 2, deadline, network=network)
     assert solved is not None
     got_units, got_latency, binding = solved
     U = 9 if mode == "ws" else 10
     assert sum(got_units) == U and got_units[0] >= 1
     assert got_latency == pytest.approx(best, rel=1e-6)
-    assert layer_latency(mode, TINY, [a / U for a in got_units], devices)[0] * 2 == pytest.approx(best, rel=1e-6)
+    assert layer_latency(mode, TINY, [a / U for a in got_units], devices, network=network)[0] * 2 == \
+        pytest.approx(best, rel=1e-6)
     if case == "slow link":
         assert got_units[2] == 0
     if case == "memory":
@@ -242,3 +244,47 @@ def test_sixty_four_devices_never_predict_worse_than_the_best_subset_of_them():
     assert relaxed[1] > 3 * latency
     part = hepti_partition(devices, MINILM, num_layers=6, solver="milp", mode="ws")
     assert part.sizes == tuple(units) and part.predicted_latency_s == pytest.approx(latency)
+
+
+# -- one network model with Voltage
+
+@pytest.mark.parametrize("network", ["switch", "shared"])
+def test_hepti_1d_and_voltages_tensor_parallel_plan_predict_the_same_schedule(network):
+    """Hepti's 1D-tiled WS with even shares is the tensor-parallel split of Voltage's plans: on one cluster's
+    network the two predict the same seconds for every compute step and every All-Reduce (the devices
+    without per-layer overhead or small-row slowdown, which Eq. 5 does not have). A Hepti that priced its
+    collectives with a model of its own (Eq. 6 summed where the cluster is a switch, or one latency per ring
+    All-Reduce) fails."""
+    from workbench.partition.cost import get_shape
+    from workbench.partition.hepti_run import predicted_steps, shape_of
+    from workbench.partition.plan import plan_partition
+
+    model = get_shape("encoder")
+    devices = [replace(d, layer_overhead_s=0.0, half_peak_tokens=0.0, net_latency_s=2e-4)
+               for d in boards(12, 6, 12, 6, bandwidth=30e6)]
+    shape = shape_of(model, 32)
+    part = hepti_partition(devices, shape, num_layers=model.num_layers, mode="1d", fixed_shares=[0.25] * 4,
+                           network=network)
+    hepti = [(s.kind, pytest.approx(max(s.seconds), rel=1e-12)) for s in predicted_steps(part, shape, model.num_layers)]
+    plan = plan_partition("tensor_parallel", model, 32, devices, network=network)
+    voltage = [(s.kind, max(s.seconds)) for s in plan.steps]
+    assert voltage == hepti
+    assert sum(s for _, s in voltage) == pytest.approx(plan.predicted_s)
+
+
+def test_the_cluster_chooses_the_network_and_eq6_sums_where_a_switch_takes_the_busiest():
+    from workbench.devices import get_cluster
+    from workbench.partition.cost import Traffic, collective_s
+
+    assert get_cluster("hepti").network == "shared" and get_cluster("voltage").network == "switch"
+    traffic = [Traffic(300, 100), Traffic(100, 200), Traffic(0, 0)]
+    assert collective_s(traffic, [100.0, 100.0, 50.0], 0.5, 2, "shared") == pytest.approx(1.0 + 1.0 + 2.0)
+    assert collective_s(traffic, [100.0, 100.0, 50.0], 0.5, 2, "switch") == pytest.approx(1.0 + 3.0)
+    with pytest.raises(WorkbenchError, match="a network is one of switch, shared, got 'bus'"):
+        collective_s(traffic, [1.0] * 3, 0.0, network="bus")
+    devices = boards(12, 6, 12, bandwidth=30e6)
+    shared = hepti_partition(devices, MINILM, num_layers=6, mode="1d", fixed_shares=[1 / 3] * 3)
+    switch = hepti_partition(devices, MINILM, num_layers=6, mode="1d", fixed_shares=[1 / 3] * 3, network="switch")
+    assert shared.predicted_latency_s > switch.predicted_latency_s
+    assert hepti_partition(devices, MINILM, num_layers=6, network="switch").predicted_latency_s <= \
+        switch.predicted_latency_s * (1 + 1e-9)

@@ -13,7 +13,7 @@ import sys
 
 from workbench.argtypes import seed
 from workbench.partition import limits
-from workbench.partition.cost import SHAPES
+from workbench.partition.cost import NETWORKS, SHAPES
 from workbench.partition.plan import DEFAULT_DEVICE, SCHEMES
 
 
@@ -37,6 +37,9 @@ def _common(parser: argparse.ArgumentParser, schemes) -> None:
     parser.add_argument("--shares", choices=("even", "proportional"), default="even",
                         help="Voltage's share vector: even, or in proportion to each device's speed")
     parser.add_argument("--scheme", choices=schemes, default=schemes[0], help="how the model is split")
+    parser.add_argument("--network", choices=NETWORKS, default="switch",
+                        help="how collectives cross the links: a switch (one full-duplex link per device) or a "
+                             "shared medium (Hepti's Eq. 6, what each device receives summed)")
 
 
 def _plan(args) -> int:
@@ -47,7 +50,8 @@ def _plan(args) -> int:
     devices = _devices(args)
     rows = []
     for scheme in schemes:
-        plan = plan_partition(scheme, get_shape(args.model), args.seq_len, devices, shares=args.shares)
+        plan = plan_partition(scheme, get_shape(args.model), args.seq_len, devices, shares=args.shares,
+                              network=args.network)
         per_layer = plan.traffic()[0]
         rows.append({"scheme": scheme, "predicted_ms": 1e3 * plan.predicted_s,
                      "compute_ms": [1e3 * s for s in plan.compute_s()], "comm_ms": 1e3 * plan.comm_s(),
@@ -81,7 +85,8 @@ def _run(args) -> int:
     from workbench.partition.plan import plan_partition
     from workbench.partition.runtime import PartitionRuntime, limit_speeds, probe_shape
 
-    plan = plan_partition(args.scheme, get_shape(args.model), args.seq_len, _devices(args), shares=args.shares)
+    plan = plan_partition(args.scheme, get_shape(args.model), args.seq_len, _devices(args), shares=args.shares,
+                          network=args.network)
     mode, note = args.mode, ""
     if mode == "measured":
         from workbench.partition.runtime import limits_problem
@@ -196,7 +201,8 @@ def _hepti(args) -> int:
 
     from workbench.errors import WorkbenchError
 
-    devices = list(get_cluster(args.cluster).devices)
+    cluster = get_cluster(args.cluster)
+    devices = list(cluster.devices)
     model = get_shape(args.model)
     if model.kind != "encoder":
         raise WorkbenchError("Hepti's modes split encoder-style layers; choose an encoder model")
@@ -215,21 +221,23 @@ def _hepti(args) -> int:
     deadline = math.inf if args.deadline_ms is None else args.deadline_ms / 1e3
     fixed = {"hepti": None, "even": [1 / len(devices)] * len(devices),
              "proportional": list(proportional_shares(devices))}[args.shares]
-    mode = None if fixed is None else hepti_partition(devices, shape, deadline, num_layers=model.num_layers).mode
-    part = hepti_partition(devices, shape, deadline, num_layers=model.num_layers, mode=mode, fixed_shares=fixed)
+    mode = None if fixed is None else hepti_partition(devices, shape, deadline, num_layers=model.num_layers,
+                                                      network=cluster.network).mode
+    part = hepti_partition(devices, shape, deadline, num_layers=model.num_layers, mode=mode, fixed_shares=fixed,
+                           network=cluster.network)
     taking_part = [d.name for d, n in zip(devices, part.sizes) if n]
     for option, name, _ in faults:
         if name not in taking_part:
             raise WorkbenchError(f"{option}: {name} takes no part in the plan (a fault there changes nothing); the "
                                  f"plan's devices: {', '.join(taking_part)}")
-    out = {"mode": part.mode, "shares": list(part.shares), "sizes": list(part.sizes), "dimension": part.dimension,
+    out = {"network": cluster.network, "mode": part.mode, "shares": list(part.shares), "sizes": list(part.sizes), "dimension": part.dimension,
            "predicted_ms": 1e3 * part.predicted_latency_s, "binding": part.binding, "reasons": list(part.reasons)}
     if args.run:
         from workbench.partition.hepti_run import run_hepti
         from workbench.partition.models import PartitionModel
 
         run = run_hepti(devices, args.model, args.seq_len, deadline_s=deadline, memory_falls=dict(args.memory_falls),
-                        kill_at=args.kill, shares=fixed, mode=mode)
+                        kill_at=args.kill, shares=fixed, mode=mode, network=cluster.network)
         ref = PartitionModel(args.model)
         hidden, _ = ref.reference(ref.inputs(ref.token_ids(args.seq_len, 0)))
         import numpy as np

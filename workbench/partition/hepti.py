@@ -41,6 +41,7 @@ import numpy as np
 
 from workbench.devices import DeviceProfile, LayerShape
 from workbench.errors import WorkbenchError
+from workbench.partition.cost import check_network
 
 MODES = ("ws", "1d", "2d", "serial")
 MODE_TITLES = {"ws": "weight-stationary (WS)", "1d": "1D-tiled WS", "2d": "2D-tiled WS", "serial": "serial"}
@@ -130,16 +131,18 @@ def compute_s(device: DeviceProfile, work: float) -> float:
     return 2 * work / device.flops_per_s
 
 
-def comm_s(block: Block, shares: Sequence[float], devices: Sequence[DeviceProfile]) -> float:
-    """Eq. (6): the bytes each device taking part receives over its bandwidth, summed over the devices.
+def comm_s(block: Block, shares: Sequence[float], devices: Sequence[DeviceProfile], network: str = "shared") -> float:
+    """Eq. (6) on a ``shared`` medium: the bytes each device taking part receives over its bandwidth, summed
+    over the devices; on a ``switch`` the largest of them (each device its own link).
 
     A whole-group All-Gather gives device i the others' (1 - lambda_i) of the tensor; an All-Reduce moves
     2 (G-1)/G of it through each of the G devices of its group (a ring), whatever the shares."""
+    check_network(network)
     K = sum(1 for s in shares if s > ZERO_SHARE)
     if not block.collective or K <= 1:
         return 0.0
     group = block.group or K
-    total = 0.0
+    each = []
     for s, dev in zip(shares, devices):
         if s <= ZERO_SHARE:
             continue
@@ -149,19 +152,19 @@ def comm_s(block: Block, shares: Sequence[float], devices: Sequence[DeviceProfil
             received = (group - 1) / group * block.gather_floats
         else:
             received = 2 * (group - 1) / group * block.reduce_floats
-        total += received * FLOAT_BYTES / dev.net_bytes_per_s
-    return total
+        each.append(received * FLOAT_BYTES / dev.net_bytes_per_s)
+    return sum(each) if network == "shared" else max(each)
 
 
 def layer_latency(mode: str, shape: LayerShape, shares: Sequence[float], devices: Sequence[DeviceProfile],
-                  grid: tuple[int, int] = (1, 1)) -> tuple[float, list[dict]]:
+                  grid: tuple[int, int] = (1, 1), network: str = "shared") -> tuple[float, list[dict]]:
     """Eq. (7) for one layer: per block the slowest device's compute plus the block's communication.
     Also each block's per-device compute and its communication (for the dashboard's breakdown)."""
     K = len(devices)
     total, rows = 0.0, []
     for block in mode_blocks(mode, shape, K, grid):
         per_device = [compute_s(d, block.work * s) for d, s in zip(devices, shares)]
-        comm = comm_s(block, shares, devices)
+        comm = comm_s(block, shares, devices, network)
         total += max(per_device) + comm
         rows.append({"block": block.name, "compute_s": per_device, "comm_s": comm})
     return total, rows
@@ -183,6 +186,7 @@ class Partition:
     breakdown: tuple[dict, ...] = field(default=(), compare=False)   # per block: compute per device, communication
     devices: tuple[DeviceProfile, ...] = field(default=(), compare=False)
     num_layers: int = 1
+    network: str = "shared"                     # how collectives cross the links (the cluster's)
 
     @property
     def participants(self) -> list[int]:
@@ -224,32 +228,46 @@ def _check(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: f
 
 
 def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
-                 grid: tuple[int, int] = (1, 1), first_at_least: float = 0.0) -> tuple[np.ndarray, float, str] | None:
+                 grid: tuple[int, int] = (1, 1), first_at_least: float = 0.0,
+                 network: str = "shared") -> tuple[np.ndarray, float, str] | None:
     """P2 over continuous shares for ``devices`` all taking part: (shares, latency, binding constraint), or
-    None when no shares fit the memory. Variables: lambda_1..K, then one epigraph t_b per block.
-    ``first_at_least``: the primary's smallest share (it always computes part of the layer)."""
+    None when no shares fit the memory. Variables: lambda_1..K, one epigraph t_b per block, then one c_b per
+    block for its communication (above the sum of the devices' terms on a shared medium, above each on a
+    switch). ``first_at_least``: the primary's smallest share (it always computes part of the layer)."""
     from scipy.optimize import linprog
 
+    check_network(network)
     K = len(devices)
     blocks = mode_blocks(mode, shape, K, grid)
     B = len(blocks)
-    c = np.concatenate([np.zeros(K), np.full(B, float(num_layers))])
+    c = np.concatenate([np.zeros(K), np.full(B, float(num_layers)), np.zeros(B)])
     A, b, labels = [], [], []
     for bi, block in enumerate(blocks):
-        # t_b >= compute_i(lambda_i) + comm_b(lambda): comm is linear in lambda (Eq. 6)
-        comm_const, comm_coef = 0.0, np.zeros(K)
+        # t_b >= compute_i(lambda_i) + c_b; c_b >= the devices' received bytes over their links (linear in lambda)
+        terms = []                                      # per device: (constant, coefficient of its share)
         if block.collective and K > 1:
-            for j, dev in enumerate(devices):
+            for dev in devices:
                 if block.collective == "all_gather":
-                    comm_const += block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
-                    comm_coef[j] -= block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                    per = block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                    terms.append((per, -per))
                 else:
-                    comm_const += 2 * (K - 1) / K * block.reduce_floats * FLOAT_BYTES / dev.net_bytes_per_s
+                    terms.append((2 * (K - 1) / K * block.reduce_floats * FLOAT_BYTES / dev.net_bytes_per_s, 0.0))
+        groups = [list(range(len(terms)))] if network == "shared" else [[j] for j in range(len(terms))]
+        for members in groups if terms else []:
+            row = np.zeros(K + 2 * B)
+            for j in members:
+                row[j] += terms[j][1]
+            row[K + B + bi] = -1.0
+            A.append(row)
+            b.append(-sum(terms[j][0] for j in members))
+            labels.append(None)
         for i, dev in enumerate(devices):
-            row = comm_coef.copy()
+            row = np.zeros(K + 2 * B)
             row[i] += 2 * block.work / dev.flops_per_s
-            A.append(np.concatenate([row, -np.eye(B)[bi]]))
-            b.append(-comm_const)
+            row[K + bi] = -1.0
+            row[K + B + bi] = 1.0
+            A.append(row)
+            b.append(0.0)
             labels.append((bi, i, block.name))
     bounds = []
     for dev in devices:
@@ -260,10 +278,10 @@ def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile],
             return None
         bounds.append((0.0, min(1.0, top)))
     bounds[0] = (min(first_at_least, bounds[0][1]), bounds[0][1])
-    bounds += [(0.0, None)] * B
+    bounds += [(0.0, None)] * (2 * B)
     if sum(hi for _, hi in bounds[:K]) < 1.0 - 1e-12:
         return None
-    res = linprog(c, A_ub=np.array(A), b_ub=np.array(b), A_eq=[np.concatenate([np.ones(K), np.zeros(B)])], b_eq=[1.0],
+    res = linprog(c, A_ub=np.array(A), b_ub=np.array(b), A_eq=[np.concatenate([np.ones(K), np.zeros(2 * B)])], b_eq=[1.0],
                   bounds=bounds, method="highs")
     if res.status != 0:
         return None
@@ -278,7 +296,8 @@ def split_units(mode: str, shape: LayerShape) -> int:
 
 
 def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
-                deadline_s: float = math.inf, upper_s: float = math.inf) -> tuple[list[int], float, str] | None:
+                deadline_s: float = math.inf, upper_s: float = math.inf,
+                network: str = "shared") -> tuple[list[int], float, str] | None:
     """P2 as the paper states it, a mixed-integer program (HiGHS through ``scipy.optimize.milp``): integer
     units a_i of the split dimension per device, a binary z_i for taking part (the primary always does, with at
     least one unit), memory per device, Eq. 7 as the objective, Eq. 6 summed over the devices taking part, and
@@ -292,15 +311,17 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
     which is why participation must be an integer decision: an All-Gather gives device i (z_i - a_i/U) of its
     tensor; an All-Reduce 2 (G-1)/G of its tensor for each of the G devices taking part, linearised exactly
     as 2 z_i - 2 y_i with y_i = z_i / G (y_i <= z_i, y_i <= g, y_i >= g - (1 - z_i), sum y_i = 1, where g
-    is 1/G)."""
+    is 1/G). On a ``shared`` medium these terms are summed into the objective; on a ``switch`` each
+    collective's time is one more variable above every device's term."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     if mode not in ("ws", "1d"):
         raise WorkbenchError(f"the mixed-integer program splits one axis (ws or 1d), got {mode!r}")
+    check_network(network)
     K, U = len(devices), split_units(mode, shape)
     blocks = mode_blocks(mode, shape, K)
-    A_, Z, Y, G, M = 0, K, 2 * K, 3 * K, 3 * K + 1        # where each kind of variable starts
-    n = 3 * K + 2
+    A_, Z, Y, G, M, C = 0, K, 2 * K, 3 * K, 3 * K + 1, 3 * K + 2     # where each kind of variable starts
+    n = 3 * K + 2 + len(blocks)
     rows, lows, highs = [], [], []
 
     def add(coef: dict[int, float], low: float, high: float) -> None:
@@ -325,16 +346,23 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
     speed = [dev.flops_per_s / devices[0].flops_per_s for dev in devices]  # M counts units of the primary's time
     c = np.zeros(n)
     c[M] = scale * work / devices[0].flops_per_s
-    for block in blocks:
+    switch_rows = []
+    for b, block in enumerate(blocks):
         for j, dev in enumerate(devices):
+            term: dict[int, float] = {}
             if block.collective == "all_gather":
                 per = scale * block.gather_floats * FLOAT_BYTES / dev.net_bytes_per_s
-                c[Z + j] += per
-                c[A_ + j] -= per / U
+                term = {Z + j: per, A_ + j: -per / U}
             elif block.collective == "all_reduce":
                 per = scale * 2 * block.reduce_floats * FLOAT_BYTES / dev.net_bytes_per_s
-                c[Z + j] += per
-                c[Y + j] -= per
+                term = {Z + j: per, Y + j: -per}
+            if term and network == "shared":
+                for k, v in term.items():
+                    c[k] += v
+            elif term:
+                switch_rows.append({**term, C + b: -1.0})
+        if network == "switch" and block.collective:
+            c[C + b] = 1.0
     for i in range(K):
         add({A_ + i: 1.0, Z + i: -float(max(caps[i], 0))}, -np.inf, 0.0)   # no units unless taking part
         add({A_ + i: 1.0, Z + i: -1.0}, 0.0, np.inf)                     # taking part: one unit at least
@@ -342,6 +370,8 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
         add({Y + i: 1.0, Z + i: -1.0}, -np.inf, 0.0)
         add({Y + i: 1.0, G: -1.0}, -np.inf, 0.0)
         add({Y + i: 1.0, G: -1.0, Z + i: -1.0}, -1.0, np.inf)
+    for row in switch_rows:
+        add(row, -np.inf, 0.0)
     bound = min(deadline_s, upper_s * (1 + 1e-6) + 1e-12) / num_layers
     if math.isfinite(bound):
         add({j: v for j, v in enumerate(c) if v}, -np.inf, scale * bound)
@@ -361,15 +391,15 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
                 add({Z + i: 1.0, Z + j: -1.0}, 0.0, np.inf)
     low = np.zeros(n)
     high = np.concatenate([np.array([max(cap, 0) for cap in caps], float), np.array([float(cap >= 1) for cap in caps]),
-                           np.ones(K), [1.0, np.inf]])
+                           np.ones(K), [1.0, np.inf], np.full(len(blocks), np.inf)])
     low[Z] = 1.0                                                        # the primary always takes part
-    integrality = np.concatenate([np.ones(2 * K), np.zeros(K + 2)])
+    integrality = np.concatenate([np.ones(2 * K), np.zeros(n - 2 * K)])
     res = milp(num_layers * c, constraints=LinearConstraint(np.array(rows), lows, highs), integrality=integrality,
                bounds=Bounds(low, high))
     if res.status != 0 or res.x is None:
         return None
     units = [int(round(v)) for v in res.x[A_:A_ + K]]
-    latency, breakdown = layer_latency(mode, shape, [a / U for a in units], devices)
+    latency, breakdown = layer_latency(mode, shape, [a / U for a in units], devices, network=network)
     costliest = max(breakdown, key=lambda row: max(row["compute_s"]) + row["comm_s"])
     slowest = int(np.argmax(costliest["compute_s"]))
     binding = (f"{costliest['block']}: {devices[slowest].name} sets the time "
@@ -384,10 +414,11 @@ def _binding(res, labels, bounds, devices, K) -> str:
     """The constraint that sets the latency: a memory bound at its limit, and the device whose compute plus
     communication is tight in the costliest block."""
     at_memory = [devices[i].name for i in range(K) if bounds[i][1] < 1.0 and res.x[i] >= bounds[i][1] - 1e-9]
-    t = res.x[K:]
+    B = (len(res.x) - K) // 2
+    t = res.x[K:K + B]
     costliest = int(np.argmax(t))
     slack = np.asarray(res.ineqlin.residual)
-    rows = [n for n, label in enumerate(labels) if label[0] == costliest]
+    rows = [n for n, label in enumerate(labels) if label and label[0] == costliest]
     tight = min(rows, key=lambda n: slack[n])
     parts = [f"{labels[tight][2]}: {devices[labels[tight][1]].name} sets the time ({1e3 * t[costliest]:.2f} ms a layer)"]
     if at_memory:
@@ -405,7 +436,7 @@ def grid_for(K: int) -> tuple[int, int]:
     return best
 
 
-def _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid) -> Partition:
+def _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid, network) -> Partition:
     from workbench.partition.plan import check_shares
 
     shares = list(check_shares(fixed_shares, len(devices), "fixed shares"))
@@ -420,17 +451,18 @@ def _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reason
     dimension, total = "rows" if mode in ("ws", "serial") else "FFN columns", split_units(mode, workload)
     sizes = largest_remainder(total, shares)
     heads = largest_remainder(workload.heads, shares)
-    latency, breakdown = layer_latency(mode, workload, [n / total for n in sizes], devices, grid)
+    latency, breakdown = layer_latency(mode, workload, [n / total for n in sizes], devices, grid, network)
     latency *= num_layers
     if latency > deadline_s:
         raise WorkbenchError(f"these shares miss the deadline of {1e3 * deadline_s:.1f} ms: they take {1e3 * latency:.1f} ms")
     return Partition(mode=mode, shares=tuple(shares), sizes=tuple(sizes), dimension=dimension,
                      predicted_latency_s=latency, reasons=(*reasons, "shares given, not solved"), heads=tuple(heads),
                      grid=grid, binding="shares given", breakdown=tuple(breakdown), devices=tuple(devices),
-                     num_layers=num_layers)
+                     num_layers=num_layers, network=network)
 
 
-def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int, grid: tuple[int, int]):
+def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int, grid: tuple[int, int],
+              network: str = "shared"):
     """The split run once per axis (Hepti §4.3): row groups and column groups each solved as devices of their
     own (a group as fast as its slowest member times its size, holding what its smallest member holds
     times its size); device (i, j) gets row share i times column share j."""
@@ -446,8 +478,8 @@ def _solve_2d(shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: i
 
     rows = [virtual(cell[i], c, f"row group {i}") for i in range(r)]
     cols = [virtual([cell[i][j] for i in range(r)], r, f"column group {j}") for j in range(c)]
-    solved_rows = solve_shares("1d", shape, rows, num_layers)
-    solved_cols = solve_shares("1d", shape, cols, num_layers)
+    solved_rows = solve_shares("1d", shape, rows, num_layers, network=network)
+    solved_cols = solve_shares("1d", shape, cols, num_layers, network=network)
     if solved_rows is None or solved_cols is None:
         return None, ()
     mu, nu = solved_rows[0], solved_cols[0]
@@ -468,7 +500,8 @@ devices and seconds at 64, and up to several times slower predictions)."""
 
 def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
                     num_layers: int = 1, mode: str | None = None,
-                    fixed_shares: Sequence[float] | None = None, solver: str = "milp") -> Partition:
+                    fixed_shares: Sequence[float] | None = None, solver: str = "milp",
+                    network: str = "shared") -> Partition:
     """Hepti's partition of ``workload`` over ``devices`` (the first the primary) within ``deadline_s``.
 
     Mode: serial when no secondary device can take part; WS when every secondary taking part holds what WS
@@ -478,7 +511,10 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     ``fixed_shares`` (one per device, summing to 1) replaces the LP: the baselines (even shares, shares
     in proportion to speed) in the same mode, their memory checked the same way. ``solver`` (:data:`SOLVERS`):
     "milp" (default) solves WS and 1D-tiled as the mixed-integer program; 2D-tiled solves each axis as an LP;
-    "lp" is the relaxation with the greedy participation search (a baseline)."""
+    "lp" is the relaxation with the greedy participation search (a baseline). ``network``: how collectives
+    cross the links (:data:`~workbench.partition.cost.NETWORKS`; a cluster's ``network`` says which):
+    Eq. 6's shared medium, or a switch."""
+    check_network(network)
     if solver not in SOLVERS:
         raise WorkbenchError(f"Hepti's solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
     devices = tuple(devices)
@@ -511,7 +547,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
                            f"{len(taking)} devices {'< 16' if mode == '1d' else '>= 16'}")
         if mode == "2d" and solver == "milp" and fixed_shares is None:
             # the rule counts the devices taking part, which the mixed-integer program decides
-            tiled = presolved = solve_sizes("1d", workload, [devices[i] for i in taking], num_layers)
+            tiled = presolved = solve_sizes("1d", workload, [devices[i] for i in taking], num_layers, network=network)
             few = sum(1 for a in tiled[0] if a) if tiled is not None else TILED_2D_FROM
             if few < TILED_2D_FROM:
                 mode = "1d"
@@ -536,7 +572,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         reasons.append(f"2D grid {grid[0]} x {grid[1]} from {len(taking)} devices")
     axis_shares: tuple = ()
     if fixed_shares is not None:
-        return _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid)
+        return _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid, network)
     unit = {"ws": workload.seq_len, "1d": workload.ffn}.get(mode, 1)
 
     def solve(taking):
@@ -545,24 +581,25 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         subset = [devices[i] for i in taking]
         axis = ()
         if mode == "2d":
-            solved, axis = _solve_2d(workload, subset, num_layers, grid)
+            solved, axis = _solve_2d(workload, subset, num_layers, grid, network)
         elif mode == "serial":
             solved = (np.ones(1), 0.0, f"{names[0]} computes everything")
         else:
-            solved = solve_shares(mode, workload, subset, num_layers, grid, first_at_least=1.0 / unit)
+            solved = solve_shares(mode, workload, subset, num_layers, grid, first_at_least=1.0 / unit, network=network)
         if solved is None:
             return None
         full = [0.0] * K
         for n, i in enumerate(taking):
             full[i] = float(solved[0][n])
         total = split_units(mode, workload)
-        latency, _ = layer_latency(mode, workload, [n / total for n in largest_remainder(total, full)], devices, grid)
+        latency, _ = layer_latency(mode, workload, [n / total for n in largest_remainder(total, full)], devices, grid,
+                                   network)
         return full, latency * num_layers, solved[2], axis
 
     exact = solver == "milp" and mode in ("ws", "1d") and len(taking) > 1     # the MILP decides participation
     if exact:
         solved = presolved if mode == "1d" and presolved is not None else \
-            solve_sizes(mode, workload, [devices[i] for i in taking], num_layers)
+            solve_sizes(mode, workload, [devices[i] for i in taking], num_layers, network=network)
         if solved is None:
             have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
             raise WorkbenchError(f"the weights of {num_layers} layers ({whole / 1e6:.1f} MB) fit nowhere in "
@@ -621,7 +658,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     sizes = largest_remainder(total, shares)
     heads = largest_remainder(workload.heads, shares)
     rounded = [s / total for s in sizes]
-    latency, breakdown = layer_latency(mode, workload, rounded, devices, grid)
+    latency, breakdown = layer_latency(mode, workload, rounded, devices, grid, network)
     latency *= num_layers
     if mode == "serial":
         binding = f"{names[0]} computes everything"
@@ -631,4 +668,4 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     return Partition(mode=mode, shares=tuple(shares), sizes=tuple(sizes), dimension=dimension,
                      predicted_latency_s=latency, reasons=tuple(reasons), heads=tuple(heads), grid=grid,
                      binding=binding, breakdown=tuple(breakdown), devices=devices, num_layers=num_layers,
-                     axis_shares=axis_shares)
+                     axis_shares=axis_shares, network=network)

@@ -28,6 +28,7 @@ REPORT_FLOATS = 3
 def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: Comm, *, emulate: bool,
                   memory_falls: dict, deadline_s: float, start_layer: int = 0, link: str = "emulated",
                   mode: str | None = None, adapt: bool = True, fixed_shares=None, stalls: dict | None = None,
+                  network: str = "shared",
                   progress: Callable[[int, str, dict], None] = lambda i, label, extra: None
                   ) -> tuple[RankResult, list[Decision]]:
     """Run the model's layers from ``start_layer`` on ``inputs["x"]`` (every rank holds it), deciding each
@@ -52,7 +53,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
             devices_now = _gather_reports(comm, reports, rank, layer, measured, walker)
             start = clock.now()
             new, why, partition = decide(split, speeds_at_decision, devices_now, shape, num_layers, layer, deadline_s,
-                                         list(range(K)), mode, adapt, fixed_shares)
+                                         list(range(K)), mode, adapt, fixed_shares, network)
             if new is not None:
                 split, speeds_at_decision = new, [d.flops_per_s for d in devices_now]
                 decisions.append(Decision(layer, new.mode, partition.shares, partition.reasons, why,
@@ -63,7 +64,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
                             meta={"mode": new.mode, "why": why, "shares": list(partition.shares)})
             clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided
             x = _bring_x(comm, split, x, has_x, layer)
-            steps = layer_steps(split, layer, shape, devices, batch=x.shape[0])   # padded to the devices themselves
+            steps = layer_steps(split, layer, shape, devices, batch=x.shape[0], network=network)   # padded to the devices themselves
             t0, before = time.perf_counter(), len(comm.counts)
             x = _run_layer(split, steps, layer, model, x, inputs, comm, walker, rank)
             lost = float((stalls or {}).get(layer, 0.0))

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from workbench.devices import DeviceProfile, LayerShape
 from workbench.errors import WorkbenchError
-from workbench.partition.cost import Traffic, all_gather_traffic, all_reduce_traffic
+from workbench.partition.cost import Traffic, all_gather_traffic, all_reduce_traffic, collective_s
 from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, largest_remainder, memory_bytes
 from workbench.partition.plan import Step
 
@@ -127,26 +127,22 @@ def _group_traffic(K, members, traffic):
     return out
 
 
-def _eq6_s(traffic: Sequence[Traffic], devices: Sequence[DeviceProfile]) -> float:
-    """Eq. (6): what each device receives over its bandwidth, summed over devices, plus one link latency."""
-    moved = [(t, d) for t, d in zip(traffic, devices) if t.sent or t.received]
-    if not moved:
-        return 0.0
-    return max(d.net_latency_s for _, d in moved) + sum(t.received / d.net_bytes_per_s for t, d in moved)
-
-
 def layer_steps(split: LayerSplit, layer: int, shape: LayerShape, devices: Sequence[DeviceProfile],
-                batch: int = 1) -> list[Step]:
+                batch: int = 1, network: str = "shared") -> list[Step]:
     """The executed schedule of one layer: compute steps with each rank's Eq. (5) seconds, collectives with
-    each rank's exact bytes (float32) and Eq. (6) seconds. ``devices[r]`` is rank r's current profile."""
+    each rank's exact bytes (float32) and the seconds of :func:`~workbench.partition.cost.collective_s` on
+    ``network`` (Eq. 6 on a shared medium; the model Voltage's plans use too): one latency for an
+    All-Gather, 2 (G - 1) for a ring All-Reduce over G. ``devices[r]`` is rank r's current profile."""
     K, N, d, f, dh = len(devices), shape.seq_len, shape.hidden, shape.ffn, shape.hidden // shape.heads
     secs = lambda work: tuple(2 * w / dev.flops_per_s for w, dev in zip(work, devices))
     steps: list[Step] = []
 
     def collective(kind, label, members, traffic):
         full = _group_traffic(K, members, traffic)
-        steps.append(Step(kind, layer, label, (_eq6_s(full, devices),) * K, tuple(full),
-                          latency_s=max(devices[m].net_latency_s for m in members)))
+        latency = max(devices[m].net_latency_s for m in members)
+        hops = 2 * (len(members) - 1) if kind == "all_reduce" else 1
+        seconds = collective_s(full, [d.net_bytes_per_s for d in devices], latency, hops, network)
+        steps.append(Step(kind, layer, label, (seconds,) * K, tuple(full), latency_s=hops * latency if seconds else 0.0))
 
     qkv_attention = [split.heads[r] * dh * (3 * N * d + 2 * N * N) * batch for r in range(K)]
     if split.mode == "serial":
@@ -246,8 +242,8 @@ def shape_of(model_shape, seq_len: int) -> LayerShape:
 
 def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[DeviceProfile], shape: LayerShape,
            num_layers: int, layer: int, deadline_s: float, ranks: Sequence[int],
-           mode: str | None = None, adapt: bool = True,
-           fixed_shares: Sequence[float] | None = None) -> tuple[LayerSplit | None, str, Partition | None]:
+           mode: str | None = None, adapt: bool = True, fixed_shares: Sequence[float] | None = None,
+           network: str = "shared") -> tuple[LayerSplit | None, str, Partition | None]:
     """(split, why it changed, partition) for the next layer; (None, "", None) when the current split holds.
 
     Re-partitions when there is none yet, when a participant's free memory no longer holds what its share
@@ -274,7 +270,7 @@ def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[De
         return None, "", None
     # the deadline is checked when the run is planned; a later decision must carry on whatever it costs
     partition = hepti_partition(devices_now, shape, deadline_s if previous is None else math.inf,
-                                num_layers=num_layers, mode=mode, fixed_shares=fixed_shares)
+                                num_layers=num_layers, mode=mode, fixed_shares=fixed_shares, network=network)
     return split_of(partition, list(ranks), shape), why, partition
 
 
@@ -286,7 +282,8 @@ def predicted_steps(partition: Partition, shape: LayerShape, num_layers: int) ->
     """The schedule of every layer under one partition (no re-partitioning)."""
     K = len(partition.devices)
     split = split_of(partition, list(range(K)), shape)
-    return [step for layer in range(num_layers) for step in layer_steps(split, layer, shape, partition.devices)]
+    return [step for layer in range(num_layers)
+            for step in layer_steps(split, layer, shape, partition.devices, network=partition.network)]
 
 
 @dataclass(frozen=True)
@@ -312,7 +309,8 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
               deadline_s: float = math.inf, memory_falls: dict[str, tuple[int, float]] | None = None,
               emulate: bool = True, kill_at: tuple[str, int] | None = None, seed: int = 0,
               mode: str | None = None, adapt: bool = True, shares: Sequence[float] | None = None,
-              stalls: dict[str, dict[int, float]] | None = None, progress=None, should_stop=None) -> HeptiRun:
+              stalls: dict[str, dict[int, float]] | None = None, network: str = "shared", progress=None,
+              should_stop=None) -> HeptiRun:
     """Hepti on real processes, one per device (the first the primary).
 
     ``memory_falls``: device name -> (layer, free bytes from that layer on), the emulated memory reports.
@@ -326,16 +324,16 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     re-partitions on memory reports only, not on measured speeds. ``shares`` replaces the LP's (a baseline:
     even, or in proportion to speed) in the mode Hepti picks or ``mode`` forces. ``stalls``: device name ->
     {layer: seconds} that device's rank loses inside that layer's compute (injected host hiccups: one is
-    smoothed away, a run of them re-partitions)."""
+    smoothed away, a run of them re-partitions). ``network``: the cluster's (how collectives are priced)."""
     from workbench.partition.cost import get_shape
 
     model_shape = get_shape(model)
     shape = shape_of(model_shape, seq_len)
     devices = list(devices)
     if shares is not None and mode is None:
-        mode = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers).mode
+        mode = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers, network=network).mode
     first = hepti_partition(devices, shape, deadline_s, num_layers=model_shape.num_layers, mode=mode,
-                            fixed_shares=shares)
+                            fixed_shares=shares, network=network)
     check_faults(first, model_shape.num_layers, kill_at, memory_falls)
     import shutil
     import tempfile
@@ -397,7 +395,8 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
                 "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate,
                 "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares),
-                "stalls": {name: {str(k): v for k, v in by.items()} for name, by in (stalls or {}).items()}}
+                "stalls": {name: {str(k): v for k, v in by.items()} for name, by in (stalls or {}).items()},
+                "network": first.network}
         victim = None
         if kill_at is not None and kill_at[0] in names:
             victim = (names.index(kill_at[0]), kill_at[1])

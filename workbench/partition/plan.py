@@ -29,7 +29,7 @@ from workbench.devices import DeviceProfile, member
 from workbench.errors import WorkbenchError
 from workbench.partition import limits
 from workbench.partition.cost import (DTYPE_BYTES, ModelShape, Traffic, all_gather_traffic, all_reduce_traffic,
-                                      collective_s, gather_traffic, layer_orders, split_counts,
+                                      check_network, collective_s, gather_traffic, layer_orders, split_counts,
                                       tensor_parallel_gammas, voltage_layer_gamma)
 from workbench.timeline import Span, Timeline
 
@@ -78,6 +78,7 @@ class PartitionPlan:
     reasons: tuple[str, ...]
     latency_s: float = 0.0                             # links' one-way latency used for every collective
     order: str = "auto"                                # the attention order policy (voltage)
+    network: str = "switch"                            # how collectives cross the links (cost.NETWORKS)
     timeline: Timeline = field(default=None, compare=False)
 
     @property
@@ -241,14 +242,16 @@ def _layer_s(device: DeviceProfile, gamma: float, rows: int) -> float:
 
 
 def plan_partition(scheme: str, shape: ModelShape, seq_len: int, devices: Sequence[DeviceProfile], *,
-                   shares="even", order: str = "auto") -> PartitionPlan:
+                   shares="even", order: str = "auto", network: str = "switch") -> PartitionPlan:
     """The plan of ``scheme`` for ``shape`` at ``seq_len`` positions over ``devices`` (the first the terminal).
 
     ``shares`` (voltage): "even", "proportional" (to each device's FLOP/s), a vector, or one per layer.
     ``order`` (voltage): "auto" (Theorem 2, per head), or "qk_first" / "x_first" for every head.
+    ``network``: the cluster's (:data:`~workbench.partition.cost.NETWORKS`; a ``Cluster`` says which).
     Every input is checked before anything is computed."""
     if scheme not in SCHEMES:
         raise WorkbenchError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    check_network(network)
     devices = tuple(devices)
     check_devices(devices, scheme)
     K, N, L = len(devices), int(seq_len), shape.num_layers
@@ -257,16 +260,16 @@ def plan_partition(scheme: str, shape: ModelShape, seq_len: int, devices: Sequen
                              f"{shape.title} (its position limit), got {seq_len}")
     build = {"voltage": _voltage, "tensor_parallel": _tensor_parallel, "torch_tp": _tensor_parallel,
              "pipeline": _pipeline, "single": _single}[scheme]
-    parts = build(scheme, shape, N, devices, shares=shares, order=order)
+    parts = build(scheme, shape, N, devices, shares=shares, order=order, network=network)
     steps = tuple(parts.pop("steps"))
-    plan = PartitionPlan(scheme=scheme, shape=shape, seq_len=N, devices=devices, steps=steps, order=order,
+    plan = PartitionPlan(scheme=scheme, shape=shape, seq_len=N, devices=devices, steps=steps, order=order, network=network,
                          latency_s=_latency(devices), **{"shares": (), "bounds": (), "orders": (), "heads": (),
                                                          "ffn_columns": (), "layers": (), **parts})
     object.__setattr__(plan, "timeline", predicted_timeline(plan))
     return plan
 
 
-def _voltage(scheme, shape, N, devices, *, shares, order):
+def _voltage(scheme, shape, N, devices, *, shares, order, network):
     K, L = len(devices), shape.num_layers
     if N < K:
         raise WorkbenchError(f"a sequence of {N} positions is shorter than the {K} devices it is split over; "
@@ -278,7 +281,8 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
     if K > 1:                                   # Algorithm 2, line 3: the terminal distributes the input features
         nbytes = N * shape.hidden * DTYPE_BYTES
         traffic = (Traffic((K - 1) * nbytes, 0),) + (Traffic(0, nbytes),) * (K - 1)
-        steps.append(Step("broadcast", None, "broadcast the input", (collective_s(traffic, bws, lat),) * K, traffic,
+        s = collective_s(traffic, bws, lat, network=network)
+        steps.append(Step("broadcast", None, "broadcast the input", (s,) * K, traffic,
                           src=0, latency_s=lat))
     for layer, b in enumerate(bounds):
         rows = [b[i + 1] - b[i] for i in range(K)]
@@ -289,11 +293,12 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
         steps.append(Step("compute", layer, f"layer {layer}", seconds))
         if K > 1 and layer < L - 1:
             traffic = tuple(all_gather_traffic([P * shape.hidden for P in rows]))
-            s = collective_s(traffic, bws, lat)
+            s = collective_s(traffic, bws, lat, network=network)
             steps.append(Step("all_gather", layer, f"All-Gather {layer}", (s,) * K, traffic, latency_s=lat))
         elif K > 1:                             # lines 7-8 and 16: the last layer's parts go to the terminal only
             traffic = tuple(gather_traffic([P * shape.hidden for P in rows]))
-            steps.append(Step("gather", layer, f"gather {layer} to the terminal", (collective_s(traffic, bws, lat),) * K,
+            s = collective_s(traffic, bws, lat, network=network)
+            steps.append(Step("gather", layer, f"gather {layer} to the terminal", (s,) * K,
                               traffic, dst=0, latency_s=lat))
     even = all(v == vectors[0] for v in vectors)
     rule = shares if isinstance(shares, str) else ("given" if even else "given per layer")
@@ -317,7 +322,7 @@ def _voltage(scheme, shape, N, devices, *, shares, order):
     return {"shares": vectors, "bounds": bounds, "orders": tuple(orders), "reasons": tuple(reasons), "steps": steps}
 
 
-def _tensor_parallel(scheme, shape, N, devices, *, shares, order):
+def _tensor_parallel(scheme, shape, N, devices, *, shares, order, network):
     K, L = len(devices), shape.num_layers
     if K > shape.heads:
         raise WorkbenchError(f"tensor parallelism splits {shape.heads} heads over at most {shape.heads} devices, "
@@ -340,7 +345,7 @@ def _tensor_parallel(scheme, shape, N, devices, *, shares, order):
                 steps.append(Step("compute", layer, f"FFN {layer}",
                                   tuple(d.work_s(2 * f, N) for d, (_, f) in zip(devices, parts))))
             traffic = tuple(all_reduce_traffic(N * shape.hidden, K))    # K = 1 too: the step ends the block
-            s = collective_s(traffic, bws, lat, steps=2 * (K - 1))
+            s = collective_s(traffic, bws, lat, steps=2 * (K - 1), network=network)
             steps.append(Step("all_reduce", layer, f"All-Reduce {layer} ({half})", (s,) * K, traffic,
                               latency_s=2 * (K - 1) * lat if K > 1 else 0.0))
     reasons = (f"heads split {'/'.join(map(str, heads))}, FFN columns {'/'.join(map(str, ffn))}",
@@ -350,7 +355,7 @@ def _tensor_parallel(scheme, shape, N, devices, *, shares, order):
     return {"heads": tuple(heads), "ffn_columns": tuple(ffn), "reasons": reasons, "steps": steps}
 
 
-def _pipeline(scheme, shape, N, devices, *, shares, order):
+def _pipeline(scheme, shape, N, devices, *, shares, order, network):
     K, L = len(devices), shape.num_layers
     counts = largest_remainder(L, [d.memory_bytes or 1.0 for d in devices])
     owner = [i for i, c in enumerate(counts) for _ in range(c)]
@@ -377,7 +382,7 @@ def _pipeline(scheme, shape, N, devices, *, shares, order):
     return {"layers": tuple(counts), "reasons": reasons, "steps": steps}
 
 
-def _single(scheme, shape, N, devices, *, shares, order):
+def _single(scheme, shape, N, devices, *, shares, order, network):
     K = len(devices)
     full = voltage_layer_gamma(shape, N, N, ("qk_first",) * shape.heads)
     steps = [Step("compute", layer, f"layer {layer}", (_layer_s(devices[0], full, N),) + (0.0,) * (K - 1))

@@ -119,7 +119,8 @@ class PartitionRuntime(RankGroup):
             raise WorkbenchError(f"the plan has {plan.K} devices but this runtime {self.size} worker processes")
         spec = {"scheme": plan.scheme, "model": plan.shape.name, "seq_len": plan.seq_len,
                 "devices": [d.to_dict() for d in plan.devices], "shares": [list(v) for v in plan.shares] or "even",
-                "order": plan.order, "emulate": emulate and self.cpu is None, "limited": self.cpu is not None,
+                "order": plan.order, "network": plan.network, "emulate": emulate and self.cpu is None,
+                "limited": self.cpu is not None,
                 "seed": seed, "model_seed": model_seed}
         deadline = deadline_s or DEADLINE_FACTOR * plan.predicted_s + DEADLINE_MARGIN_S
         before = self.network.wire_bytes() if self.network is not None else None

@@ -40,7 +40,8 @@ def plan_from_spec(spec: dict):
 
     devices = [DeviceProfile.from_dict(d) for d in spec["devices"]]
     return plan_partition(spec["scheme"], get_shape(spec["model"]), spec["seq_len"], devices,
-                          shares=spec.get("shares", "even"), order=spec.get("order", "auto"))
+                          shares=spec.get("shares", "even"), order=spec.get("order", "auto"),
+                          network=spec.get("network", "switch"))
 
 
 class _Runner:
@@ -125,6 +126,7 @@ class _Runner:
                                           start_layer=start_layer, link=spec.get("link", "emulated"),
                                           mode=spec.get("mode"), adapt=spec.get("adapt", True),
                                           fixed_shares=spec.get("shares"), progress=report,
+                                          network=spec.get("network", "shared"),
                                           stalls={int(k): float(v) for k, v in
                                                   spec.get("stalls", {}).get(devices[self.rank].name, {}).items()})
         return {"rank": self.rank, "device": result.device, "t0": started,
