@@ -179,8 +179,8 @@ def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_
     names = {t[0] for t in traces(page, "timeline")}
     assert {"compute (measured)", "fault (measured)", "re-partition (measured)"} <= names
     run = page.locator(".wb-run-info").inner_text()
-    measured_ms = run.split("Measured ")[1].split(" ms")[0]
-    assert f"measured {measured_ms} ms vs predicted" in after["title"]
+    measured_ms = run.split("Replayed ")[1].split(" ms")[0]
+    assert f"replayed {measured_ms} ms vs predicted" in after["title"]
     fault = page.locator(".wb-fault").inner_text()
     assert "jetson-nano-cpu" in fault
     resumed = fault.split("resumed at layer ")[1].split(" ")[0]          # 4, or 5 when the kill lands late

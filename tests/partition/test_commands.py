@@ -85,6 +85,7 @@ def test_hepti_refuses_bad_input_in_one_line():
     for args, message in ((("--run", "--kill", "laptop:2"), "no device 'laptop' in cluster hepti"),
                           (("--kill", "rpi4-b:2"), "--kill acts on a run: add --run"),
                           (("--memory-falls", "rpi4-b:2:10"), "--memory-falls acts on a run: add --run"),
+                          (("--measured",), "--measured acts on a run: add --run"),
                           (("--run", "--kill", "rpi4-b:99"), "the layer must be 0 to 5 (encoder has 6 layers)"),
                           (("--run", "--memory-falls", "rpi4-b:6:10"), "the layer must be 0 to 5"),
                           (("--seq-len", "8192"), "sequence length must be 1 to 512 positions for encoder"),

@@ -152,6 +152,35 @@ def test_one_stalled_layer_keeps_the_split_and_a_sustained_slowdown_repartitions
     assert run.decisions[1].shares[1] < run.decisions[0].shares[1] / 2
 
 
+def test_a_run_that_misses_its_prediction_says_by_how_much_and_why(reference):
+    """A 0.4 s stall on the primary (smoothed away: no re-partition) puts the run far above Eq. 7: the check
+    says how far and names the stall, the compute it landed in and the report gathers Eq. 7 leaves out;
+    a replay is never called measured."""
+    run = run_hepti(devices(), seq_len=N, stalls={"d0": {2: 0.4}})
+    check = run.check()
+    assert run.label == "replayed" and check.label == "replayed" and check.missed
+    note = check.note()
+    percent = round(100 * (run.latency_s / run.partition.predicted_latency_s - 1))
+    assert note.startswith(f"replayed {1e3 * run.latency_s:.0f} ms is {percent} % above the predicted "
+                           f"{1e3 * run.partition.predicted_latency_s:.0f} ms; likely: ")
+    assert "1 injected stall(s), 4" in note and "compute took" in note and "report gathers" in note
+
+
+def test_a_measured_run_computes_under_cpu_limits_and_is_labelled_so(reference):
+    """measured=True: every rank under its device's CPU limit on a shaped link (or, where this host cannot,
+    at its speed with the reason); the outputs still equal the model."""
+    from workbench.partition.runtime import limits_problem
+
+    run = run_hepti(devices(2), seq_len=N, measured=True, adapt=False)
+    np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
+    problem = limits_problem()
+    if problem:
+        assert run.label == "unlimited" and problem in run.note
+    else:
+        assert run.label == "measured" and run.limited and not run.emulated and run.note == ""
+        assert run.check().label == "measured"
+
+
 def test_the_first_decision_is_the_partitioners():
     boards = devices()
     run_first = hepti_partition(boards, shape_of(ENC, N), num_layers=ENC.num_layers)

@@ -269,8 +269,8 @@ def test_run_for_real_decides_as_the_page_predicts_and_marks_the_mode_switch(ran
     origin = min(s.start for s in result.timeline.spans)
     assert list(mark.text) == ["L2: 1D"]
     assert list(mark.x) == [pytest.approx(1e3 * (min(s.start for s in decides) - origin))]
-    assert f"measured {1e3 * result.latency_s:.1f} ms vs predicted" in fig.layout.title.text
-    assert f"Measured {1e3 * result.latency_s:.1f} ms" in info
+    assert f"replayed {1e3 * result.latency_s:.1f} ms vs predicted" in fig.layout.title.text
+    assert f"Replayed {1e3 * result.latency_s:.1f} ms" in info and "a replay of the cost model, not a measurement" in info
     rows = re.findall(r"<tr data-layer='(\d+)'>(.*?)</tr>", decisions)
     assert [int(n) for n, _ in rows] == [0, 2]
     layer2 = html.unescape(dict(rows)["2"])

@@ -210,6 +210,8 @@ def _hepti(args) -> int:
     faults += [("--kill", *args.kill)] if args.kill else []
     if faults and not args.run:
         raise WorkbenchError(f"{faults[0][0]} acts on a run: add --run")
+    if args.measured and not args.run:
+        raise WorkbenchError("--measured acts on a run: add --run")
     shape = shape_of(model, args.seq_len)
     names = [d.name for d in devices]
     for option, name, layer in faults:
@@ -237,7 +239,7 @@ def _hepti(args) -> int:
         from workbench.partition.models import PartitionModel
 
         run = run_hepti(devices, args.model, args.seq_len, deadline_s=deadline, memory_falls=dict(args.memory_falls),
-                        kill_at=args.kill, shares=fixed, mode=mode, network=cluster.network)
+                        kill_at=args.kill, shares=fixed, mode=mode, network=cluster.network, measured=args.measured)
         ref = PartitionModel(args.model)
         hidden, _ = ref.reference(ref.inputs(ref.token_ids(args.seq_len, 0)))
         import numpy as np
@@ -245,7 +247,7 @@ def _hepti(args) -> int:
         out.update({"measured_ms": 1e3 * run.latency_s,
                     "max_abs_diff_hidden": float(np.abs(run.hidden - hidden.numpy()).max()),
                     "decisions": [{"layer": d.layer, "mode": d.mode, "why": d.changed} for d in run.decisions],
-                    "faults": list(run.faults)})
+                    "faults": list(run.faults), "run": run.label, "check": run.check().note(), "note": run.note})
         if args.trace:
             run.timeline.save_chrome_trace(args.trace)
     if args.json:
@@ -259,8 +261,11 @@ def _hepti(args) -> int:
     for reason in part.reasons:
         print(f"  {reason}")
     if args.run:
-        print(f"  ran on {len(devices)} processes: {out['measured_ms']:.1f} ms, outputs equal the model in one "
-              f"process to {out['max_abs_diff_hidden']:.1e}")
+        print(f"  ran on {len(devices)} processes: {out['measured_ms']:.1f} ms {out['run']}, outputs equal the model "
+              f"in one process to {out['max_abs_diff_hidden']:.1e}")
+        for line in (out["note"], out["check"]):
+            if line:
+                print(f"  {line}")
         for d in out["decisions"]:
             print(f"  layer {d['layer']}: {d['mode']} ({d['why']})")
         for f in out["faults"]:
@@ -277,8 +282,11 @@ def configure_hepti(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=limits.seq_len, default=128, help="input positions T")
     parser.add_argument("--deadline-ms", type=limits.deadline_ms, help="the SLO deadline (default: none)")
     parser.add_argument("--shares", choices=("hepti", "even", "proportional"), default="hepti",
-                        help="Hepti's LP shares, or a baseline's in the same mode")
+                        help="Hepti's shares (the mixed-integer program's), or a baseline's in the same mode")
     parser.add_argument("--run", action="store_true", help="also run it on one process per device")
+    parser.add_argument("--measured", action="store_true",
+                        help="(with --run) each process under its device's CPU limit, its link shaped by tc (root "
+                             "needed); without it the run is a replay padded to the devices' profiles")
     parser.add_argument("--memory-falls", type=_fall, action="append", default=[], metavar="DEVICE:LAYER:MB",
                         help="(with --run) the device's free memory falls to MB from LAYER on")
     parser.add_argument("--kill", type=_kill, metavar="DEVICE:LAYER",

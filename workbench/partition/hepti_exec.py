@@ -27,6 +27,7 @@ REPORT_FLOATS = 3
 
 def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: Comm, *, emulate: bool,
                   memory_falls: dict, deadline_s: float, start_layer: int = 0, link: str = "emulated",
+                  limited: bool = False,
                   mode: str | None = None, adapt: bool = True, fixed_shares=None, stalls: dict | None = None,
                   network: str = "shared",
                   progress: Callable[[int, str, dict], None] = lambda i, label, extra: None
@@ -37,7 +38,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
     rank, K = comm.rank, comm.world
     device = devices[rank]
     result = RankResult(rank, device.name)
-    clock = Clock(emulate, link)
+    clock = Clock(emulate, link, limited)
     walker = Walker(rank, device.name, comm, clock, result)
     shape = shape_of(model.shape, inputs["x"].shape[-2])
     reports = Reports(devices, memory_falls)

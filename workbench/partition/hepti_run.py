@@ -300,20 +300,66 @@ class HeptiRun:
                                             # run's (process restarts apart, which the timeline shows)
     counts: tuple[tuple[dict, ...], ...]    # per segment's ranks, their collectives
     started_at: float = 0.0                 # time.perf_counter() at the measured timeline's 0 (the primary's first report)
+    emulated: bool = True                   # compute and links padded to the profiles: a replay, not a measurement
+    limited: bool = False                   # every rank under its device's CPU limit, its link shaped: measured
+    note: str = ""                          # why a run asked to be measured was not
 
     def switches(self) -> list[Decision]:
         return [d for d in self.decisions if d.changed not in ("", "first")]
 
+    @property
+    def label(self) -> str:
+        """"measured" (ranks under CPU limits on shaped links), "replayed" (padded to the profiles) or
+        "unlimited" (this host's speed)."""
+        return "measured" if self.limited else "replayed" if self.emulated else "unlimited"
+
+    def check(self, load=None):
+        """The shared prediction check against Eq. 7 (the partitioner's latency), with what Hepti can tell of
+        a miss beyond the busy kinds of work: the link latencies, report gathers and decisions Eq. 7 leaves
+        out, re-partitions the first decision's prediction does not hold, and faults."""
+        from dataclasses import replace as _replace
+
+        from workbench.prediction import check_prediction
+
+        predicted_s = self.partition.predicted_latency_s
+        check = check_prediction(self.timeline, self.predicted, self.latency_s, predicted_s, load=load,
+                                 emulated=self.partition.devices[0].name if self.emulated and not self.limited else "",
+                                 label=self.label)
+        causes = list(check.causes)
+        lane = "device 0"
+        gathers = sum(x.duration for x in self.timeline.spans if x.lane == lane and x.label.startswith("reports "))
+        decides = sum(x.duration for x in self.timeline.spans if x.lane == lane and x.label.startswith("Hepti decides"))
+        if gathers + decides > 0.05 * predicted_s:
+            causes.append(f"the primary's report gathers ({1e3 * gathers:.0f} ms) and decisions ({1e3 * decides:.0f} ms), "
+                          "which Eq. 7 leaves out")
+        schedule = self.predicted.end
+        if abs(schedule - predicted_s) > 0.05 * predicted_s:
+            causes.append(f"the executed split's schedule is {1e3 * schedule:.0f} ms against Eq. 7's "
+                          f"{1e3 * predicted_s:.0f} ms (link latencies, whole heads and rows)")
+        if self.switches():
+            causes.append(f"{len(self.switches())} re-partitions (at layers "
+                          f"{', '.join(str(d.layer) for d in self.switches())}); the prediction keeps the first split")
+        if self.faults:
+            causes.append(f"{len(self.faults)} fault(s): the run a fault cut short counts in the latency")
+        stalls = [x for x in self.timeline.spans if x.label.endswith("(injected)")]
+        if stalls:
+            causes.append(f"{len(stalls)} injected stall(s), {1e3 * sum(x.duration for x in stalls):.0f} ms")
+        return _replace(check, causes=tuple(causes))
+
 
 def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len: int = 128, *,
               deadline_s: float = math.inf, memory_falls: dict[str, tuple[int, float]] | None = None,
-              emulate: bool = True, kill_at: tuple[str, int] | None = None, seed: int = 0,
+              emulate: bool = True, measured: bool = False, kill_at: tuple[str, int] | None = None, seed: int = 0,
               mode: str | None = None, adapt: bool = True, shares: Sequence[float] | None = None,
               stalls: dict[str, dict[int, float]] | None = None, network: str = "shared", progress=None,
               should_stop=None) -> HeptiRun:
     """Hepti on real processes, one per device (the first the primary).
 
     ``memory_falls``: device name -> (layer, free bytes from that layer on), the emulated memory reports.
+    ``measured``: each rank computes under a CPU cgroup calibrated to its device's speed and its link is shaped
+    by ``tc`` to its bandwidth (issue 30's runtime; root and iproute2 needed, otherwise the run is made at this
+    host's speed and ``note`` says why); else ``emulate`` pads compute and links to the profiles (a replay)
+    or, off, runs at this host's speed.
     ``kill_at``: (device name, layer): that device's process is killed with SIGKILL when the primary starts
     that layer. The primary holds the request: it checkpoints each layer's input in its own storage (a
     directory only it writes), so a secondary's death re-partitions over the devices left from that
@@ -341,7 +387,8 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     primary_dir = tempfile.mkdtemp(prefix="hepti-primary-")       # the primary device's own storage
     try:
         return _run(devices, model, seq_len, model_shape, shape, first, primary_dir, deadline_s=deadline_s,
-                    memory_falls=memory_falls, emulate=emulate, kill_at=kill_at, seed=seed, mode=mode, adapt=adapt,
+                    memory_falls=memory_falls, emulate=emulate, measured=measured, kill_at=kill_at, seed=seed, mode=mode,
+                    adapt=adapt,
                     shares=shares, stalls=stalls, progress=progress, should_stop=should_stop)
     finally:
         shutil.rmtree(primary_dir, ignore_errors=True)
@@ -368,7 +415,7 @@ def check_faults(partition: Partition, num_layers: int, kill_at, memory_falls) -
                                  f"{num_layers - 1}")
 
 
-def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, deadline_s, memory_falls, emulate,
+def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, deadline_s, memory_falls, emulate, measured,
          kill_at, seed, mode, adapt, shares, stalls, progress, should_stop) -> HeptiRun:
     import os
     import signal
@@ -384,16 +431,28 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
     falls = {name: [layer, nbytes] for name, (layer, nbytes) in (memory_falls or {}).items()}
     resume, start_layer = False, 0
     spans, decisions, faults, counts = [], [], [], []
+    note = ""
+    if measured:
+        from workbench.partition.runtime import limit_speed, limits_problem
+
+        problem = limits_problem()
+        if problem:
+            note, emulate = f"cannot emulate the devices ({problem}): ran at this host's full speed", False
     lost_s = 0.0                                # inference time of runs a fault cut short
     lost_names: list[str] = []
     lane_of = {d.name: f"device {i}" for i, d in enumerate(devices)}    # the prediction's lanes, by device
     t_zero = None                               # the primary's first report: time 0 of the measured timeline
     while True:
         names = [d.name for d in devices]
-        runtime = PartitionRuntime(len(devices))
+        limits = {}
+        if measured and not note:
+            limits = {"cpu": [limit_speed(d, seq_len) for d in devices], "shaped": [d.net_bytes_per_s for d in devices],
+                      "probe_layer": (shape.hidden, shape.heads, shape.ffn, seq_len)}
+        runtime = PartitionRuntime(len(devices), **limits)
         spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
-                "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate,
+                "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate and not limits,
+                "limited": bool(limits),
                 "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares),
                 "stalls": {name: {str(k): v for k, v in by.items()} for name, by in (stalls or {}).items()},
                 "network": first.network}
@@ -457,7 +516,7 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
         return HeptiRun(partition=first, hidden=np.asarray(decode(results[0]["hidden"])),
                         logits=np.asarray(decode(results[0]["logits"])), timeline=measured, predicted=predicted,
                         decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts),
-                        started_at=t_zero)
+                        started_at=t_zero, emulated=emulate and not limits, limited=bool(limits), note=note)
 
 
 CHECKPOINT = "layer-{:04d}.npy"

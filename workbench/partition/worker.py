@@ -127,6 +127,7 @@ class _Runner:
                                           mode=spec.get("mode"), adapt=spec.get("adapt", True),
                                           fixed_shares=spec.get("shares"), progress=report,
                                           network=spec.get("network", "shared"),
+                                          limited=bool(spec.get("limited", False)),
                                           stalls={int(k): float(v) for k, v in
                                                   spec.get("stalls", {}).get(devices[self.rank].name, {}).items()})
         return {"rank": self.rank, "device": result.device, "t0": started,

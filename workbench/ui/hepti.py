@@ -472,18 +472,22 @@ class HeptiPanel(Panel):
             marks.append(("measured", measured_marks(measured, result.decisions, shift)))
             fault = f"; {len(result.faults)} fault" if result.faults else ""
             return timeline_figure(predicted, s.names, shifted, marks,
-                                   head + f"measured {1e3 * result.latency_s:.1f} ms vs predicted "
+                                   head + f"{result.label} {1e3 * result.latency_s:.1f} ms vs predicted "
                                    f"{1e3 * predicted.end:.1f} ms{fault}")
         self.show_if_changed("timeline", (key, id(result)), build)
         if result is None:
             self.run_info.value = self.decisions_info.value = ""
             return
+        note = result.check().note()
         self.run_info.value = (
-            f"<span class='wb-run-info'>Measured {1e3 * result.latency_s:.1f} ms vs predicted "
-            f"{1e3 * predicted.end:.1f} ms ({s.num_layers} layers on {len(s.devices)} worker processes, devices "
-            f"emulated; {len(result.switches())} re-partitions after the first decision"
-            + ("; the measured time includes the run the fault cut short, its worker processes' start included"
+            f"<span class='wb-run-info'>{result.label.capitalize()} {1e3 * result.latency_s:.1f} ms vs predicted "
+            f"{1e3 * predicted.end:.1f} ms ({s.num_layers} layers on {len(s.devices)} worker processes, "
+            + ("compute and links padded to the devices' profiles: a replay of the cost model, not a measurement"
+               if result.emulated else "each under its device's CPU limit")
+            + f"; {len(result.switches())} re-partitions after the first decision"
+            + ("; the time includes the run the fault cut short, its worker processes' start included"
                if result.faults else "") + ")</span>"
+            + (f"<br><span class='wb-miss' style='color:#9a3412'>{html.escape(note)}</span>" if note else "")
             + "".join(f"<br><span class='wb-fault' style='color:#9a3412'>fault: {html.escape(f)}</span>"
                       for f in result.faults))
         self.decisions_info.value = self._decisions_html(s, result)
