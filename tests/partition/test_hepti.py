@@ -134,7 +134,13 @@ def test_mode_blocks_count_their_collectives():
     two_d = [b.collective for b in mode_blocks("2d", MINILM, 4, (2, 2))]
     assert two_d.count("all_gather") == 3 and two_d.count("all_reduce") == 3
     shape = LayerShape(64, 4, 128, 10)
-    assert memory_bytes("1d", shape, 0.5) == 0.5 * (4 * 64 * 64 + 2 * 64 * 128) * 4
+    activations = (0.5 * (4 * 10 * 10 + 3 * 10 * 64 + 10 * 128) + 3 * 10 * 64) * 4      # scores of its heads, ...
+    assert memory_bytes("1d", shape, 0.5) == 0.5 * (4 * 64 * 64 + 2 * 64 * 128) * 4 + activations
+    assert memory_bytes("1d", shape, 0.5, 3) == 3 * 0.5 * (4 * 64 * 64 + 2 * 64 * 128) * 4 + activations
+    longer = LayerShape(64, 4, 128, 20)                     # the scores grow with T squared, the weights not at all
+    assert memory_bytes("1d", longer, 0.5) - memory_bytes("1d", shape, 0.5) == \
+        4 * (0.5 * (4 * 300 + 3 * 10 * 64 + 10 * 128) + 3 * 10 * 64)
+    assert memory_bytes("serial", shape, 0.0) == 0.0
 
 
 def test_the_primary_always_takes_part():

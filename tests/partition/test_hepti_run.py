@@ -181,6 +181,47 @@ def test_a_measured_run_computes_under_cpu_limits_and_is_labelled_so(reference):
         assert run.check().label == "measured"
 
 
+def _slice_floats(split, rank, shape) -> int:
+    """What rank holds of one layer in 1D-tiled WS, counted from the split: its heads' rows of Q, K, V with their
+    biases, W_O's columns for those heads, its FFN columns of W_1 (with bias) and rows of W_2, the biases of W_O and
+    W_2 and both LayerNorms whole."""
+    d, dh = shape.hidden, shape.hidden // shape.heads
+    h, f = split.heads[rank], split.ffn[rank]
+    return 3 * (h * dh * d + h * dh) + d * h * dh + d + 4 * d + (f * d + f) + d * f + d
+
+
+def test_each_rank_holds_only_its_slice_and_its_resident_memory_says_so(reference):
+    """1D-tiled over four boards with 20 MB free each (the whole model's layers are 42 MB): every rank's weights
+    are its slice, to the float, and the operating system's count of its anonymous memory grows by about that
+    much, within its device's bound. A rank that loaded the whole model, or cut its slice per call from a
+    full copy, would be above the bound."""
+    from workbench.partition.hepti_run import split_of
+
+    shape = shape_of(ENC, N)
+    boards = [replace(b, memory_bytes=20e6) for b in devices()]
+    run = run_hepti(boards, seq_len=N, mode="1d", adapt=False)
+    np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
+    split = split_of(run.partition, list(range(4)), shape)
+    whole = ENC.num_layers * (4 * shape.hidden ** 2 + 2 * shape.hidden * shape.ffn) * 4
+    for rank, entries in enumerate(run.memory):
+        (entry,) = entries
+        assert entry["layer"] == 0 and entry["held"] == ENC.num_layers * _slice_floats(split, rank, shape) * 4
+        assert 0.9 * entry["held"] <= entry["resident"] <= entry["held"] + 4e6, (rank, entry)
+        assert entry["resident"] <= boards[rank].memory_bytes and entry["held"] < 0.5 * whole
+
+
+def test_a_device_that_cannot_hold_its_slice_is_named(reference):
+    """Fixed shares keep d1's 0.4 after its free memory falls to 5 MB at layer 2: the run fails naming d1, what
+    its share needs and what it has."""
+    from workbench.partition.runtime import RunFailed
+
+    boards = [replace(b, memory_bytes=20e6) for b in devices()]
+    with pytest.raises(RunFailed, match=r"d1 cannot hold its share 0\.400 in 1D-tiled WS mode: it needs 17\.3 MB, "
+                                        r"has 5\.0 MB"):
+        run_hepti(boards, seq_len=N, mode="1d", adapt=False, shares=[0.2, 0.4, 0.2, 0.2],
+                  memory_falls={"d1": (2, 5e6)})
+
+
 def test_the_first_decision_is_the_partitioners():
     boards = devices()
     run_first = hepti_partition(boards, shape_of(ENC, N), num_layers=ENC.num_layers)

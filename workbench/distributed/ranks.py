@@ -42,7 +42,8 @@ class RunFailed(WorkbenchError):
     def __init__(self, message: str, rank: int | None = None, cancelled: bool = False, kind: str = "failed"):
         super().__init__(message)
         self.rank, self.cancelled = rank, cancelled
-        self.kind = "cancelled" if cancelled else kind      # "died", "hung", "failed" (an error) or "cancelled"
+        self.kind = "cancelled" if cancelled else kind      # "died" (killed), "hung", "failed" (an error, or exited
+                                                            # by itself) or "cancelled"
 
 
 class RankGroup:
@@ -212,7 +213,6 @@ class RankGroup:
         buffers = [b""] * self.size
         try:
             while len(results) < self.size:
-                self._check_alive(names, steps, total)
                 if should_stop is not None and should_stop():
                     self.close()
                     raise RunFailed("the run was cancelled; its worker processes were stopped", cancelled=True)
@@ -239,20 +239,25 @@ class RankGroup:
                         elif msg.get("done") == job:
                             results[rank] = msg["result"]
                         elif msg.get("error") == job:
-                            # a peer's death shows first as a broken connection in the others: name the dead one
-                            self._check_alive(names, steps, total, wait_s=1.5, besides={rank})
+                            # a peer's death shows first as a broken connection in the others: name the killed
+                            # one (peers that exit after an error of their own are not the cause)
+                            self._check_alive(names, steps, total, wait_s=1.5, besides={rank}, killed_only=True)
                             self._fail(f"{self._device(names, rank)} failed: {msg['message']}", rank)
+                if len(results) < self.size:
+                    self._check_alive(names, steps, total)     # after the messages: an error said is read first
         finally:
             selector.close()
         return results
 
-    def _check_alive(self, names, steps, total, wait_s: float = 0.0, besides=()) -> None:
+    def _check_alive(self, names, steps, total, wait_s: float = 0.0, besides=(), killed_only: bool = False) -> None:
         """Fail naming the first rank whose process ended (waiting ``wait_s`` for one to show), ranks in
-        ``besides`` (which reported an error of their own and may exit because of it) apart."""
+        ``besides`` (which reported an error of their own and may exit because of it) apart; ``killed_only``:
+        only ranks killed from outside (a signal other than gloo's own abort of a rank whose peer failed)."""
         end = time.monotonic() + wait_s
         while True:
             codes = self.group.poll() if self.group is not None else []
-            dead = [r for r, c in enumerate(codes) if c is not None and r not in besides]
+            dead = [r for r, c in enumerate(codes) if c is not None and r not in besides
+                    and not (killed_only and (c > 0 or c == -signal.SIGABRT))]
             if dead or time.monotonic() >= end:
                 break
             time.sleep(0.05)
@@ -268,7 +273,10 @@ class RankGroup:
             last = [line for line in (exit.log_tail if exit is not None else "").splitlines() if line.strip()]
             why += f"; its log ends: {last[-1].strip()}" if last else ""
             at = f" after step {steps[dead[0]] + 1} of {total}" if steps[dead[0]] >= 0 else ""
-            self._fail(f"{self._device(names, dead[0])} died ({why}){at}", dead[0], "died")
+            # killed (a signal) is a device lost; a process that exited by itself failed in its own code
+            code = codes[dead[0]]
+            self._fail(f"{self._device(names, dead[0])} died ({why}){at}", dead[0],
+                       "failed" if code is not None and code > 0 else "died")
 
     def _hung(self, names, steps, labels, results) -> None:
         waiting = [r for r in range(self.size) if r not in results]

@@ -157,6 +157,7 @@ class RankResult:
     hidden: torch.Tensor | None = None          # final hidden states (the terminal, rank 0)
     logits: torch.Tensor | None = None
     wall_s: float = 0.0                         # from the start to the logits on this rank
+    memory: list = field(default_factory=list)  # Hepti: per decision, the weights' held and resident bytes
 
     def timeline(self) -> Timeline:
         return Timeline(tuple(self.spans), "measured", name=f"rank {self.rank}")

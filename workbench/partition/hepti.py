@@ -22,8 +22,9 @@ The cost model of Hepti §4.3 over one transformer layer of a :class:`~workbench
   summed over the devices (the paper's shared medium). An All-Gather of rows or heads gives device i
   ``(1 - lambda_i) T d`` floats; an All-Reduce of partial sums ``2 (K - 1) / K T d`` whatever the shares.
 - Latency is Eq. (7): per block the slowest device's compute plus the block's communication, summed over
-  blocks and layers. Memory: what a device holds for all ``num_layers`` layers, since weights stay resident
-  (WS needs the output projection and the MLP whole; the tiled modes only their share).
+  blocks and layers. Memory: the weights a device holds for all ``num_layers`` layers, since weights stay
+  resident (WS needs the output projection and the MLP whole; the tiled modes only their share), plus one
+  layer's activations at T (the attention scores grow with T squared).
 
 :func:`hepti_partition` solves P2 as the paper states it, a mixed-integer program (:func:`solve_sizes`,
 HiGHS): integer units and binary participation per device, memory bounds, Eq. 7 as the objective. The LP
@@ -100,9 +101,22 @@ def layer_weights(shape: LayerShape) -> tuple[float, float]:
     return 4 * d * d, 2 * d * f
 
 
+def activation_bytes(mode: str, shape: LayerShape, share: float) -> float:
+    """Bytes of one layer's activations on a device with ``share`` at the workload's T (one layer runs at a
+    time): the attention scores of its heads (share H T x T, the term that grows with T squared), their Q, K
+    and V (3 share T d), its part of the FFN's hidden (share T f), and the layer's input, gathered context and
+    output (3 T d)."""
+    T, d, H, f = shape.seq_len, shape.hidden, shape.heads, shape.ffn
+    if mode == "serial":
+        share = 1.0 if share > 0 else 0.0
+    floats = share * (H * T * T + 3 * T * d + T * f) + 3 * T * d
+    return floats * FLOAT_BYTES if share > 0 or mode != "serial" else 0.0
+
+
 def memory_bytes(mode: str, shape: LayerShape, share: float, num_layers: int = 1) -> float:
-    """Bytes a device with ``share`` must hold for ``num_layers`` layers in ``mode``: WS keeps its share of
-    Q/K/V and the output projection and the MLP whole; the tiled modes keep their share of every weight."""
+    """Bytes a device with ``share`` must hold in ``mode``: the weights of ``num_layers`` layers (WS keeps its
+    share of Q/K/V and the output projection and the MLP whole; the tiled modes their share of every weight)
+    and one layer's activations (:func:`activation_bytes`)."""
     d = shape.hidden
     attention, mlp = layer_weights(shape)
     if mode == "ws":
@@ -113,7 +127,7 @@ def memory_bytes(mode: str, shape: LayerShape, share: float, num_layers: int = 1
         floats = attention + mlp if share > 0 else 0.0
     else:
         raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
-    return floats * FLOAT_BYTES * num_layers
+    return floats * FLOAT_BYTES * num_layers + activation_bytes(mode, shape, share)
 
 
 def ws_fixed_bytes(shape: LayerShape, num_layers: int = 1) -> float:

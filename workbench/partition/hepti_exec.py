@@ -15,17 +15,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workbench.devices import DeviceProfile
+from workbench.devices import DeviceProfile, LayerShape
 from workbench.partition import layers as L
 from workbench.partition.execute import Clock, Comm, Count, RankResult, Walker
-from workbench.partition.hepti_run import Decision, LayerSplit, Reports, SpeedEstimate, decide, layer_steps, shape_of
+from workbench.partition.hepti_run import Decision, LayerSplit, Reports, SpeedEstimate, decide, layer_steps
 from workbench.partition.plan import Step
 
 REPORT_FLOATS = 3
 """free memory (bytes), speed estimate (FLOP/s), link (bytes/s: the profile's)."""
 
 
-def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: Comm, *, emulate: bool,
+def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: Comm, *, emulate: bool, ends=None,
                   memory_falls: dict, deadline_s: float, start_layer: int = 0, link: str = "emulated",
                   limited: bool = False,
                   mode: str | None = None, adapt: bool = True, fixed_shares=None, stalls: dict | None = None,
@@ -33,16 +33,20 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
                   progress: Callable[[int, str, dict], None] = lambda i, label, extra: None
                   ) -> tuple[RankResult, list[Decision]]:
     """Run the model's layers from ``start_layer`` on ``inputs["x"]`` (every rank holds it), deciding each
-    layer's mode and split at its start. Rank 0 ends with the hidden states and logits. ``stalls``: layer ->
+    layer's mode and split at its start; at each decision the rank cuts its slice of the weights out of
+    ``store`` (:class:`~workbench.partition.hepti_weights.SliceStore`) and fails, naming its device, when its
+    reported free memory cannot hold it. Rank 0 (``ends``: its embeddings and head) ends with the hidden
+    states and logits; ``result.memory`` lists each decision's held and resident bytes. ``stalls``: layer ->
     seconds this rank loses inside that layer's compute (a host hiccup, injected: it sleeps)."""
     rank, K = comm.rank, comm.world
     device = devices[rank]
     result = RankResult(rank, device.name)
     clock = Clock(emulate, link, limited)
     walker = Walker(rank, device.name, comm, clock, result)
-    shape = shape_of(model.shape, inputs["x"].shape[-2])
+    cfg = store.cfg
+    shape = LayerShape(cfg.hidden, cfg.num_heads, cfg.ffn, inputs["x"].shape[-2])
     reports = Reports(devices, memory_falls)
-    num_layers = len(model.layers)
+    num_layers = cfg.num_layers
     x, split, speeds_at_decision = inputs["x"], None, None
     decisions: list[Decision] = []
     measured = {"compute_s": 0.0, "work": 0.0, "comm_s": 0.0, "bytes": 0, "speed": SpeedEstimate(device.flops_per_s)}
@@ -61,13 +65,19 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
                                           tuple(d.memory_bytes for d in devices_now)))
                 if rank == 0:
                     progress(layer, f"layer {layer} decided", {"decision": decisions[-1]})
+                store.hold(split, rank)
+                free = devices_now[rank].memory_bytes
+                if store.held_bytes > free:
+                    raise RuntimeError(f"{device.name} cannot hold its slice of the {new.mode} split at layer {layer}: "
+                                       f"{store.held_bytes / 1e6:.1f} MB of weights against {free / 1e6:.1f} MB free")
+                result.memory.append({"layer": layer, "held": store.held_bytes, "resident": store.resident_bytes()})
                 walker.span("stall", start, f"Hepti decides: {new.mode} ({why})", layer,
                             meta={"mode": new.mode, "why": why, "shares": list(partition.shares)})
             clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided
             x = _bring_x(comm, split, x, has_x, layer)
             steps = layer_steps(split, layer, shape, devices, batch=x.shape[0], network=network)   # padded to the devices themselves
-            t0, before = time.perf_counter(), len(comm.counts)
-            x = _run_layer(split, steps, layer, model, x, inputs, comm, walker, rank)
+            before = len(comm.counts)
+            x = _run_layer(split, steps, layer, store.layers[layer], x, inputs, comm, walker, rank)
             lost = float((stalls or {}).get(layer, 0.0))
             if lost > 0:
                 start = clock.now()
@@ -85,7 +95,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], model, inputs: dict, comm: C
         x = _bring_x(comm, LayerSplit("serial", (0,), ()), x, has_x, num_layers - 1)
         if rank == 0:
             start = clock.now()
-            result.hidden, result.logits = x, model.logits(x, inputs)
+            result.hidden, result.logits = x, ends.logits(x, inputs)
             walker.span("compute", start, "head", None)
     result.counts = list(comm.counts)
     result.wall_s = clock.now()
@@ -134,10 +144,10 @@ def _starts(values: Sequence[int], members: Sequence[int]) -> dict[int, int]:
     return out
 
 
-def _run_layer(split: LayerSplit, steps: list[Step], layer: int, model, x, inputs, comm: Comm, walker: Walker,
+def _run_layer(split: LayerSplit, steps: list[Step], layer: int, lay, x, inputs, comm: Comm, walker: Walker,
                rank: int):
-    """This rank's part of one layer in ``split.mode``, step by step (each padded by the walker)."""
-    lay = model.layers[layer]
+    """This rank's part of one layer in ``split.mode``, step by step (each padded by the walker), on ``lay``, the
+    rank's slice of the layer (its heads are its slice's 0, 1, ...; its FFN columns likewise)."""
     bias = inputs.get("bias")
     members = list(split.participants)
     mine = rank in members
@@ -154,12 +164,11 @@ def _run_layer(split: LayerSplit, steps: list[Step], layer: int, model, x, input
         walker.skip(step)
         return None
 
-    head_start = _starts(split.heads, members)
-    heads = lambda m: range(head_start[m], head_start[m] + split.heads[m]) if m in head_start else range(0)
+    own = list(range(split.heads[rank])) if mine else []          # its heads, as its slice numbers them
     if split.mode == "serial":
-        return compute(lambda: model.rows(layer, x, 0, x.shape[-2], "qk_first", inputs)) if mine else x
+        return compute(lambda: L.partitioned_layer(lay, x, 0, x.shape[-2], "qk_first", bias)) if mine else x
     if split.mode == "ws":
-        ctx = compute(lambda: L.head_context(lay, x, list(heads(rank)), bias))
+        ctx = compute(lambda: L.head_context(lay, x, own, bias))
         ctx = collective(lambda: comm.all_gather(ctx, [split.heads[m] * dh for m in members], members, -1, layer))
         row_start = _starts(split.rows, members)
         r0 = row_start.get(rank, 0)
@@ -172,29 +181,23 @@ def _run_layer(split: LayerSplit, steps: list[Step], layer: int, model, x, input
         out = collective(lambda: comm.all_gather(out, [split.rows[m] for m in members], members, -2, layer))
         return out if mine else x
     if split.mode == "1d":
-        part = compute(lambda: L.tensor_parallel_attention(lay, x, list(heads(rank)), bias))
+        part = compute(lambda: L.tensor_parallel_attention(lay, x, own, bias))
         part = collective(lambda: comm.all_reduce(part, layer, members))
         h = L.finish_attention(lay, x, part) if mine else None
-        ffn_start = _starts(split.ffn, members)
-        columns = slice(ffn_start.get(rank, 0), ffn_start.get(rank, 0) + (split.ffn[rank] if mine else 0))
-        part = compute(lambda: L.tensor_parallel_ffn(lay, h, columns))
+        part = compute(lambda: L.tensor_parallel_ffn(lay, h, slice(0, split.ffn[rank] if mine else 0)))
         part = collective(lambda: comm.all_reduce(part, layer, members))
         return L.finish_ffn(lay, h, part) if mine else x
-    return _run_2d(split, layer, lay, model, x, bias, comm, rank, compute, collective, heads, mine)
+    return _run_2d(split, layer, lay, x, bias, comm, rank, compute, collective, own, mine)
 
 
-def _run_2d(split, layer, lay, model, x, bias, comm, rank, compute, collective, heads, mine):
-    """2D-tiled WS on an r x c grid; device (i, j) holds W_O[rows of its row group's heads, columns N_j],
-    W_1[D_i, F_j] and W_2[F_j, D_i] (torch's weights are [out, in])."""
+def _run_2d(split, layer, lay, x, bias, comm, rank, compute, collective, own, mine):
+    """2D-tiled WS on an r x c grid; device (i, j) holds W_O[columns N_j, rows of its row group's heads],
+    W_1[F_j, D_i] and W_2[D_i, F_j] (torch's weights are [out, in]) as its slice's whole matrices."""
     r_, c_ = split.grid
     dh = lay.cfg.head_dim
     i, j = split.position(rank) if mine else (0, 0)
-    rows_i, cols_j = split.row_group(i), split.col_group(j)
     at = lambda sizes, k: sum(sizes[:k])
-    head_block = L.head_rows(lay, range(at(split.row_heads, i), at(split.row_heads, i) + split.row_heads[i]))
-    N_j = slice(at(split.col_dims, j), at(split.col_dims, j) + split.col_dims[j])
     D_i = slice(at(split.row_dims, i), at(split.row_dims, i) + split.row_dims[i])
-    F_j = slice(at(split.col_ffn, j), at(split.col_ffn, j) + split.col_ffn[j])
 
     def in_row(k):
         return mine and i == k
@@ -202,12 +205,12 @@ def _run_2d(split, layer, lay, model, x, bias, comm, rank, compute, collective, 
     def in_col(k):
         return mine and j == k
 
-    ctx = compute(lambda: L.head_context(lay, x, list(heads(rank)), bias))
+    ctx = compute(lambda: L.head_context(lay, x, own, bias))
     for k in range(r_):
         got = collective(lambda: comm.all_gather(ctx, [split.heads[m] * dh for m in split.row_group(k)],
                                                  split.row_group(k), -1, layer), in_row(k))
         ctx = got if in_row(k) else ctx
-    part = compute(lambda: F.linear(ctx, lay.attn_out.weight[N_j][:, head_block]))
+    part = compute(lambda: F.linear(ctx, lay.attn_out.weight))
     for k in range(c_):
         got = collective(lambda: comm.all_reduce(part, layer, split.col_group(k)), in_col(k))
         part = got if in_col(k) else part
@@ -216,11 +219,11 @@ def _run_2d(split, layer, lay, model, x, bias, comm, rank, compute, collective, 
                                                  split.row_group(k), -1, layer), in_row(k))
         part = got if in_row(k) else part
     h = L.finish_attention(lay, x, part) if mine else None
-    inner = compute(lambda: F.linear(h[..., D_i], lay.ffn1.weight[F_j][:, D_i]))
+    inner = compute(lambda: F.linear(h[..., D_i], lay.ffn1.weight))
     for k in range(c_):
         got = collective(lambda: comm.all_reduce(inner, layer, split.col_group(k)), in_col(k))
         inner = got if in_col(k) else inner
-    out = compute(lambda: F.linear(F.gelu(inner + lay.ffn1.bias[F_j]), lay.ffn2.weight[D_i][:, F_j]))
+    out = compute(lambda: F.linear(F.gelu(inner + lay.ffn1.bias), lay.ffn2.weight))
     for k in range(r_):
         got = collective(lambda: comm.all_reduce(out, layer, split.row_group(k)), in_row(k))
         out = got if in_row(k) else out

@@ -13,8 +13,8 @@ from __future__ import annotations
 from workbench.devices import LayerShape
 from workbench.labs import Feedback, check_choice, check_number
 from workbench.partition.cost import get_shape
-from workbench.partition.hepti import (MODE_TITLES, MODES, TILED_2D_FROM, Partition, hepti_partition, memory_bytes,
-                                       ws_fixed_bytes)
+from workbench.partition.hepti import (MODE_TITLES, MODES, TILED_2D_FROM, Partition, hepti_partition, layer_weights,
+                                       memory_bytes, ws_fixed_bytes)
 from workbench.partition.plan import DeviceRow, devices_from_table
 
 MODEL = "encoder"
@@ -85,11 +85,21 @@ def fallen_table():
 
 
 def memory_givens() -> dict[str, float]:
-    """What exercises 1, 2 and 4 need: what a device must hold in each mode for the encoder's 6 layers."""
+    """What exercises 1, 2 and 4 need: what a device must hold in each mode for the encoder's 6 layers at T = 128
+    (the weights of every layer, and one layer's activations: a share lambda needs ``fixed + lambda x per_share``)."""
     S, L = shape(), num_layers()
+    fixed = memory_bytes("1d", S, 0.0, L)
     return {"layers": L, "ws_fixed_MB": round(_mb(ws_fixed_bytes(S, L)), 2),
             "ws_per_share_MB": round(_mb(memory_bytes("ws", S, 1.0, L) - ws_fixed_bytes(S, L)), 2),
-            "tiled_whole_model_MB": round(_mb(memory_bytes("1d", S, 1.0, L)), 2), "tiled_2d_from_devices": TILED_2D_FROM}
+            "tiled_whole_model_MB": round(_mb(layer_weights_bytes(S, L)), 2),
+            "tiled_fixed_MB": round(_mb(fixed), 2),
+            "tiled_per_share_MB": round(_mb(memory_bytes("1d", S, 1.0, L) - fixed), 2),
+            "tiled_2d_from_devices": TILED_2D_FROM}
+
+
+def layer_weights_bytes(S: LayerShape, L: int) -> float:
+    """The weights of L layers, float32 (Q, K, V, the output projection, the MLP's two matrices)."""
+    return 4 * L * sum(layer_weights(S))
 
 
 # ----------------------------------------------------------------------------- exercise 1: the mode
@@ -133,12 +143,13 @@ def check_binding(answer) -> Feedback:
     p, g = partition(MIXED), memory_givens()
     c_share = _share(p, SHORT_DEVICE)
     c_memory = dict((n, m) for n, _, m, _ in MIXED)[SHORT_DEVICE] * 1e9
-    cap = c_memory / memory_bytes(p.mode, shape(), 1.0, num_layers())
+    cap = (c_memory - g["tiled_fixed_MB"] * 1e6) / (g["tiled_per_share_MB"] * 1e6)
     speeds = ":".join(f"{s:g}" for _, s, _, _ in MIXED)
     return check_choice(
         "Exercise 2", answer, binding_answer(), BINDINGS,
-        why=f"In {MODE_TITLES[p.mode]} {SHORT_DEVICE} holds only its share of every weight: {c_share:.3f} x "
-            f"{g['tiled_whole_model_MB']:.1f} MB = {_mb(memory_bytes(p.mode, shape(), c_share, num_layers())):.1f} MB of "
+        why=f"In {MODE_TITLES[p.mode]} {SHORT_DEVICE} holds only its share of every weight (and of a layer's "
+            f"activations): {g['tiled_fixed_MB']:.2f} MB + {c_share:.3f} x {g['tiled_per_share_MB']:.1f} MB = "
+            f"{_mb(memory_bytes(p.mode, shape(), c_share, num_layers())):.1f} MB of "
             f"its {_mb(c_memory):g} MB, below its bound (a share of {cap:.3f}). Short of what WS needs is not short "
             f"in the tiled mode. The All-Reduces cost the same whatever the shares, so the LP gives shares in "
             f"proportion to speed ({speeds}: {', '.join(f'{s:.3f}' for s in p.shares)}), and the engine's binding "
@@ -188,13 +199,16 @@ def check_capped(answer) -> Feedback:
     rest = 1 - capped_share()
     return check_number(
         "Exercise 4", answer, capped_share(), tolerance=CAP_TOLERANCE, minimum=0, maximum=1, quantity="a share",
-        hint=f"in the tiled mode a share lambda needs lambda x {g['tiled_whole_model_MB']:.1f} MB "
-             f"(lab.memory_givens()); does the share {SHORT_DEVICE}'s speed earns still fit in "
+        hint=f"in the tiled mode a share lambda needs {g['tiled_fixed_MB']:.2f} MB + lambda x "
+             f"{g['tiled_per_share_MB']:.1f} MB (its weights and a layer's activations, lab.memory_givens()); does "
+             f"the share {SHORT_DEVICE}'s speed earns still fit in "
              f"{1e3 * FALLEN_GB:g} MB?",
         why_high=f"{SHORT_DEVICE} cannot hold more than its free memory: a share lambda holds lambda of every weight "
                  f"of all {g['layers']} layers.",
         why_low=f"{SHORT_DEVICE} is still the fastest device: the LP gives it as much as its memory lets, no less.",
-        right=f"{1e3 * FALLEN_GB:g} MB / {g['tiled_whole_model_MB']:.2f} MB = {capped_share():.4f}: {SHORT_DEVICE}'s "
+        right=f"({1e3 * FALLEN_GB:g} MB - {g['tiled_fixed_MB']:.2f} MB) / {g['tiled_per_share_MB']:.2f} MB = "
+              f"{(FALLEN_GB * 1e3 - g['tiled_fixed_MB']) / g['tiled_per_share_MB']:.4f}, {capped_share():.4f} in whole "
+              f"FFN columns: {SHORT_DEVICE}'s "
               f"share sits at its memory bound ({p.binding}). The other {rest:.3f} goes to "
               f"{', '.join(n for n, _ in others)} in proportion to their speeds "
               f"({':'.join(f'{s:g}' for _, s in others)}): "

@@ -303,6 +303,7 @@ class HeptiRun:
     emulated: bool = True                   # compute and links padded to the profiles: a replay, not a measurement
     limited: bool = False                   # every rank under its device's CPU limit, its link shaped: measured
     note: str = ""                          # why a run asked to be measured was not
+    memory: tuple = ()                      # per rank of the last segment: per decision {layer, held, resident} bytes
 
     def switches(self) -> list[Decision]:
         return [d for d in self.decisions if d.changed not in ("", "first")]
@@ -386,9 +387,12 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
 
     primary_dir = tempfile.mkdtemp(prefix="hepti-primary-")       # the primary device's own storage
     try:
+        from workbench.partition.hepti_weights import write_weights
+
+        weights = write_weights(model, 0, primary_dir)      # the model file the devices load their slices from
         return _run(devices, model, seq_len, model_shape, shape, first, primary_dir, deadline_s=deadline_s,
                     memory_falls=memory_falls, emulate=emulate, measured=measured, kill_at=kill_at, seed=seed, mode=mode,
-                    adapt=adapt,
+                    adapt=adapt, weights=str(weights),
                     shares=shares, stalls=stalls, progress=progress, should_stop=should_stop)
     finally:
         shutil.rmtree(primary_dir, ignore_errors=True)
@@ -416,6 +420,7 @@ def check_faults(partition: Partition, num_layers: int, kill_at, memory_falls) -
 
 
 def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, deadline_s, memory_falls, emulate, measured,
+         weights,
          kill_at, seed, mode, adapt, shares, stalls, progress, should_stop) -> HeptiRun:
     import os
     import signal
@@ -451,7 +456,7 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
         runtime = PartitionRuntime(len(devices), **limits)
         spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
-                "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate and not limits,
+                "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate and not limits, "weights": weights,
                 "limited": bool(limits),
                 "seed": seed, "mode": mode, "adapt": adapt, "shares": None if shares is None else list(shares),
                 "stalls": {name: {str(k): v for k, v in by.items()} for name, by in (stalls or {}).items()},
@@ -516,7 +521,8 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
         return HeptiRun(partition=first, hidden=np.asarray(decode(results[0]["hidden"])),
                         logits=np.asarray(decode(results[0]["logits"])), timeline=measured, predicted=predicted,
                         decisions=tuple(decisions), faults=tuple(faults), latency_s=latency, counts=tuple(counts),
-                        started_at=t_zero, emulated=emulate and not limits, limited=bool(limits), note=note)
+                        started_at=t_zero, emulated=emulate and not limits, limited=bool(limits), note=note,
+                        memory=tuple(tuple(results[r]["memory"]) for r in range(len(devices))))
 
 
 CHECKPOINT = "layer-{:04d}.npy"

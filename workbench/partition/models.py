@@ -46,8 +46,7 @@ class PartitionModel:
 
     def token_ids(self, seq_len: int, seed: int) -> torch.Tensor:
         """``seq_len`` token ids drawn from ``seed`` (the same on every rank)."""
-        g = torch.Generator().manual_seed(seed)
-        return torch.randint(1000, self.vocab_size, (seq_len,), generator=g)
+        return token_ids(self.vocab_size, seq_len, seed)
 
     @torch.no_grad()
     def inputs(self, ids: torch.Tensor) -> dict:
@@ -99,6 +98,12 @@ class PartitionModel:
             for layer in self.layers:
                 x = layer(x, inputs.get("bias"))
         return x, self.logits(x, inputs)
+
+
+def token_ids(vocab_size: int, seq_len: int, seed: int) -> torch.Tensor:
+    """``seq_len`` token ids drawn from ``seed`` out of a vocabulary's ids from 1000 (past the special tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, vocab_size, (seq_len,), generator=g)
 
 
 @lru_cache(maxsize=4)

@@ -93,17 +93,19 @@ class _Runner:
         from workbench.devices import DeviceProfile
         from workbench.partition.execute import Comm
         from workbench.partition.hepti_exec import execute_hepti
-        from workbench.partition.models import cached_model
+        from workbench.partition.hepti_weights import PrimaryEnds, SliceStore
+        from workbench.partition.models import NUM_CLASSES
 
         devices = [DeviceProfile.from_dict(d) for d in spec["devices"]]
         if len(devices) != self.world:
             raise RuntimeError(f"the job has {len(devices)} devices but this group {self.world} ranks")
-        model = cached_model(spec["model"], spec.get("model_seed", 0))
-        inputs = model.inputs(model.token_ids(spec["seq_len"], spec.get("seed", 0)))
+        store = SliceStore(spec["weights"])
+        ends = PrimaryEnds(store, NUM_CLASSES) if self.rank == 0 else None
+        inputs = {"x": None, "mask": None, "bias": None}
+        if ends is not None:
+            inputs = ends.inputs(ends.token_ids(spec["seq_len"], spec.get("seed", 0)))
         primary_dir = spec.get("checkpoint_dir")
-        start_layer = 0
-        if spec.get("resume"):
-            start_layer, inputs["x"] = self._resume(primary_dir, inputs["x"])
+        start_layer, inputs["x"] = self._hand_out(primary_dir, inputs["x"], bool(spec.get("resume")))
         falls = {name: (int(layer), float(nbytes)) for name, (layer, nbytes) in spec.get("memory_falls", {}).items()}
         import scipy.optimize  # noqa: F401  (loaded before the clock starts: the first decision would pay for it)
         deadline = spec.get("deadline_s")
@@ -120,7 +122,7 @@ class _Runner:
                 message_extra["report"] = {"decision": asdict(extra["decision"])}
             progress(layer, label, message_extra)
 
-        result, decisions = execute_hepti(devices, model, inputs, Comm(self.rank, self.world, self.groups),
+        result, decisions = execute_hepti(devices, store, inputs, Comm(self.rank, self.world, self.groups), ends=ends,
                                           emulate=spec.get("emulate", True), memory_falls=falls,
                                           deadline_s=math.inf if deadline is None else float(deadline),
                                           start_layer=start_layer, link=spec.get("link", "emulated"),
@@ -132,22 +134,24 @@ class _Runner:
                                                   spec.get("stalls", {}).get(devices[self.rank].name, {}).items()})
         return {"rank": self.rank, "device": result.device, "t0": started,
                 "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
-                "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions],
+                "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions], "memory": result.memory,
                 "hidden": encode_array(result.hidden) if result.hidden is not None else None,
                 "logits": encode_array(result.logits) if result.logits is not None else None}
 
-    def _resume(self, primary_dir: str, x):
-        """The primary reads the request's last layer checkpoint from its own storage and hands the layer and
-        its input to every rank (a secondary holds nothing of the request)."""
+    def _hand_out(self, primary_dir: str, x, resume: bool):
+        """The primary hands every rank the request's input (a secondary holds nothing of the request): the
+        embedded input at layer 0, or, resuming after a fault, the last layer checkpoint from its own storage."""
         import torch
         import torch.distributed as dist
 
         from workbench.partition.hepti_run import load_checkpoint
 
-        meta = torch.zeros(1 + x.dim(), dtype=torch.int64)
+        meta = torch.zeros(4, dtype=torch.int64)
         if self.rank == 0:
-            layer, saved = load_checkpoint(primary_dir)
-            x = torch.from_numpy(saved)
+            layer = 0
+            if resume:
+                layer, saved = load_checkpoint(primary_dir)
+                x = torch.from_numpy(saved)
             meta = torch.tensor([layer, *x.shape], dtype=torch.int64)
         dist.broadcast(meta, 0)
         if self.rank != 0:
