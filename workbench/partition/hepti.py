@@ -115,16 +115,19 @@ def activation_bytes(mode: str, shape: LayerShape, share: float) -> float:
 
 def memory_bytes(mode: str, shape: LayerShape, share: float, num_layers: int = 1) -> float:
     """Bytes a device with ``share`` must hold in ``mode``: the weights of ``num_layers`` layers (WS keeps its
-    share of Q/K/V and the output projection and the MLP whole; the tiled modes their share of every weight)
-    and one layer's activations (:func:`activation_bytes`)."""
-    d = shape.hidden
+    share of Q/K/V and the output projection and the MLP whole; the tiled modes their share of every weight),
+    and one layer's activations (:func:`activation_bytes`). Heads are whole, so a device may get one head more
+    than its share: one head's Q, K, V (and, tiled, W_O) columns are counted on top; the biases and LayerNorms
+    are kept whole. What a rank really holds is never more (its slice is counted to the float when it is cut)."""
+    d, f, H = shape.hidden, shape.ffn, shape.heads
     attention, mlp = layer_weights(shape)
+    small = 9 * d + f
     if mode == "ws":
-        floats = share * 3 * d * d + d * d + mlp
+        floats = share * 3 * d * d + d * d + mlp + 3 * d * d / H + small
     elif mode in ("1d", "2d"):
-        floats = share * (attention + mlp)
+        floats = share * (attention + mlp) + attention / H + small
     elif mode == "serial":
-        floats = attention + mlp if share > 0 else 0.0
+        floats = attention + mlp + small if share > 0 else 0.0
     else:
         raise WorkbenchError(f"Hepti's mode must be one of {', '.join(MODES)}, got {mode!r}")
     return floats * FLOAT_BYTES * num_layers + activation_bytes(mode, shape, share)

@@ -147,8 +147,9 @@ def check_binding(answer) -> Feedback:
     speeds = ":".join(f"{s:g}" for _, s, _, _ in MIXED)
     return check_choice(
         "Exercise 2", answer, binding_answer(), BINDINGS,
-        why=f"In {MODE_TITLES[p.mode]} {SHORT_DEVICE} holds only its share of every weight (and of a layer's "
-            f"activations): {g['tiled_fixed_MB']:.2f} MB + {c_share:.3f} x {g['tiled_per_share_MB']:.1f} MB = "
+        why=f"In {MODE_TITLES[p.mode]} {SHORT_DEVICE} holds only its share of every weight and of a layer's "
+            f"activations, plus what it holds whatever its share (a head beyond its share, as heads are whole, the "
+            f"biases and norms): {g['tiled_fixed_MB']:.2f} MB + {c_share:.3f} x {g['tiled_per_share_MB']:.1f} MB = "
             f"{_mb(memory_bytes(p.mode, shape(), c_share, num_layers())):.1f} MB of "
             f"its {_mb(c_memory):g} MB, below its bound (a share of {cap:.3f}). Short of what WS needs is not short "
             f"in the tiled mode. The All-Reduces cost the same whatever the shares, so the LP gives shares in "

@@ -110,7 +110,7 @@ class SliceStore:
     def hold(self, split, rank: int) -> None:
         """Cut this rank's slice of every layer for ``split`` (a :class:`~workbench.partition.hepti_run.LayerSplit`),
         freeing the previous split's first; nothing is cut again while the split stays."""
-        key = (split.mode, split.participants, split.heads, split.rows, split.ffn, split.grid, split.row_heads,
+        key = (rank, split.mode, split.participants, split.heads, split.rows, split.ffn, split.grid, split.row_heads,
                split.row_dims, split.col_dims, split.col_ffn)
         if key == self.key:
             return
