@@ -270,12 +270,12 @@ class Cluster:
     """Devices and a :class:`Link` per linked pair; ``links`` maps (name, name), in either order, to a link."""
 
     def __init__(self, devices, links, *, name: str = "", title: str = "", source: str = "", network: str = "switch"):
-        from workbench.partition.cost import check_network
+        from workbench.network import check_network
 
         self.devices: tuple[DeviceProfile, ...] = tuple(devices)
         self.name, self.title, self.source = name, title, source
         self.network = check_network(network)
-        """How collectives cross the links (``workbench.partition.cost.NETWORKS``): every mechanism's cost
+        """How collectives cross the links (:data:`workbench.network.NETWORKS`): every mechanism's cost
         model on this cluster reads it, so their predictions compare."""
         if not self.devices:
             raise WorkbenchError(f"cluster {name!r} has no devices; give at least one")

@@ -26,11 +26,11 @@ the slowest device's bytes over its bandwidth.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from workbench.errors import WorkbenchError
+from workbench.network import NETWORKS, check_network, collective_s  # noqa: F401  (the cost model's names)
 
 Order = Literal["qk_first", "x_first"]
 ORDERS: tuple[str, ...] = ("qk_first", "x_first")
@@ -256,31 +256,3 @@ def comm_bytes(scheme: str, N: int, F: int, K: int, dtype_bytes: int = DTYPE_BYT
     return sum(t.sent for t in traffic) / K
 
 
-NETWORKS = ("switch", "shared")
-"""How a cluster's devices are linked, which every mechanism's cost model reads from the cluster: ``switch``,
-one full-duplex link per device to a switch (a collective takes as long as the busiest link); ``shared``, one
-medium every device's received bytes cross in turn (Hepti's Eq. 6: the bytes each device receives over its
-bandwidth, summed over the devices)."""
-
-
-def check_network(network: str) -> str:
-    if network not in NETWORKS:
-        raise WorkbenchError(f"a network is one of {', '.join(NETWORKS)}, got {network!r}")
-    return network
-
-
-def collective_s(traffic: Sequence[Traffic], bandwidths: Sequence[float], latency_s: float, steps: int = 1,
-                 network: str = "switch") -> float:
-    """Seconds of one collective, the one network model of every mechanism: ``steps`` latencies plus, on a
-    ``switch``, the busiest device's bytes over its link (the larger of what it sends and what it receives;
-    links are full duplex), on a ``shared`` medium (Eq. 6) what each device receives over its bandwidth,
-    summed. Devices that move nothing take no part."""
-    check_network(network)
-    if all(t.sent == 0 and t.received == 0 for t in traffic):
-        return 0.0
-    for b in bandwidths:
-        if not b > 0 or not math.isfinite(b):
-            raise WorkbenchError(f"a link bandwidth must be a finite number > 0 bytes/s, got {b!r}")
-    if network == "shared":
-        return steps * latency_s + sum(t.received / b for t, b in zip(traffic, bandwidths))
-    return steps * latency_s + max(max(t.sent, t.received) / b for t, b in zip(traffic, bandwidths))

@@ -36,6 +36,8 @@ from workbench.errors import WorkbenchError
 from workbench.ui.figure import DEFAULT_HEIGHT_PX, FigureView
 from workbench.ui.messages import error_html
 
+CELL = "padding:1px 8px;text-align:left"
+"""A cell of the pages' small HTML tables (decisions, devices, bytes)."""
 SETTLE_S = 0.03
 log = logging.getLogger("workbench.ui")
 
@@ -330,3 +332,10 @@ class BackgroundRun(widgets.HBox):
             except Exception as exc:                  # shown beside the button like the work's own errors
                 error = exc
         self.panel.report(self.work, error)
+
+
+def table_row(cells, tag: str = "td", device: int | None = None) -> str:
+    """One row of a small HTML table, each cell escaped; ``device`` tags the row for the page's tests."""
+    data = f" data-device='{device}'" if device is not None else ""
+    return (f"<tr{data}>" + "".join(f"<{tag} style='{CELL}'>{html.escape(str(c))}</{tag}>" for c in cells)
+            + "</tr>")

@@ -23,7 +23,7 @@ from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, m
 from workbench.partition.hepti_run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.partition.plan import proportional_shares, steps_timeline
 from workbench.presets import default_preset
-from workbench.ui.base import BackgroundRun, Panel
+from workbench.ui.base import CELL, BackgroundRun, Panel, table_row
 from workbench.viz.hepti import (DECIDES, MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
                                  decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
                                  predicted_s, timeline_figure, verdict)
@@ -45,7 +45,6 @@ fall_mb = non_negative("MB", Bound(1e7, "10 TB, beyond any edge device"))
 CACHE = 512
 RUNS_KEPT = 8
 NEVER = -1
-CELL = "padding:1px 8px;text-align:left"
 
 INTRO = """
 <h2 style="margin:4px 0">Heterogeneous partitioning (Hepti)</h2>
@@ -103,13 +102,6 @@ class HeptiRowWidgets(widgets.HBox):
             return None
         mb = fall_mb.check(f"device {self.index}'s free memory after the fall", float(self.fall_mb.value))
         return (self.name, int(self.fall_at.value), mb * 1e6)
-
-
-def table_row(cells, tag: str = "td", device: int | None = None) -> str:
-    """One row of a small HTML table, each cell escaped."""
-    data = f" data-device='{device}'" if device is not None else ""
-    return (f"<tr{data}>" + "".join(f"<{tag} style='{CELL}'>{html.escape(str(c))}</{tag}>" for c in cells)
-            + "</tr>")
 
 
 def layer_options(layers: int) -> list[tuple[str, int]]:

@@ -15,7 +15,7 @@ from workbench.partition.cost import SHAPES, comm_bytes, get_shape
 from workbench.partition.plan import (DEFAULT_DEVICE, MAX_DEVICES, SCHEMES, SHARE_RULES, DeviceRow, PartitionPlan,
                                       devices_from_table, plan_partition)
 from workbench.presets import default_preset
-from workbench.ui.base import BackgroundRun, Panel
+from workbench.ui.base import CELL, BackgroundRun, Panel, table_row
 from workbench.viz.partition import (decision_figure, no_plan_figure, orders_figure, scheme_label,
                                      schemes_figure, timeline_figure)
 
@@ -26,7 +26,6 @@ PLAN_CACHE = 256
 RUNS_KEPT = 16
 """Real runs kept (each with its plan) for their timeline, bytes and the Voltage : tensor parallel ratio."""
 ORDER_SHORT = {"qk_first": "Eq. (3)", "x_first": "Eq. (8)", "none": "none"}
-CELL = "padding:1px 8px;text-align:left"
 REASON_ROWS = 16
 """Devices listed beside the decision; the figure's hover names the others."""
 
@@ -76,13 +75,6 @@ def traffic_per_layer(table, device: int) -> tuple[int, int]:
     """Least and most bytes ``device`` sent in one layer (``table``: per layer, per device, as ``traffic()``)."""
     sent = [layer[device].sent for layer in table]
     return min(sent), max(sent)
-
-
-def table_row(cells, tag: str = "td", device: int | None = None) -> str:
-    """One row of a small HTML table, each cell escaped."""
-    data = f" data-device='{device}'" if device is not None else ""
-    return (f"<tr{data}>" + "".join(f"<{tag} style='{CELL}'>{html.escape(str(c))}</{tag}>" for c in cells)
-            + "</tr>")
 
 
 def bytes_text(low: int, high: int) -> str:

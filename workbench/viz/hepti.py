@@ -17,8 +17,7 @@ import plotly.graph_objects as go
 
 from workbench.partition.hepti import MODE_TITLES, Partition
 from workbench.timeline import Timeline
-from workbench.viz.partition import LEGEND_DEVICES, device_color
-from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure
+from workbench.viz.style import INK, LEGEND_DEVICES, MARGIN, TEMPLATE, device_color, message_figure
 from workbench.viz.timeline import KIND_COLORS, gantt_figure
 
 MODE_SHORT = {"ws": "WS", "1d": "1D", "2d": "2D", "serial": "serial"}

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from workbench.partition.cost import ModelShape, attention_order, order_threshold
 from workbench.partition.plan import PartitionPlan
 from workbench.timeline import Timeline
-from workbench.viz.style import INK, MARGIN, TEMPLATE, log_axis, message_figure
+from workbench.viz.style import INK, LEGEND_DEVICES, MARGIN, TEMPLATE, device_color, log_axis, message_figure
 from workbench.viz.timeline import KIND_COLORS, gantt_figure
 
 SCHEME_LABELS = {"voltage": "Voltage", "tensor_parallel": "tensor parallel", "torch_tp": "PyTorch TP",
@@ -25,10 +25,6 @@ ORDER_LABELS = {"qk_first": "Eq. (3): Q, K, V first", "x_first": "Eq. (8): x mul
                 "none": "no positions"}
 ORDER_PATTERNS = {"qk_first": "", "x_first": "/", "none": ""}
 ORDER_COLORS = {"qk_first": "#C6DBEF", "x_first": "#F58518"}
-DEVICE_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
-                 "#EECA3B", "#BAB0AC"]
-LEGEND_DEVICES = 12
-"""Devices named in a legend; with more, the hover names each bar."""
 NOTE_CHARS = 150
 """The prediction check's note is cut to this in a title (the page prints it whole beside the run)."""
 ORDER_GRID = 64
@@ -37,10 +33,6 @@ ORDER_GRID = 64
 
 def scheme_label(scheme: str) -> str:
     return SCHEME_LABELS.get(scheme, scheme)
-
-
-def device_color(i: int) -> str:
-    return DEVICE_COLORS[i % len(DEVICE_COLORS)]
 
 
 def links_text(plan: PartitionPlan) -> str:

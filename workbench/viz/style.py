@@ -11,6 +11,10 @@ below the x-axis title instead of drawing over it, at any width.
 import plotly.graph_objects as go
 
 MARGIN = {"t": 60, "l": 60, "r": 20, "b": 50}
+DEVICE_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D",
+                 "#EECA3B", "#BAB0AC"]
+LEGEND_DEVICES = 12
+"""Devices named in a legend; with more, the hover names each bar."""
 INK = "#2a3f5f"
 
 TEMPLATE = go.layout.Template(layout={
@@ -24,6 +28,11 @@ TEMPLATE = go.layout.Template(layout={
     "colorway": ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"],
     "hoverlabel": {"align": "left"},
 })
+
+
+def device_color(i: int) -> str:
+    """Device i's colour, the same on every mechanism's figures."""
+    return DEVICE_COLORS[i % len(DEVICE_COLORS)]
 
 
 def outline(boxes) -> tuple[list, list]:
