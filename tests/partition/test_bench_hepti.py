@@ -15,7 +15,7 @@ COLUMNS = {
     "lp": ["K", "case", "mode", "grid", "participants", "dropped", "repeats", "median_ms", "p95_ms", "min_ms", "max_ms",
            "bare_lp_ms", "over_bare_lp", "within_target", "heuristic_ms", "predicted_ms", "heuristic_predicted_ms",
            "heuristic_participants", "relaxation_predicted_ms", "primary_share"],
-    "modes": ["mode", "K", "T", "grid", "shares", "repeats", "predicted_ms", "schedule_ms", "measured_ms", "min_ms",
+    "modes": ["mode", "run", "K", "T", "grid", "shares", "repeats", "predicted_ms", "schedule_ms", "measured_ms", "min_ms",
               "max_ms", "error_pct", "schedule_error_pct", "reports_ms", "decide_ms", "error_without_runtime_pct",
               "sent_B", "collective_sent_B", "scheduled_sent_B", "counted_equal_schedule", "decisions", "faults",
               "max_abs_diff"],
@@ -91,7 +91,7 @@ def test_quick_bench_writes_every_table_and_its_runs_equal_the_model(tmp_cache):
         assert r["predicted_ms"] == pytest.approx(1e3 * part.predicted_latency_s)
         assert r["error_pct"] == pytest.approx(100 * (r["measured_ms"] / r["predicted_ms"] - 1))
         assert r["counted_equal_schedule"] and r["decisions"] == 1 and r["faults"] == 0
-        assert r["max_abs_diff"] < 1e-3 and r["measured_ms"] > 0
+        assert r["max_abs_diff"] < 1e-3 and r["measured_ms"] > 0 and r["run"] == "replayed"
     assert modes["2d"]["grid"] == "2x2"
 
     shares = {r["shares_kind"]: r for r in tables["shares"]}

@@ -11,8 +11,9 @@ the executed schedule of :mod:`workbench.partition.hepti_run`); none is typed in
   3x of it at 16 devices) and the old heuristic (the LP with a greedy participation search), with the
   latency each predicts and that of the LP relaxation over every device.
 - ``modes``: each mode (WS, 1D- and 2D-tiled, forced with ``mode=``) on one process per device, the devices
-  unequal (``--speeds-gflops``, ``--bandwidths-mbit``) and emulated (compute and links padded to their
-  profiles), ``adapt=False`` so the first decision holds: Hepti's prediction (Eq. 7 of its shares),
+  unequal (``--speeds-gflops``, ``--bandwidths-mbit``) and, with ``--runs measured`` (the default), each rank
+  under its device's CPU limit on a tc-shaped link (``replay``: compute and links padded to the profiles;
+  the ``run`` column says which), ``adapt=False`` so the first decision holds: Hepti's prediction (Eq. 7 of its shares),
   the executed split's schedule (heads and sizes as run, link latency included), the measured latency
   (median of ``--repeats`` runs) and the errors; the bytes counted by the ranks beside the schedule's;
   the largest difference of the outputs from the model in one process.
@@ -54,8 +55,10 @@ MODEL = "encoder"
 SEED = 0
 """The input tokens' seed: the runs and the model in one process read the same input."""
 
-QUICK = {"seq_len": 64, "repeats": 1, "lp_repeats": 3, "scenarios": ["unequal"]}
-"""--quick: a shorter input, one run per point, three timed solves, the shares on the unequal devices only."""
+QUICK = {"seq_len": 64, "repeats": 1, "lp_repeats": 3, "scenarios": ["unequal"], "runs": "replay"}
+"""--quick: a shorter input, one run per point, three timed solves, the shares on the unequal devices only,
+the runs replayed (a measured run calibrates its CPU limits first: tens of seconds a run)."""
+RUNS = ("measured", "replay")
 
 LAYER = count(1, unit="layer", at_most=Bound(5, "the encoder's last layer (6 layers, from 0)"))
 DEVICE = count(1, unit="device index", at_most=Bound(limits.ranks.maximum - 1, "the last worker process"))
@@ -88,6 +91,9 @@ def parser() -> Parser:
     p.add_argument("--kill-device", type=DEVICE, default=2, help="the device (index) whose process is killed")
     p.add_argument("--kill-layer", type=LAYER, default=3, help="the layer at whose start it is killed")
     p.add_argument("--repeats", type=limits.repeats, default=3, help="runs per point (the median is kept)")
+    p.add_argument("--runs", choices=RUNS, default="measured",
+                   help="measured: each rank under its device's CPU limit on a tc-shaped link (root needed; "
+                        "otherwise at this host's speed, and the rows say so); replay: padded to the profiles")
     p.add_argument("--lp-ks", nargs="+", type=limits.devices, default=[4, 16, 64],
                    help="device counts whose partition is timed")
     p.add_argument("--lp-repeats", type=limits.repeats, default=50, help="timed calls per LP point")
@@ -287,6 +293,7 @@ class Runs:
             called = time.perf_counter()
             try:
                 run = run_hepti(devices, MODEL, self.opts.seq_len, memory_falls=memory_falls, emulate=True,
+                                measured=self.opts.runs == "measured",
                                 kill_at=kill_at, seed=SEED, mode=mode, adapt=False, shares=shares,
                                 progress=lambda done, total, stamps=stamps: stamps.append(time.perf_counter()))
             except WorkbenchError as exc:          # RunFailed included: a run that could not finish
@@ -302,7 +309,7 @@ class Runs:
                "min_s": min(latencies), "max_s": max(latencies), "max_abs_diff": diff}
         self.done[key] = out
         last = runs[-1]
-        print(f"  {label:34s} measured {_ms(out['measured_s']):8.1f} ms (median of {len(runs)}), first decision "
+        print(f"  {label:34s} {last.label} {_ms(out['measured_s']):8.1f} ms (median of {len(runs)}), first decision "
               f"{last.partition.mode} {_shares_text(last.partition.shares)} predicted "
               f"{_ms(last.partition.predicted_latency_s):8.1f} ms; outputs within {diff:.1e} of the model"
               + (f"; switches at layers {[d.layer for d in last.switches()]}" if last.switches() else "")
@@ -386,7 +393,8 @@ def modes_table(runs: Runs) -> list[dict]:
         overheads = [runtime_overhead_s(r) for r in got["runs"]]
         reports = statistics.median(o[0] for o in overheads)
         decide = statistics.median(o[1] for o in overheads)
-        rows.append({"mode": mode, "K": len(devices), "T": opts.seq_len, "grid": f"{part.grid[0]}x{part.grid[1]}",
+        rows.append({"mode": mode, "run": run.label, "K": len(devices), "T": opts.seq_len,
+                     "grid": f"{part.grid[0]}x{part.grid[1]}",
                      "shares": _shares_text(part.shares), "repeats": len(got["runs"]),
                      "predicted_ms": _ms(predicted), "schedule_ms": _ms(schedule), "measured_ms": _ms(got["measured_s"]),
                      "min_ms": _ms(got["min_s"]), "max_ms": _ms(got["max_s"]),
@@ -540,7 +548,7 @@ def print_summary(tables: dict[str, list[dict]], runs: Runs) -> None:
             print(f"  K={r['K']} {r['case']}: the primary gets a share of 0 ({r['mode']} over "
                   f"{r['participants']} other devices): the primary takes no part")
     for r in tables.get("modes", []):
-        print(f"{r['mode']:2s} on {r['K']} unequal devices, T={r['T']}: measured {r['measured_ms']:.1f} ms, Hepti predicts "
+        print(f"{r['mode']:2s} on {r['K']} unequal devices, T={r['T']}: {r['run']} {r['measured_ms']:.1f} ms, Hepti predicts "
               f"{r['predicted_ms']:.1f} ms ({r['error_pct']:+.1f} %), the executed split's schedule "
               f"{r['schedule_ms']:.1f} ms ({r['schedule_error_pct']:+.1f} %; {r['error_without_runtime_pct']:+.1f} % without "
               f"the primary's {r['reports_ms']:.1f} ms of report gathers and {r['decide_ms']:.1f} ms of decisions); bytes counted equal the schedule: "
