@@ -320,7 +320,7 @@ class Runs:
 def runtime_overhead_s(run) -> tuple[float, float]:
     """(reports, decisions): the primary's seconds in the layers' report gathers (waits included) and in
     Hepti's decisions, which the cost model and the schedule leave out."""
-    lane = f"device {run.partition.devices[0].name}"
+    lane = "device 0"                                   # the primary's lane in a run's timeline
     mine = [s for s in run.timeline.spans if s.lane == lane]
     reports = sum(s.duration for s in mine if s.label.startswith(("reports ", "waits for reports ")))
     decide = sum(s.duration for s in mine if s.label.startswith("Hepti decides"))

@@ -158,6 +158,7 @@ class RankResult:
     logits: torch.Tensor | None = None
     wall_s: float = 0.0                         # from the start to the logits on this rank
     memory: list = field(default_factory=list)  # Hepti: per decision, the weights' held and resident bytes
+    t0: float | None = None                     # perf_counter at the rank's clock's 0, when not the job's start
 
     def timeline(self) -> Timeline:
         return Timeline(tuple(self.spans), "measured", name=f"rank {self.rank}")

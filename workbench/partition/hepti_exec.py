@@ -41,8 +41,6 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
     rank, K = comm.rank, comm.world
     device = devices[rank]
     result = RankResult(rank, device.name)
-    clock = Clock(emulate, link, limited)
-    walker = Walker(rank, device.name, comm, clock, result)
     cfg = store.cfg
     shape = LayerShape(cfg.hidden, cfg.num_heads, cfg.ffn, inputs["x"].shape[-2])
     reports = Reports(devices, memory_falls)
@@ -51,26 +49,47 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
     decisions: list[Decision] = []
     measured = {"compute_s": 0.0, "work": 0.0, "comm_s": 0.0, "bytes": 0, "speed": SpeedEstimate(device.flops_per_s)}
     has_x = [True] * K
+
+    def hold(new, devices_now, layer) -> None:
+        store.hold(new, rank)
+        free = devices_now[rank].memory_bytes
+        if store.held_bytes > free:
+            raise RuntimeError(f"{device.name} cannot hold its slice of the {new.mode} split at layer {layer}: "
+                               f"{store.held_bytes / 1e6:.1f} MB of weights against {free / 1e6:.1f} MB free")
+        result.memory.append({"layer": layer, "held": store.held_bytes, "resident": store.resident_bytes()})
+
+    # the first split is decided and its slice cut before the clock starts: Eq. 7 prices inference with the
+    # weights in place, as Hepti plans before serving; a decision mid-run is timed in full
+    first_now = [replace(d, memory_bytes=float(p[0])) for d, p in
+                 zip(devices, _exchange(comm, [reports.free_bytes(rank, start_layer), device.flops_per_s,
+                                               reports.link[rank]]))]
+    first = decide(None, None, first_now, shape, num_layers, start_layer, deadline_s, list(range(K)), mode, adapt,
+                   fixed_shares, network)
+    hold(first[0], first_now, start_layer)
+    if K > 1:
+        dist.barrier()                                  # every rank's clock starts with its slice in place
+    clock = Clock(emulate, link, limited)
+    result.t0 = clock.t0
+    walker = Walker(rank, device.name, comm, clock, result)
     with torch.no_grad():
         for layer in range(start_layer, num_layers):
             if rank == 0:
                 progress(layer, f"layer {layer}", {"checkpoint": (layer, x)})
             devices_now = _gather_reports(comm, reports, rank, layer, measured, walker)
             start = clock.now()
-            new, why, partition = decide(split, speeds_at_decision, devices_now, shape, num_layers, layer, deadline_s,
-                                         list(range(K)), mode, adapt, fixed_shares, network)
+            if layer == start_layer:
+                (new, why, partition), devices_now = first, first_now
+            else:
+                new, why, partition = decide(split, speeds_at_decision, devices_now, shape, num_layers, layer,
+                                             deadline_s, list(range(K)), mode, adapt, fixed_shares, network)
             if new is not None:
                 split, speeds_at_decision = new, [d.flops_per_s for d in devices_now]
                 decisions.append(Decision(layer, new.mode, partition.shares, partition.reasons, why,
                                           tuple(d.memory_bytes for d in devices_now)))
                 if rank == 0:
                     progress(layer, f"layer {layer} decided", {"decision": decisions[-1]})
-                store.hold(split, rank)
-                free = devices_now[rank].memory_bytes
-                if store.held_bytes > free:
-                    raise RuntimeError(f"{device.name} cannot hold its slice of the {new.mode} split at layer {layer}: "
-                                       f"{store.held_bytes / 1e6:.1f} MB of weights against {free / 1e6:.1f} MB free")
-                result.memory.append({"layer": layer, "held": store.held_bytes, "resident": store.resident_bytes()})
+                if layer != start_layer:
+                    hold(new, devices_now, layer)
                 walker.span("stall", start, f"Hepti decides: {new.mode} ({why})", layer,
                             meta={"mode": new.mode, "why": why, "shares": list(partition.shares)})
             clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided
@@ -100,6 +119,17 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
     result.counts = list(comm.counts)
     result.wall_s = clock.now()
     return result, decisions
+
+
+def _exchange(comm: Comm, values: list[float]) -> list[torch.Tensor]:
+    """Every rank's ``values``, gathered by all (float64)."""
+    mine = torch.tensor(values, dtype=torch.float64)
+    pieces = [torch.empty_like(mine) for _ in range(comm.world)]
+    if comm.world > 1:
+        dist.all_gather(pieces, mine)
+    else:
+        pieces = [mine]
+    return pieces
 
 
 def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, measured: dict, walker: Walker):

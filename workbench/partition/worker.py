@@ -132,7 +132,7 @@ class _Runner:
                                           limited=bool(spec.get("limited", False)),
                                           stalls={int(k): float(v) for k, v in
                                                   spec.get("stalls", {}).get(devices[self.rank].name, {}).items()})
-        return {"rank": self.rank, "device": result.device, "t0": started,
+        return {"rank": self.rank, "device": result.device, "t0": result.t0 if result.t0 is not None else started,
                 "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
                 "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions], "memory": result.memory,
                 "hidden": encode_array(result.hidden) if result.hidden is not None else None,
