@@ -67,7 +67,7 @@ def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_
         figure_state(page, "breakdown")["title"]
     even = hepti_partition(CLUSTER, shape, num_layers=6, mode="ws", fixed_shares=[0.25] * 4)
     compute, comm = traces(page, "compare")[:2]
-    assert compute[1][:2] == ["Hepti's LP", "even shares"]
+    assert compute[1][:2] == ["Hepti's MILP", "even shares"]
     assert compute[2][1] + comm[2][1] == pytest.approx(1e3 * even.predicted_latency_s)
     assert "predicted" in figure_state(page, "timeline")["title"]
     seen = {n: figure_state(page, n) for n in FIGURES}
@@ -131,8 +131,8 @@ def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_
     wait_for_title(page, "compare", "the first three in 1D-tiled WS")
     moved("decision", "breakdown", "compare", "timeline")
 
-    select(page, "Shares", label="Hepti's LP")                 # (fixed shares would not fit the fall below)
-    wait_for_title(page, "decision", "shares: Hepti's LP")
+    select(page, "Shares", label="Hepti's MILP")                 # (fixed shares would not fit the fall below)
+    wait_for_title(page, "decision", "shares: Hepti's MILP")
     set_cell(page, "fall-mb", 2, 0)                        # rpi4-b's memory gone from layer 5: it is dropped
     page.locator(".wb-dev-fall-at-2 select").select_option(label="layer 5")
     page.locator(".wb-redecisions li[data-layer='5']").wait_for(timeout=30_000)
@@ -171,7 +171,7 @@ def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_
     before = figure_state(page, "timeline")
     started = time.perf_counter()
     page.get_by_role("button", name="Run for real").click()
-    page.locator(".wb-run-info", has_text="Measured").wait_for(timeout=RUN_TIMEOUT_MS)
+    page.locator(".wb-run-info", has_text="Replayed").wait_for(timeout=RUN_TIMEOUT_MS)
     print(f"run for real on 4 worker processes with a fault: {time.perf_counter() - started:.1f} s")
     wait_for_title(page, "timeline", "1 fault")
     after = figure_state(page, "timeline")

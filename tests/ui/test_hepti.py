@@ -77,7 +77,7 @@ def test_first_load_shows_heptis_partition_of_the_four_boards():
     even = hepti_partition(CLUSTER, shape, num_layers=6, mode="ws", fixed_shares=[0.25] * 4)
     prop = hepti_partition(CLUSTER, shape, num_layers=6, mode="ws", fixed_shares=proportional_shares(CLUSTER))
     totals = compare_totals(panel)
-    assert totals["Hepti's LP"] == pytest.approx(1e3 * p.predicted_latency_s)
+    assert totals["Hepti's MILP"] == pytest.approx(1e3 * p.predicted_latency_s)
     assert totals["even shares"] == pytest.approx(1e3 * even.predicted_latency_s) and totals["even shares"] > 200
     assert totals["proportional shares"] == pytest.approx(1e3 * prop.predicted_latency_s)
     for mode in MODE_TITLES:

@@ -122,7 +122,7 @@ def test_compare_stacks_each_partitions_critical_path_and_communication_and_says
     K = len(DEVICES)
     hepti = hepti_partition(DEVICES, SHAPE, num_layers=L)
     even = hepti_partition(DEVICES, SHAPE, num_layers=L, mode="ws", fixed_shares=[1 / K] * K)
-    entries = {"Hepti's LP": hepti, "even shares": even, "serial forced": "the primary holds too little"}
+    entries = {"Hepti's MILP": hepti, "even shares": even, "serial forced": "the primary holds too little"}
     assert even.predicted_latency_s > hepti.predicted_latency_s
     deadline = round((even.predicted_latency_s + hepti.predicted_latency_s) / 2, 3)       # even shares miss it
     fig = compare_figure(entries, deadline_s=deadline, selected="even shares")

@@ -17,7 +17,7 @@ MECHANISM = Mechanism(
         page="hepti.ipynb", title="Heterogeneous partitioning (Hepti)",
         summary="an editable table of unequal devices (speed, memory, link, a mid-run memory fall), a deadline, "
                 "a mode and a share rule -> Hepti's shares and mode per layer with the reasons and the binding "
-                "constraint, latency per device against the deadline, Hepti's LP beside even and proportional "
+                "constraint, latency per device against the deadline, Hepti's MILP beside even and proportional "
                 "shares and each mode, the per-layer timeline with mode switches, re-partitions and faults marked "
                 "(predicted, and measured on real processes)",
         probe_control="Sequence length", probe_figure="breakdown",

@@ -570,7 +570,7 @@ def print_summary(tables: dict[str, list[dict]], runs: Runs) -> None:
             print(f"shares, {scenario} devices ({mode}): " + "; ".join(parts))
         hepti, prop = by.get((scenario, "hepti")), by.get((scenario, "proportional"))
         if hepti and prop and hepti["shares"] and hepti["shares"] == prop["shares"]:
-            print(f"  {scenario}: Hepti's LP shares equal the proportional ones (memory does not bind, links fast "
+            print(f"  {scenario}: Hepti's MILP shares equal the proportional ones (memory does not bind, links fast "
                   f"enough that compute balance wins)")
         bad = [r for r in by.values() if r["scenario"] == scenario and r["max_abs_diff"] != "" and r["max_abs_diff"] >= 1e-3]
         for r in bad:

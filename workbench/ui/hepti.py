@@ -2,7 +2,7 @@
 each may fall to mid-run), a deadline, a mode and a share rule -> Hepti's partition (:func:`hepti_partition`)
 decided layer by layer as the ranks decide it (:func:`~workbench.partition.hepti_run.decide`) -> four figures:
 the shares and mode of every layer with the reasons and the binding constraint beside them, the latency per
-device (compute, waiting, communication) against the deadline, Hepti's LP against even and proportional shares
+device (compute, waiting, communication) against the deadline, Hepti's MILP against even and proportional shares
 and each mode forced, and the per-layer timeline with Hepti's decisions marked. "Run for real" runs it on one
 worker process per device in the background (memory falls and an optional killed device included) and overlays
 the measured timeline with its mode switches, re-partitions and fault marked."""
@@ -36,8 +36,8 @@ DEADLINE = "Deadline (ms)"
 DEADLINE_RANGE = (10, 30_000, 10)
 """The deadline slider (ms): BERT-Large at 512 positions on one board takes about 28 s."""
 MODE_CHOICES = {"auto": "Hepti decides (by memory)", **{m: f"{t} forced" for m, t in MODE_TITLES.items()}}
-SHARE_CHOICES = {"hepti": "Hepti's LP", "even": "even", "proportional": "in proportion to speed"}
-COMPARE = {"hepti": "Hepti's LP", "even": "even shares", "proportional": "proportional shares"}
+SHARE_CHOICES = {"hepti": "Hepti's MILP", "even": "even", "proportional": "in proportion to speed"}
+COMPARE = {"hepti": "Hepti's MILP", "even": "even shares", "proportional": "proportional shares"}
 ENCODERS = tuple(n for n, s in SHAPES.items() if s.kind == "encoder")
 memory_gb = non_negative("GB", limits.memory_gb.at_most)
 """A device's free memory: 0 is allowed (Hepti drops a secondary with none)."""
@@ -133,7 +133,7 @@ class Settings:
         return [d.name for d in self.devices]
 
     def fixed(self) -> tuple[float, ...] | None:
-        """The baseline's shares (None: Hepti's LP)."""
+        """The baseline's shares (None: Hepti's MILP)."""
         K = len(self.devices)
         return {"hepti": None, "even": (1.0 / K,) * K,
                 "proportional": proportional_shares(self.devices)}[self.shares]
@@ -345,8 +345,8 @@ class HeptiPanel(Panel):
         return self._cached(("timeline", s), make)
 
     def compare(self, s: Settings) -> dict[str, Partition | str]:
-        """Hepti's LP, even and proportional shares (in the mode Hepti picks or the one forced) and each mode
-        forced with the LP's shares, at the first layer's memory and without a deadline (the figure draws it);
+        """Hepti's MILP, even and proportional shares (in the mode Hepti picks or the one forced) and each mode
+        forced with Hepti's shares, at the first layer's memory and without a deadline (the figure draws it);
         a refusal is kept as the engine's reason."""
         shape, L, devices, K = s.shape, s.num_layers, s.devices, len(s.devices)
         out: dict[str, Partition | str] = {}

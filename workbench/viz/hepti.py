@@ -1,5 +1,5 @@
 """Figures of Hepti (heterogeneous partitioning): the shares and mode each layer runs with, the latency per
-device (compute, waiting for the slowest, communication) against the deadline, Hepti's LP beside even and
+device (compute, waiting for the slowest, communication) against the deadline, Hepti's MILP beside even and
 proportional shares and each mode forced, and the per-layer timeline with Hepti's decisions and faults
 marked (predicted, and measured on real processes).
 
@@ -61,7 +61,7 @@ def no_plan_figure(name: str, reason: str, height: int = 360) -> go.Figure:
 
 # -- the decision
 
-def decision_figure(layers: Sequence[LayerDecision], model: str, seq_len: int, rule: str = "Hepti's LP",
+def decision_figure(layers: Sequence[LayerDecision], model: str, seq_len: int, rule: str = "Hepti's MILP",
                     title: str | None = None) -> go.Figure:
     """The shares each device computes at each layer, stacked from 0 to 1 (one bar trace per device, one bar per
     layer), the layer's mode beside its number, and a note where Hepti re-decides (the hover says why)."""
