@@ -164,13 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
         for server in servers:
             server.configure(kinds.add_parser(server.name, help=server.help))
 
+    groups = {}
     for mechanism in mechanisms():
-        if not mechanism.commands:
-            continue                            # a mechanism that brings a page only (its engine's commands live elsewhere)
+        if not any(not c.group for c in mechanism.commands):
+            continue                            # a mechanism that brings a page only
         group = sub.add_parser(mechanism.name, help=mechanism.title)
-        commands = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+        groups[mechanism.name] = group.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    for mechanism in mechanisms():
         for command in mechanism.commands:
-            command.configure(commands.add_parser(command.name, help=command.help))
+            if command.group:
+                command.configure(groups[command.group].add_parser(
+                    command.name, help=f"{command.help} (alias of `workbench {mechanism.name} ...`)"))
+                continue
+            command.configure(groups[mechanism.name].add_parser(command.name, help=command.help))
             if command.top_level_alias:
                 command.configure(sub.add_parser(
                     command.name, help=f"alias of `workbench {mechanism.name} {command.name}`",

@@ -16,7 +16,8 @@ def lazy_exports(package: str, exports: dict[str, str], aliases: dict[str, tuple
     """``__getattr__``, ``__dir__`` and ``__all__`` for ``package``.
 
     ``exports`` maps a public name to the submodule that defines it under that name; ``aliases`` maps a
-    public name to (submodule, name there). A name is imported once, then kept in the package.
+    public name to (submodule, name there). A submodule given as ``workbench.x.y`` is a shared module the
+    package re-exports. A name is imported once, then kept in the package.
     """
     where = {name: (module, name) for name, module in exports.items()} | dict(aliases or {})
     names = sorted(where)
@@ -25,7 +26,7 @@ def lazy_exports(package: str, exports: dict[str, str], aliases: dict[str, tuple
         if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, attr = where[name]
-        value = getattr(import_module(f"{package}.{module}"), attr)
+        value = getattr(import_module(module if module.startswith("workbench.") else f"{package}.{module}"), attr)
         setattr(sys.modules[package], name, value)
         return value
 

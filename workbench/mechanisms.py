@@ -46,6 +46,7 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     top_level_alias: bool = False               # also ``workbench <name>`` (commands from before mechanisms had groups)
+    group: str = ""                             # "": the mechanism's own group; else where an alias from before lives
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,14 +8,52 @@ cross in turn (Hepti's Eq. 6).
 from __future__ import annotations
 
 import math
-from typing import Protocol, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from workbench.errors import WorkbenchError
 
-class Traffic(Protocol):
-    """What a device moves in a collective (``workbench.partition.cost.Traffic`` is one)."""
+DTYPE_BYTES = 4
+"""Activations travel as float32."""
+
+
+def split_counts(total: int, parts: int) -> list[int]:
+    """``total`` items cut into ``parts`` near-equal contiguous pieces, the first ones one longer."""
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one device sends and receives in one collective (or one layer)."""
     sent: int
     received: int
+
+    def __add__(self, other: "Traffic") -> "Traffic":
+        return Traffic(self.sent + other.sent, self.received + other.received)
+
+
+def all_gather_traffic(part_elements: Sequence[int], dtype_bytes: int = DTYPE_BYTES) -> list[Traffic]:
+    """Each device sends its part to the K-1 others and receives the rest."""
+    K, total = len(part_elements), sum(part_elements)
+    return [Traffic((K - 1) * p * dtype_bytes, (total - p) * dtype_bytes) for p in part_elements]
+
+
+def gather_traffic(part_elements: Sequence[int], dtype_bytes: int = DTYPE_BYTES, root: int = 0) -> list[Traffic]:
+    """Every device sends its part to ``root`` only (Algorithm 2's last layer); the root receives the rest."""
+    total = sum(part_elements)
+    return [Traffic(0, (total - p) * dtype_bytes) if i == root else Traffic(p * dtype_bytes, 0)
+            for i, p in enumerate(part_elements)]
+
+
+def all_reduce_traffic(elements: int, K: int, dtype_bytes: int = DTYPE_BYTES) -> list[Traffic]:
+    """A ring All-Reduce of ``elements`` over K devices: chunk i+1 is the one device i never sends in the
+    reduce-scatter, chunk i+2 the one it never sends in the all-gather."""
+    if K == 1:
+        return [Traffic(0, 0)]
+    chunks = split_counts(elements, K)
+    return [Traffic((2 * elements - chunks[(i + 1) % K] - chunks[(i + 2) % K]) * dtype_bytes,
+                    (2 * elements - chunks[i] - chunks[(i + 1) % K]) * dtype_bytes) for i in range(K)]
 
 
 NETWORKS = ("switch", "shared")

@@ -14,8 +14,8 @@ from tests.browser.test_kvcache_page import control
 from workbench.devices import get_cluster
 from workbench.mechanisms import dashboards
 from workbench.partition.cost import SHAPES
-from workbench.partition.hepti import hepti_partition
-from workbench.partition.hepti_run import shape_of
+from workbench.hepti.plan import hepti_partition
+from workbench.hepti.run import shape_of
 
 PAGE = "hepti.ipynb"
 PAGE_TIMEOUT_MS = 180_000

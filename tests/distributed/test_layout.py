@@ -21,7 +21,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_no_module_of_the_distributed_runtime_imports_a_mechanism():
     files = sorted(Path(distributed.__file__).parent.glob("*.py"))
-    assert {f.stem for f in files} >= {"cpulimit", "ranks", "shaping", "wire", "worker"}
+    assert {f.stem for f in files} >= {"cpulimit", "ranks", "shaping", "wire", "worker", "execute", "steps", "shares"}
     for path in files:
         bad = [m for m in imported_modules(path) if m.startswith(MECHANISMS)]
         assert not bad, f"{path.name} imports {bad}"
@@ -34,3 +34,14 @@ def test_the_partition_runtime_is_a_rank_group():
     assert issubclass(runtime.PartitionRuntime, RankGroup) and runtime.RunFailed is RunFailed
     group = runtime.PartitionRuntime(2)
     assert group.worker == "workbench.partition.worker" and group.group is None      # nothing started yet
+
+
+def test_hepti_runs_on_a_rank_group_of_its_own_workers():
+    from workbench.distributed.ranks import RankGroup
+    from workbench.distributed.worker import Runner
+    from workbench.hepti import worker
+    from workbench.hepti.run import HeptiGroup
+
+    group = HeptiGroup(3)
+    assert isinstance(group, RankGroup) and group.worker == "workbench.hepti.worker" and group.group is None
+    assert issubclass(worker.HeptiRunner, Runner)

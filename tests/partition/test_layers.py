@@ -6,7 +6,7 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.models.encoder import EncoderConfig, EncoderLayer
-from workbench.partition.layers import (causal_bias, finish_attention, finish_ffn, head_orders, partitioned_decoder_layer,
+from workbench.models.slices import (causal_bias, finish_attention, finish_ffn, head_orders, partitioned_decoder_layer,
                                         partitioned_layer, tensor_parallel_attention, tensor_parallel_ffn)
 
 ATOL = 2e-5
@@ -100,7 +100,7 @@ def test_decoder_prefill_rows_equal_the_full_prefill():
 def test_head_weights_are_views_not_copies(small):
     """Consecutive heads read the projection weights in place (no copy per call); a scattered set of heads (a mix
     of forced orders) gets the same rows."""
-    from workbench.partition.layers import _head_block
+    from workbench.models.slices import _head_block
 
     layer, _ = small
     w = layer.key.weight
@@ -113,7 +113,7 @@ def test_tensor_parallel_heads_read_the_weights_in_place(small):
     """A device's consecutive heads index W_Q, W_K, W_V and W_O by a slice (views, no copy per call, as Voltage's
     rows); a scattered set gets the same rows by an index, and the Megatron split over it still sums to the
     layer (test above)."""
-    from workbench.partition.layers import head_rows
+    from workbench.models.slices import head_rows
 
     layer, x = small
     rows = head_rows(layer, [1, 2])

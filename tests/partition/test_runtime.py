@@ -15,7 +15,7 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.partition.cost import SHAPES
-from workbench.partition.models import PartitionModel
+from workbench.models.split import PartitionModel
 from workbench.partition.plan import devices_like, plan_partition
 from workbench.partition.runtime import PartitionRuntime, RunFailed
 

@@ -10,12 +10,13 @@ from dataclasses import replace
 import pytest
 
 from workbench.devices import get_cluster
-from workbench.partition import limits
-from workbench.partition.cost import SHAPES
-from workbench.partition.hepti import MODE_TITLES, hepti_partition, memory_bytes
+from workbench.distributed import limits
+from workbench.models.shapes import SHAPES
+from workbench.hepti.plan import MODE_TITLES, hepti_partition, memory_bytes
 from workbench.errors import WorkbenchError
-from workbench.partition.hepti_run import decide, predicted_steps, shape_of, split_of
-from workbench.partition.plan import proportional_shares, steps_timeline
+from workbench.hepti.run import decide, predicted_steps, shape_of, split_of
+from workbench.distributed.shares import proportional_shares
+from workbench.distributed.steps import steps_timeline
 from workbench.ui.hepti import HeptiPanel
 
 FIGURES = {"decision", "breakdown", "compare", "timeline"}

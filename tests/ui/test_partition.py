@@ -147,7 +147,7 @@ def test_the_model_bounds_the_sequence_slider():
 
 
 def test_more_devices_than_worker_processes_is_refused_beside_the_button():
-    from workbench.partition import limits
+    from workbench.distributed import limits
 
     panel = PartitionPanel()
     panel.count.value = int(limits.ranks.maximum) + 1

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from workbench.devices import get_cluster
-from workbench.partition.cost import SHAPES
-from workbench.partition.hepti import hepti_partition, mode_blocks
-from workbench.partition.hepti_run import Decision, predicted_steps, shape_of
-from workbench.partition.plan import steps_timeline
+from workbench.models.shapes import SHAPES
+from workbench.hepti.plan import hepti_partition, mode_blocks
+from workbench.hepti.run import Decision, predicted_steps, shape_of
+from workbench.distributed.steps import steps_timeline
 from workbench.timeline import Span, Timeline
 from workbench.viz.hepti import (MARK_NAMES, LayerDecision, breakdown_figure, compare_figure, decision_figure,
                                  device_segments, measured_marks, measured_shift, on_devices, predicted_marks,

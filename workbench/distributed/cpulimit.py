@@ -389,5 +389,19 @@ def _serve_probe(args: list[str]) -> None:
         print(got, flush=True)
 
 
+
+def limit_speed(device, seq_len: int) -> float:
+    """The FLOP/s a rank's CPU limit is calibrated to: ``device``'s speed on the probe's layer, which computes
+    all ``seq_len`` rows (below the profile's peak by its ``half_peak_tokens``, as the cost model counts)."""
+    return device.flops_per_s / (1 + device.half_peak_tokens / seq_len)
+
+
+def limits_problem() -> str | None:
+    """Why a measured run (ranks under CPU limits, links shaped by ``tc``) cannot happen here; None: it can."""
+    from workbench.distributed.shaping import shaping_problem
+
+    return limit_problem() or shaping_problem()
+
+
 if __name__ == "__main__":
     _serve_probe(sys.argv[1:])

@@ -1,7 +1,22 @@
-"""Hepti (heterogeneous partitioning) as the gallery lists it: a page of its own.
+"""Hepti: transformer inference split over unequal edge devices, in one of three weight-stationary modes.
 
-Its engine is part of :mod:`workbench.partition` (the cost model, the LP and the runtime it shares with
-Voltage); this package holds only its declaration (:mod:`workbench.hepti.mechanism`), so that the registry's
-rule, one mechanism per package named after it, holds, and its views (``workbench.ui.hepti``,
-``workbench.viz.hepti``) are its own.
+- :mod:`~workbench.hepti.plan`: the cost model (Eqs. 5-7), the memory each mode holds, and P2 as a mixed-integer
+  program (:func:`hepti_partition`, :class:`Partition`); pure Python.
+- :mod:`~workbench.hepti.run`: the layer-by-layer decisions (memory reports, speed re-estimation) and
+  :func:`run_hepti`, the request on one process per device (:class:`~workbench.hepti.run.HeptiGroup` of
+  :mod:`~workbench.hepti.worker` ranks walking :mod:`~workbench.hepti.execute`, each holding only its slice of
+  the weights, :mod:`~workbench.hepti.weights`).
+- :mod:`~workbench.hepti.evaluation`: the evaluation notebook's tables; :mod:`~workbench.hepti.lab`,
+  :mod:`~workbench.hepti.bench`, :mod:`~workbench.hepti.commands` (``workbench hepti plan|run``).
+
+It shares the distributed runtime (:mod:`workbench.distributed`), the network model (:mod:`workbench.network`)
+and the models (:mod:`workbench.models`) with Voltage, and imports nothing of it.
 """
+from workbench.lazy import lazy_exports
+
+_EXPORTS = {
+    "hepti_partition": "plan", "Partition": "plan", "MODES": "plan", "MODE_TITLES": "plan",
+    "run_hepti": "run", "HeptiRun": "run", "PrimaryLost": "run", "HeptiGroup": "run",
+}
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -1,18 +1,26 @@
-"""What Hepti (heterogeneous partitioning) brings to the workbench: its dashboard, lab and evaluation.
-
-Hepti's engine lives in :mod:`workbench.partition` (:mod:`~workbench.partition.hepti`,
-:mod:`~workbench.partition.hepti_run`) beside Voltage's, and so do its command (`workbench partition hepti`)
-and its benchmark (`workbench bench hepti`); this declaration gives it a page of its own in the gallery.
+"""What Hepti (heterogeneous partitioning) brings to the workbench: its commands (`workbench hepti plan|run`,
+and `workbench partition hepti` as the alias from before), its benchmark, dashboard, lab and evaluation.
 Nothing to prepare: the shipped encoder is read from its package.
 """
 from __future__ import annotations
 
-from workbench.mechanisms import Dashboard, Mechanism, Notebook
+from workbench.hepti import commands
+from workbench.mechanisms import Command, Dashboard, Mechanism, Notebook
 
 MECHANISM = Mechanism(
     name="hepti",
     title="Heterogeneous partitioning (Hepti)",
     paper="Hepti: three weight-stationary modes and LP-based workload shares over unequal edge devices",
+    commands=(
+        Command(name="plan", help="Hepti's mode, shares and reasons over a cluster of unequal devices (the "
+                                  "mixed-integer program; instant)", configure=commands.configure_plan),
+        Command(name="run", help="plan, then run the request on one process per device (replayed, or --measured "
+                                 "under CPU limits), optionally with memory falls and a killed device",
+                configure=commands.configure_run),
+        Command(name="hepti", help="Hepti's plan, and with --run its run", configure=commands.configure_alias,
+                group="partition"),
+    ),
+    benchmarks={"hepti": "workbench.hepti.bench"},
     dashboard=Dashboard(
         page="hepti.ipynb", title="Heterogeneous partitioning (Hepti)",
         summary="an editable table of unequal devices (speed, memory, link, a mid-run memory fall), a deadline, "

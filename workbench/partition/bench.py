@@ -38,7 +38,7 @@ import time
 
 from workbench.argtypes import Bound, Parser, count
 from workbench.devices import profile_names
-from workbench.partition import limits
+from workbench.distributed import limits
 from workbench.partition.plan import DEFAULT_DEVICE
 
 TABLES = ("bytes", "attention", "latency", "cost_model")
@@ -377,7 +377,7 @@ def attention_table(opts) -> list[dict]:
     from workbench.models.config import EncoderConfig
     from workbench.models.encoder import EncoderLayer
     from workbench.partition.cost import attention_flops
-    from workbench.partition.layers import head_orders, partitioned_attention, partitioned_layer
+    from workbench.models.slices import head_orders, partitioned_attention, partitioned_layer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -35,10 +35,8 @@ MECHANISM = Mechanism(
                                   "layer pipeline, one device)", configure=commands.configure_plan),
         Command(name="run", help="run one scheme on real worker processes and compare with its prediction",
                 configure=commands.configure_run),
-        Command(name="hepti", help="Hepti's shares and mode over unequal devices (LP), optionally run for real "
-                                   "with memory falls and a killed device", configure=commands.configure_hepti),
     ),
-    benchmarks={"partition": "workbench.partition.bench", "hepti": "workbench.partition.bench_hepti"},
+    benchmarks={"partition": "workbench.partition.bench"},
     dashboard=Dashboard(
         page="partition.ipynb", title="Position-wise partitioning (Voltage)",
         summary="device count, link bandwidth, sequence length, model, scheme and a table of unequal devices -> "

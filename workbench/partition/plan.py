@@ -25,13 +25,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from workbench.devices import DeviceProfile, member
+from workbench.devices import DeviceProfile
 from workbench.errors import WorkbenchError
-from workbench.partition import limits
+from workbench.distributed import limits
 from workbench.partition.cost import (DTYPE_BYTES, ModelShape, Traffic, all_gather_traffic, all_reduce_traffic,
                                       check_network, collective_s, gather_traffic, layer_orders, split_counts,
                                       tensor_parallel_gammas, voltage_layer_gamma)
-from workbench.timeline import Span, Timeline
+from workbench.distributed.shares import (DEFAULT_DEVICE, SHARE_TOLERANCE, DeviceRow, check_shares,  # noqa: F401
+                                         devices_from_table, devices_like, even_shares, largest_remainder,
+                                         proportional_shares)
+from workbench.distributed.steps import Step, steps_timeline
+from workbench.timeline import Timeline
 
 SCHEMES: dict[str, str] = {
     "voltage": "Voltage: positions split, one All-Gather per layer",
@@ -41,25 +45,7 @@ SCHEMES: dict[str, str] = {
     "single": "one device",
 }
 SHARE_RULES = ("even", "proportional")
-SHARE_TOLERANCE = 1e-6
 MAX_DEVICES = limits.MAX_DEVICES
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of the schedule, the same for every device.
-
-    ``kind`` "compute" (each device's predicted ``seconds``), "all_gather", "all_reduce", "send", "broadcast"
-    (the terminal's input to every other device) or "gather" (every part to the terminal)
-    (each device's ``traffic`` and the collective's ``seconds``, the same for all)."""
-    kind: str
-    layer: int | None
-    label: str
-    seconds: tuple[float, ...]               # per device
-    traffic: tuple[Traffic, ...] = ()        # per device, collectives only
-    src: int | None = None                   # a send's source and destination device
-    dst: int | None = None
-    latency_s: float = 0.0                   # the part of ``seconds`` that is link latency (collectives)
 
 
 @dataclass(frozen=True)
@@ -118,39 +104,6 @@ class PartitionPlan:
         return sum(s.seconds[0] for s in self.steps if s.kind != "compute")
 
 
-def check_shares(shares: Sequence[float], K: int, what: str = "shares") -> tuple[float, ...]:
-    """A share vector of K fractions in [0, 1] summing to 1 (to 1e-6), or an error naming what is wrong."""
-    shares = tuple(float(s) for s in shares)
-    if len(shares) != K:
-        raise WorkbenchError(f"{what}: {len(shares)} shares for {K} devices; give one per device")
-    bad = [s for s in shares if not (0.0 <= s <= 1.0) or math.isnan(s)]
-    if bad:
-        raise WorkbenchError(f"{what}: every share must be between 0 and 1, got {bad[0]!r}")
-    if abs(sum(shares) - 1.0) > SHARE_TOLERANCE:
-        raise WorkbenchError(f"{what} must sum to 1, got {sum(shares):.6g} ({', '.join(f'{s:.4g}' for s in shares)})")
-    return shares
-
-
-def even_shares(K: int) -> tuple[float, ...]:
-    return (1.0 / K,) * K
-
-
-def proportional_shares(devices: Sequence[DeviceProfile]) -> tuple[float, ...]:
-    """Shares in proportion to each device's compute speed (FLOP/s)."""
-    total = sum(d.flops_per_s for d in devices)
-    return tuple(d.flops_per_s / total for d in devices)
-
-
-def largest_remainder(total: int, weights: Sequence[float]) -> list[int]:
-    """Whole numbers in proportion to ``weights`` summing to ``total`` (largest remainder, ties to the first)."""
-    s = sum(weights)
-    exact = [total * w / s for w in weights]
-    counts = [math.floor(e) for e in exact]
-    for i in sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
 def position_bounds(N: int, shares: Sequence[float]) -> tuple[int, ...]:
     """Boundaries of each device's positions: device i computes [b_i, b_i+1), b_i = round(N * sum of shares
     before i) (the paper's N sum_{j<i} p_j), so shares that sum to 1 cover all N positions once."""
@@ -176,50 +129,6 @@ def resolve_shares(rule, devices: Sequence[DeviceProfile], num_layers: int) -> t
             raise WorkbenchError(f"per-layer shares: {len(rule)} vectors for {num_layers} layers; give one per layer")
         return tuple(check_shares(v, K, f"layer {i}'s shares") for i, v in enumerate(rule))
     return (check_shares(rule, K),) * num_layers
-
-
-DEFAULT_DEVICE = "edge-vm"
-"""The Voltage paper's device: a 1-vCPU VM on a 500 Mbit/s link."""
-
-
-def devices_like(count: int, preset: str | DeviceProfile = DEFAULT_DEVICE, *, bandwidth_mbit: float | None = None,
-                 latency_ms: float | None = None) -> tuple[DeviceProfile, ...]:
-    """``count`` copies of a preset named ``<preset>-<i>``, their links set to ``bandwidth_mbit`` and
-    ``latency_ms`` where given (checked: above 0 Mbit/s, 0 ms or more)."""
-    limits.devices.check("devices", count)
-    changes = {}
-    if bandwidth_mbit is not None:
-        changes["net_bytes_per_s"] = limits.bandwidth_mbit.check("link bandwidth", bandwidth_mbit) * 1e6 / 8
-    if latency_ms is not None:
-        changes["net_latency_s"] = limits.latency_ms.check("link latency", latency_ms) / 1e3
-    base = preset if isinstance(preset, DeviceProfile) else None
-    name = base.name if base is not None else preset
-    return tuple(member(base or preset, f"{name}-{i}", **changes) for i in range(count))
-
-
-@dataclass(frozen=True)
-class DeviceRow:
-    """One row of an editable device table, in the units people type."""
-    speed_gflops: float
-    memory_gb: float
-    bandwidth_mbit: float
-    name: str = ""
-
-
-def devices_from_table(rows: Sequence[DeviceRow], base: str = DEFAULT_DEVICE,
-                       latency_ms: float | None = None) -> tuple[DeviceProfile, ...]:
-    """Devices of a table: the ``base`` preset with each row's speed, memory and link, each value checked
-    (the message names the row and the allowed range)."""
-    limits.devices.check("devices", len(rows))
-    out = []
-    for i, row in enumerate(rows):
-        changes = {"flops_per_s": limits.speed_gflops.check(f"device {i}'s speed", row.speed_gflops) * 1e9,
-                   "memory_bytes": limits.memory_gb.check(f"device {i}'s memory", row.memory_gb) * 1e9,
-                   "net_bytes_per_s": limits.bandwidth_mbit.check(f"device {i}'s bandwidth", row.bandwidth_mbit) * 1e6 / 8}
-        if latency_ms is not None:
-            changes["net_latency_s"] = limits.latency_ms.check("link latency", latency_ms) / 1e3
-        out.append(member(base, row.name or f"device-{i}", **changes))
-    return tuple(out)
 
 
 def check_devices(devices: Sequence[DeviceProfile], scheme: str) -> None:
@@ -254,7 +163,7 @@ def plan_partition(scheme: str, shape: ModelShape, seq_len: int, devices: Sequen
     check_network(network)
     devices = tuple(devices)
     check_devices(devices, scheme)
-    K, N, L = len(devices), int(seq_len), shape.num_layers
+    N = int(seq_len)
     if not 1 <= N <= shape.max_positions:
         raise WorkbenchError(f"sequence length must be 1 to {shape.max_positions} positions for the "
                              f"{shape.title} (its position limit), got {seq_len}")
@@ -394,32 +303,3 @@ def _single(scheme, shape, N, devices, *, shares, order, network):
 def predicted_timeline(plan: PartitionPlan) -> Timeline:
     """The plan's schedule drawn per device (:func:`steps_timeline`)."""
     return steps_timeline(plan.steps, [d.name for d in plan.devices], f"{plan.scheme} predicted")
-
-
-def steps_timeline(steps: Sequence[Step], names: Sequence[str], name: str = "predicted") -> Timeline:
-    """A schedule drawn per device: compute spans, then each collective after the last device is ready
-    (a stall until then), one lane per device; a collective's span only on the devices that move bytes."""
-    K, spans, t = len(names), [], 0.0
-    for k, step in enumerate(steps):
-        if step.kind == "compute":
-            longest = max(step.seconds)
-            waits = k + 1 < len(steps) and steps[k + 1].kind in ("all_gather", "all_reduce", "gather")
-            for i, s in enumerate(step.seconds):
-                if s > 0:
-                    spans.append(Span(f"device {i}", "compute", t, t + s, step.label, device=names[i],
-                                      layer=step.layer, rank=i))
-                if waits and s < longest:
-                    spans.append(Span(f"device {i}", "stall", t + s, t + longest, f"waits for {step.label}",
-                                      device=names[i], layer=step.layer, rank=i))
-            t += longest
-            continue
-        end = t + step.seconds[0]
-        members = [i for i in range(K) if step.traffic[i].sent or step.traffic[i].received] \
-            if step.kind != "send" else (step.src, step.dst)
-        for i in members:
-            nbytes = step.traffic[i].sent + step.traffic[i].received
-            spans.append(Span(f"device {i}", "comm", t, end, step.label, device=names[i], layer=step.layer,
-                              rank=i, nbytes=nbytes, flow=f"{step.label}" if step.kind == "send" else None,
-                              meta={"sent": step.traffic[i].sent, "received": step.traffic[i].received}))
-        t = end
-    return Timeline(tuple(spans), "predicted", name=name)

@@ -66,7 +66,7 @@ def paper_ratio_device(gflops: float = 10.0, *, half_peak_tokens: float = 0.0, p
     """``base`` slowed to ``gflops`` in every respect: link bandwidth, link latency and per-layer overhead
     scaled by ``paper_gflops / gflops`` (:func:`paper_speed_gflops` by default), its FLOP/s falling with
     fewer rows by ``half_peak_tokens`` (:func:`fit_half_peak`)."""
-    from workbench.partition import limits
+    from workbench.distributed import limits
 
     gflops = limits.speed_gflops.check("device speed", gflops)
     paper = paper_speed_gflops(base=base) if paper_gflops is None else paper_gflops
@@ -96,7 +96,7 @@ def fit_half_peak(model: str = "bert-large", seq_len: int = PAPER_N, rows: Seque
     from workbench.models.config import EncoderConfig
     from workbench.models.encoder import EncoderLayer
     from workbench.partition.cost import get_shape, voltage_layer_gamma
-    from workbench.partition.layers import partitioned_layer
+    from workbench.models.slices import partitioned_layer
 
     shape = get_shape(model)
     points = sorted({int(p) for p in rows if 0 < int(p) < seq_len})

@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from workbench.distributed.cpulimit import limit_speed, limits_problem  # noqa: F401  (the partition API names them)
 from workbench.distributed.ranks import DEADLINE_FACTOR, DEADLINE_MARGIN_S, RankGroup
 from workbench.distributed.ranks import RunFailed  # noqa: F401  (the partition API names it here)
 from workbench.distributed.wire import decode_array
@@ -102,7 +103,7 @@ class PartitionRuntime(RankGroup):
                  logs: Path | None = None, should_stop: Callable[[], bool] | None = None,
                  rank_timeout_s: float = 120.0, cpu: Sequence[float] | None = None,
                  probe_layer: Sequence[int] = (384, 12, 1536, 128)):
-        from workbench.partition import limits
+        from workbench.distributed import limits
 
         limits.ranks.check("worker processes", size)
         super().__init__(size, "workbench.partition.worker", shaped=shaped, threads=threads, logs=logs,
@@ -175,23 +176,9 @@ def probe_shape(plan: PartitionPlan) -> tuple[int, int, int, int]:
     return (shape.hidden, shape.heads, shape.ffn, plan.seq_len)
 
 
-def limit_speed(device, seq_len: int) -> float:
-    """The FLOP/s a rank's CPU limit is calibrated to: ``device``'s speed on the probe's layer, which computes
-    all ``seq_len`` rows (below the profile's peak by its ``half_peak_tokens``, as the cost model counts)."""
-    return device.flops_per_s / (1 + device.half_peak_tokens / seq_len)
-
-
 def limit_speeds(plan: PartitionPlan) -> list[float]:
     """Per rank, :func:`limit_speed` of its device at the plan's positions."""
     return [limit_speed(d, plan.seq_len) for d in plan.devices]
-
-
-def limits_problem() -> str | None:
-    """Why a measured run (ranks under CPU limits, links shaped by ``tc``) cannot happen here; None: it can."""
-    from workbench.distributed.cpulimit import limit_problem
-    from workbench.distributed.shaping import shaping_problem
-
-    return limit_problem() or shaping_problem()
 
 
 def run_partition(plan: PartitionPlan, *, mode: str = "measured", shaped: bool | None = None, seed: int = 0,

@@ -25,11 +25,11 @@ import socket
 import sys
 import time
 from dataclasses import asdict
-from datetime import timedelta
 
 import numpy as np
 
-from workbench.distributed.wire import THREADS_ENV, TIMEOUT_ENV, decode_array, encode_array
+from workbench.distributed.wire import decode_array, encode_array
+from workbench.distributed.worker import Runner
 
 
 def plan_from_spec(spec: dict):
@@ -44,27 +44,18 @@ def plan_from_spec(spec: dict):
                           network=spec.get("network", "switch"))
 
 
-class _Runner:
+class _Runner(Runner):
     """One rank: its process group, its models and its PyTorch tensor-parallel layers, kept between jobs."""
 
     def __init__(self):
-        import torch
-        import torch.distributed as dist
-
-        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
-        dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "120"))))
+        super().__init__()
         self.torch_tp: dict = {}
-        self.groups: dict = {}
 
     def run(self, spec: dict, progress=lambda i, label, extra=None: None) -> dict:
         import torch.distributed as dist
 
-        if spec["scheme"] == "hepti":
-            return self.run_hepti(spec, progress)
-
         from workbench.partition.execute import Comm, execute
-        from workbench.partition.models import cached_model
+        from workbench.models.split import cached_model
 
         plan = plan_from_spec(spec)
         if plan.K != self.world:
@@ -82,82 +73,6 @@ class _Runner:
                 "wall_s": result.wall_s,
                 "hidden": encode_array(result.hidden) if result.hidden is not None else None,
                 "logits": encode_array(result.logits) if result.logits is not None else None}
-
-    def run_hepti(self, spec: dict, progress) -> dict:
-        """A Hepti job: the model's layers, each layer's mode decided at its start; resuming after a fault, from
-        the layer checkpoint the primary keeps in ``checkpoint_dir`` (its own storage)."""
-        import math
-
-        import torch.distributed as dist
-
-        from workbench.devices import DeviceProfile
-        from workbench.partition.execute import Comm
-        from workbench.partition.hepti_exec import execute_hepti
-        from workbench.partition.hepti_weights import PrimaryEnds, SliceStore
-        from workbench.partition.models import NUM_CLASSES
-
-        devices = [DeviceProfile.from_dict(d) for d in spec["devices"]]
-        if len(devices) != self.world:
-            raise RuntimeError(f"the job has {len(devices)} devices but this group {self.world} ranks")
-        store = SliceStore(spec["weights"])
-        ends = PrimaryEnds(store, NUM_CLASSES) if self.rank == 0 else None
-        inputs = {"x": None, "mask": None, "bias": None}
-        if ends is not None:
-            inputs = ends.inputs(ends.token_ids(spec["seq_len"], spec.get("seed", 0)))
-        primary_dir = spec.get("checkpoint_dir")
-        start_layer, inputs["x"] = self._hand_out(primary_dir, inputs["x"], bool(spec.get("resume")))
-        falls = {name: (int(layer), float(nbytes)) for name, (layer, nbytes) in spec.get("memory_falls", {}).items()}
-        import scipy.optimize  # noqa: F401  (loaded before the clock starts: the first decision would pay for it)
-        deadline = spec.get("deadline_s")
-        dist.barrier()
-        started = time.perf_counter()
-
-        def report(layer, label, extra):
-            message_extra = {}
-            if extra and "checkpoint" in extra and primary_dir:
-                from workbench.partition.hepti_run import save_checkpoint
-
-                save_checkpoint(primary_dir, *extra["checkpoint"])
-            if extra and "decision" in extra:
-                message_extra["report"] = {"decision": asdict(extra["decision"])}
-            progress(layer, label, message_extra)
-
-        result, decisions = execute_hepti(devices, store, inputs, Comm(self.rank, self.world, self.groups), ends=ends,
-                                          emulate=spec.get("emulate", True), memory_falls=falls,
-                                          deadline_s=math.inf if deadline is None else float(deadline),
-                                          start_layer=start_layer, link=spec.get("link", "emulated"),
-                                          mode=spec.get("mode"), adapt=spec.get("adapt", True),
-                                          fixed_shares=spec.get("shares"), progress=report,
-                                          network=spec.get("network", "shared"),
-                                          limited=bool(spec.get("limited", False)),
-                                          stalls={int(k): float(v) for k, v in
-                                                  spec.get("stalls", {}).get(devices[self.rank].name, {}).items()})
-        return {"rank": self.rank, "device": result.device, "t0": result.t0 if result.t0 is not None else started,
-                "timeline": result.timeline().to_dict(), "counts": [asdict(c) for c in result.counts],
-                "wall_s": result.wall_s, "decisions": [asdict(d) for d in decisions], "memory": result.memory,
-                "hidden": encode_array(result.hidden) if result.hidden is not None else None,
-                "logits": encode_array(result.logits) if result.logits is not None else None}
-
-    def _hand_out(self, primary_dir: str, x, resume: bool):
-        """The primary hands every rank the request's input (a secondary holds nothing of the request): the
-        embedded input at layer 0, or, resuming after a fault, the last layer checkpoint from its own storage."""
-        import torch
-        import torch.distributed as dist
-
-        from workbench.partition.hepti_run import load_checkpoint
-
-        meta = torch.zeros(4, dtype=torch.int64)
-        if self.rank == 0:
-            layer = 0
-            if resume:
-                layer, saved = load_checkpoint(primary_dir)
-                x = torch.from_numpy(saved)
-            meta = torch.tensor([layer, *x.shape], dtype=torch.int64)
-        dist.broadcast(meta, 0)
-        if self.rank != 0:
-            x = torch.empty(tuple(int(v) for v in meta[1:]), dtype=torch.float32)
-        dist.broadcast(x, 0)
-        return int(meta[0]), x
 
     def _torch_tp(self, name: str, seed: int, model):
         key = (name, seed)
@@ -182,7 +97,7 @@ def one_shot(args) -> int:
 
     from workbench.devices import get_profile
     from workbench.partition.cost import get_shape
-    from workbench.partition.models import cached_model
+    from workbench.models.split import cached_model
     from workbench.timeline import Timeline
 
     runner = _Runner()
@@ -238,7 +153,7 @@ def main(argv=None) -> int:
     from workbench.partition.plan import SCHEMES
 
     from workbench.argtypes import Parser, seed
-    from workbench.partition import limits
+    from workbench.distributed import limits
     from workbench.partition.cost import SHAPES
 
     parser = Parser(prog="python -m workbench.partition.worker",

@@ -1,6 +1,6 @@
 """The Hepti dashboard: heterogeneous edge devices in an editable table (speed, memory, link, and the free memory
 each may fall to mid-run), a deadline, a mode and a share rule -> Hepti's partition (:func:`hepti_partition`)
-decided layer by layer as the ranks decide it (:func:`~workbench.partition.hepti_run.decide`) -> four figures:
+decided layer by layer as the ranks decide it (:func:`~workbench.hepti.run.decide`) -> four figures:
 the shares and mode of every layer with the reasons and the binding constraint beside them, the latency per
 device (compute, waiting, communication) against the deadline, Hepti's MILP against even and proportional shares
 and each mode forced, and the per-layer timeline with Hepti's decisions marked. "Run for real" runs it on one
@@ -17,11 +17,12 @@ import ipywidgets as widgets
 from workbench.argtypes import Bound, non_negative
 from workbench.devices import DeviceProfile, get_cluster
 from workbench.errors import WorkbenchError
-from workbench.partition import limits
-from workbench.partition.cost import SHAPES, get_shape
-from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, memory_bytes
-from workbench.partition.hepti_run import Reports, decide, layer_steps, shape_of, split_of
-from workbench.partition.plan import proportional_shares, steps_timeline
+from workbench.distributed import limits
+from workbench.models.shapes import SHAPES, get_shape
+from workbench.hepti.plan import MODE_TITLES, Partition, hepti_partition, memory_bytes
+from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
+from workbench.distributed.shares import proportional_shares
+from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
 from workbench.ui.base import CELL, BackgroundRun, Panel, table_row
 from workbench.viz.hepti import (DECIDES, MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
@@ -518,8 +519,8 @@ class HeptiPanel(Panel):
                 f"Run for real starts one worker process per device and this machine takes at most "
                 f"{int(limits.ranks.maximum)} ({limits.ranks.at_most.why}); {K} devices is more. Set Devices to "
                 f"{int(limits.ranks.maximum)} or fewer to run.")
-        from workbench.partition.hepti_run import run_hepti
-        from workbench.partition.runtime import RunFailed
+        from workbench.hepti.run import run_hepti
+        from workbench.distributed.ranks import RunFailed
 
         handle.progress(0, s.num_layers)
         try:

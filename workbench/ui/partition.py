@@ -10,7 +10,7 @@ import html
 import ipywidgets as widgets
 
 from workbench.errors import WorkbenchError
-from workbench.partition import limits
+from workbench.distributed import limits
 from workbench.partition.cost import SHAPES, comm_bytes, get_shape
 from workbench.partition.plan import (DEFAULT_DEVICE, MAX_DEVICES, SCHEMES, SHARE_RULES, DeviceRow, PartitionPlan,
                                       devices_from_table, plan_partition)

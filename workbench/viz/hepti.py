@@ -3,8 +3,8 @@ device (compute, waiting for the slowest, communication) against the deadline, H
 proportional shares and each mode forced, and the per-layer timeline with Hepti's decisions and faults
 marked (predicted, and measured on real processes).
 
-Every builder takes the engine's results (:class:`~workbench.partition.hepti.Partition` with its
-``breakdown``, a :class:`~workbench.timeline.Timeline`, :class:`~workbench.partition.hepti_run.Decision`) and
+Every builder takes the engine's results (:class:`~workbench.hepti.plan.Partition` with its
+``breakdown``, a :class:`~workbench.timeline.Timeline`, :class:`~workbench.hepti.run.Decision`) and
 draws their numbers as they are: sums over blocks and layers, nothing of a cost model of its own.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 import plotly.graph_objects as go
 
-from workbench.partition.hepti import MODE_TITLES, Partition
+from workbench.hepti.plan import MODE_TITLES, Partition
 from workbench.timeline import Timeline
 from workbench.viz.style import INK, LEGEND_DEVICES, MARGIN, TEMPLATE, device_color, message_figure
 from workbench.viz.timeline import KIND_COLORS, gantt_figure
@@ -276,7 +276,7 @@ def predicted_marks(layers: Sequence[LayerDecision], timeline: Timeline) -> list
 def measured_marks(timeline: Timeline, decisions: Sequence, shift_s: float = 0.0) -> list[Mark]:
     """The run's decisions and faults as they show on its timeline (times moved ``shift_s`` earlier): each
     decision at the earliest of its ranks' "Hepti decides" spans, told by the run's own
-    :class:`~workbench.partition.hepti_run.Decision` (a mode switch when its mode differs from the decision
+    :class:`~workbench.hepti.run.Decision` (a mode switch when its mode differs from the decision
     before); each fault at its marker span. A decision made in a run a fault cut short has no span (the run's
     timeline keeps the last run's spans only) and no mark."""
     spans_at: dict[int, float] = {}

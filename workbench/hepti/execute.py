@@ -1,8 +1,8 @@
 """One rank's part of a Hepti run: report, decide with the others, then run the layer in its mode.
 
-See :mod:`workbench.partition.hepti_run` for the modes and the decisions; this module does the torch
-work on the model's own layers (:mod:`workbench.partition.layers`) and the counted collectives of
-:class:`~workbench.partition.execute.Comm`, walking :func:`~workbench.partition.hepti_run.layer_steps`
+See :mod:`workbench.hepti.run` for the modes and the decisions; this module does the torch
+work on the model's own layers (:mod:`workbench.models.slices`) and the counted collectives of
+:class:`~workbench.distributed.execute.Comm`, walking :func:`~workbench.hepti.run.layer_steps`
 so that emulation pads each step to its predicted seconds.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench.devices import DeviceProfile, LayerShape
-from workbench.partition import layers as L
-from workbench.partition.execute import Clock, Comm, Count, RankResult, Walker
-from workbench.partition.hepti_run import Decision, LayerSplit, Reports, SpeedEstimate, decide, layer_steps
-from workbench.partition.plan import Step
+from workbench.models import slices as L
+from workbench.distributed.execute import Clock, Comm, Count, RankResult, Walker
+from workbench.hepti.run import Decision, LayerSplit, Reports, SpeedEstimate, decide, layer_steps
+from workbench.distributed.steps import Step
 
 REPORT_FLOATS = 3
 """free memory (bytes), speed estimate (FLOP/s), link (bytes/s: the profile's)."""
@@ -34,7 +34,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
                   ) -> tuple[RankResult, list[Decision]]:
     """Run the model's layers from ``start_layer`` on ``inputs["x"]`` (every rank holds it), deciding each
     layer's mode and split at its start; at each decision the rank cuts its slice of the weights out of
-    ``store`` (:class:`~workbench.partition.hepti_weights.SliceStore`) and fails, naming its device, when its
+    ``store`` (:class:`~workbench.hepti.weights.SliceStore`) and fails, naming its device, when its
     reported free memory cannot hold it. Rank 0 (``ends``: its embeddings and head) ends with the hidden
     states and logits; ``result.memory`` lists each decision's held and resident bytes. ``stalls``: layer ->
     seconds this rank loses inside that layer's compute (a host hiccup, injected: it sleeps)."""
@@ -47,7 +47,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
     num_layers = cfg.num_layers
     x, split, speeds_at_decision = inputs["x"], None, None
     decisions: list[Decision] = []
-    measured = {"compute_s": 0.0, "work": 0.0, "comm_s": 0.0, "bytes": 0, "speed": SpeedEstimate(device.flops_per_s)}
+    measured = {"compute_s": 0.0, "work": 0.0, "speed": SpeedEstimate(device.flops_per_s)}
     has_x = [True] * K
 
     def hold(new, devices_now, layer) -> None:
@@ -95,7 +95,6 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
             clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided
             x = _bring_x(comm, split, x, has_x, layer)
             steps = layer_steps(split, layer, shape, devices, batch=x.shape[0], network=network)   # padded to the devices themselves
-            before = len(comm.counts)
             x = _run_layer(split, steps, layer, store.layers[layer], x, inputs, comm, walker, rank)
             lost = float((stalls or {}).get(layer, 0.0))
             if lost > 0:
@@ -108,8 +107,6 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
             measured["compute_s"] = sum(max(s.meta["real_s"], s.meta["predicted_s"] if emulate else 0.0)
                                         for s in result.spans if s.layer == layer and s.kind == "compute")
             measured["work"] = sum(s.seconds[rank] for s in steps if s.kind == "compute") * device.flops_per_s
-            measured["comm_s"] = sum(s.duration for s in result.spans if s.layer == layer and s.kind == "comm")
-            measured["bytes"] = sum(c.received for c in comm.counts[before:])
             measured["speed"].add(measured["work"], measured["compute_s"])
         x = _bring_x(comm, LayerSplit("serial", (0,), ()), x, has_x, num_layers - 1)
         if rank == 0:

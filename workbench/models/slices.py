@@ -1,4 +1,5 @@
-"""Partitioned layers: Voltage's position-wise layer (Algorithm 1) and a Megatron-style tensor-parallel layer.
+"""Slices of a layer, for every mechanism that splits one over devices: rows by position (Voltage's Algorithm 1),
+heads and FFN columns (Megatron-style tensor parallelism, Hepti's modes).
 
 Both run the shipped models' own layers (:class:`~workbench.models.encoder.EncoderLayer`,
 :class:`~workbench.models.decoder.DecoderLayer`) from their weights, with no copy of the model:
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.errors import WorkbenchError
-from workbench.partition.cost import ORDERS, attention_order
+from workbench.models.attention import ORDERS, attention_order
 
 
 def _check_rows(x: torch.Tensor, start: int, end: int) -> int:

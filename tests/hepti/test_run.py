@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from workbench.devices import PRESETS
-from workbench.partition.hepti import hepti_partition
+from workbench.hepti.plan import hepti_partition
 from workbench.errors import WorkbenchError
-from workbench.partition.hepti_run import PrimaryLost, memory_bytes, predicted_steps, run_hepti, shape_of
-from workbench.partition.cost import SHAPES
-from workbench.partition.models import PartitionModel
+from workbench.hepti.run import PrimaryLost, memory_bytes, predicted_steps, run_hepti, shape_of
+from workbench.models.shapes import SHAPES
+from workbench.models.split import PartitionModel
 
 N = 32
 ENC = SHAPES["encoder"]
@@ -95,7 +95,7 @@ def test_the_primary_holds_the_request_and_its_death_fails_it():
 
 
 def test_the_primary_checkpoint_is_one_file_of_the_latest_layer(tmp_path):
-    from workbench.partition.hepti_run import checkpoint_layer, load_checkpoint, save_checkpoint
+    from workbench.hepti.run import checkpoint_layer, load_checkpoint, save_checkpoint
 
     assert checkpoint_layer(str(tmp_path)) is None
     x = np.arange(24, dtype=np.float32).reshape(1, 4, 6)
@@ -120,7 +120,7 @@ def test_faults_outside_the_plan_or_the_model_are_refused_before_any_process(kil
 
 
 def test_the_speed_estimate_ignores_one_slow_layer_and_follows_two():
-    from workbench.partition.hepti_run import SpeedEstimate
+    from workbench.hepti.run import SpeedEstimate
 
     est = SpeedEstimate(6e9)
     assert est.flops_per_s == 6e9
@@ -169,7 +169,7 @@ def test_a_run_that_misses_its_prediction_says_by_how_much_and_why(reference):
 def test_a_measured_run_computes_under_cpu_limits_and_is_labelled_so(reference):
     """measured=True: every rank under its device's CPU limit on a shaped link (or, where this host cannot,
     at its speed with the reason); the outputs still equal the model."""
-    from workbench.partition.runtime import limits_problem
+    from workbench.distributed.cpulimit import limits_problem
 
     run = run_hepti(devices(2), seq_len=N, measured=True, adapt=False)
     np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
@@ -195,7 +195,7 @@ def test_each_rank_holds_only_its_slice_and_its_resident_memory_says_so(referenc
     are its slice, to the float, and the operating system's count of its anonymous memory grows by about that
     much, within its device's bound. A rank that loaded the whole model, or cut its slice per call from a
     full copy, would be above the bound."""
-    from workbench.partition.hepti_run import split_of
+    from workbench.hepti.run import split_of
 
     shape = shape_of(ENC, N)
     boards = [replace(b, memory_bytes=20e6) for b in devices()]
@@ -213,7 +213,7 @@ def test_each_rank_holds_only_its_slice_and_its_resident_memory_says_so(referenc
 def test_a_device_that_cannot_hold_its_slice_is_named(reference):
     """Fixed shares keep d1's 0.4 after its free memory falls to 5 MB at layer 2: the run fails naming d1, what
     its share needs and what it has."""
-    from workbench.partition.runtime import RunFailed
+    from workbench.distributed.ranks import RunFailed
 
     boards = [replace(b, memory_bytes=20e6) for b in devices()]
     with pytest.raises(RunFailed, match=r"d1 cannot hold its share 0\.400 in 1D-tiled WS mode: it needs 18\.6 MB, "

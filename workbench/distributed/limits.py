@@ -1,6 +1,6 @@
-"""The ranges of the partition mechanism's numbers, from what holds them: the cost model's largest
-cluster, this machine's cores (worker processes), the models' positions, real link speeds. The
-commands' options, the Python API and the page's controls check values with the same types."""
+"""The ranges of the numbers of every mechanism that splits a model over devices, from what holds them: the
+cost models' largest cluster, this machine's cores (worker processes), the models' positions, real link speeds. The
+commands' options, the Python API and the pages' controls check values with the same types."""
 from __future__ import annotations
 
 from workbench.argtypes import Bound, count, non_negative, per_core, positive

@@ -8,8 +8,8 @@ import pytest
 from nbclient import NotebookClient
 
 from workbench import labs
-from workbench.partition import hepti_lab as lab
-from workbench.partition.hepti import TILED_2D_FROM, memory_bytes, ws_fixed_bytes
+from workbench.hepti import lab
+from workbench.hepti.plan import TILED_2D_FROM, memory_bytes, ws_fixed_bytes
 
 LAB = Path(__file__).resolve().parents[2] / "notebooks" / "labs" / "hepti_lab.ipynb"
 RIGHT = {"my_mode": "1d", "my_binding": "compute", "my_twice_share": 0.5}

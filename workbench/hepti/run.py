@@ -4,7 +4,7 @@ At the start of every layer's self-attention (when every rank holds the whole in
 its free memory (from an emulated schedule the caller can lower mid-run), its speed as its own compute
 measured it (smoothed: :class:`SpeedEstimate`) and its link (the profile's: links are not re-estimated);
 every rank gathers the reports and runs the
-same deterministic partitioner (:func:`workbench.partition.hepti.hepti_partition`), so all agree on the
+same deterministic partitioner (:func:`workbench.hepti.plan.hepti_partition`), so all agree on the
 next layer's mode and split without a coordinator. The layer is then executed in that mode:
 
 - ``ws``: Q/K/V by heads, the heads' outputs All-Gathered, the rest of the layer by rows, the rows All-Gathered.
@@ -27,10 +27,12 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from workbench.devices import DeviceProfile, LayerShape
+from workbench.distributed import limits as bounds
+from workbench.distributed.ranks import RankGroup
 from workbench.errors import WorkbenchError
-from workbench.partition.cost import Traffic, all_gather_traffic, all_reduce_traffic, collective_s
-from workbench.partition.hepti import MODE_TITLES, Partition, hepti_partition, largest_remainder, memory_bytes
-from workbench.partition.plan import Step
+from workbench.network import Traffic, all_gather_traffic, all_reduce_traffic, collective_s
+from workbench.hepti.plan import MODE_TITLES, Partition, hepti_partition, largest_remainder, memory_bytes
+from workbench.distributed.steps import Step
 
 REESTIMATE_THRESHOLD = 0.5
 """Re-partition when a device's smoothed speed moved by more than half from the one the split was decided on
@@ -130,7 +132,7 @@ def _group_traffic(K, members, traffic):
 def layer_steps(split: LayerSplit, layer: int, shape: LayerShape, devices: Sequence[DeviceProfile],
                 batch: int = 1, network: str = "shared") -> list[Step]:
     """The executed schedule of one layer: compute steps with each rank's Eq. (5) seconds, collectives with
-    each rank's exact bytes (float32) and the seconds of :func:`~workbench.partition.cost.collective_s` on
+    each rank's exact bytes (float32) and the seconds of :func:`~workbench.network.collective_s` on
     ``network`` (Eq. 6 on a shared medium; the model Voltage's plans use too): one latency for an
     All-Gather, 2 (G - 1) for a ring All-Reduce over G. ``devices[r]`` is rank r's current profile."""
     K, N, d, f, dh = len(devices), shape.seq_len, shape.hidden, shape.ffn, shape.hidden // shape.heads
@@ -372,7 +374,7 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
     even, or in proportion to speed) in the mode Hepti picks or ``mode`` forces. ``stalls``: device name ->
     {layer: seconds} that device's rank loses inside that layer's compute (injected host hiccups: one is
     smoothed away, a run of them re-partitions). ``network``: the cluster's (how collectives are priced)."""
-    from workbench.partition.cost import get_shape
+    from workbench.models.shapes import get_shape
 
     model_shape = get_shape(model)
     shape = shape_of(model_shape, seq_len)
@@ -387,9 +389,9 @@ def run_hepti(devices: Sequence[DeviceProfile], model: str = "encoder", seq_len:
 
     primary_dir = tempfile.mkdtemp(prefix="hepti-primary-")       # the primary device's own storage
     try:
-        from workbench.partition.hepti_weights import write_weights
+        from workbench.hepti.weights import stored_weights
 
-        weights = write_weights(model, 0, primary_dir)      # the model file the devices load their slices from
+        weights = stored_weights(model, 0)      # the model file the devices load their slices from
         return _run(devices, model, seq_len, model_shape, shape, first, primary_dir, deadline_s=deadline_s,
                     memory_falls=memory_falls, emulate=emulate, measured=measured, kill_at=kill_at, seed=seed, mode=mode,
                     adapt=adapt, weights=str(weights),
@@ -404,7 +406,7 @@ class PrimaryLost(WorkbenchError):
 
 def check_faults(partition: Partition, num_layers: int, kill_at, memory_falls) -> None:
     """Faults must name a device of the plan and a layer of the model (one line each, before any work)."""
-    names = [d.name for d, s in zip(partition.devices, partition.shares)]
+    names = [d.name for d in partition.devices]
     taking = [d.name for d, s in zip(partition.devices, partition.shares) if s > 0]
     wanted = [("kill", *kill_at)] if kill_at is not None else []
     wanted += [("memory fall", name, layer) for name, (layer, _) in (memory_falls or {}).items()]
@@ -419,6 +421,15 @@ def check_faults(partition: Partition, num_layers: int, kill_at, memory_falls) -
                                  f"{num_layers - 1}")
 
 
+class HeptiGroup(RankGroup):
+    """One process per device running :mod:`workbench.hepti.worker`; the options are :class:`RankGroup`'s
+    (``cpu`` limits and ``shaped`` links for a measured run)."""
+
+    def __init__(self, size: int, **options):
+        bounds.ranks.check("worker processes", size)
+        super().__init__(size, "workbench.hepti.worker", name="hepti", **options)
+
+
 def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, deadline_s, memory_falls, emulate, measured,
          weights,
          kill_at, seed, mode, adapt, shares, stalls, progress, should_stop) -> HeptiRun:
@@ -427,9 +438,9 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
 
     import numpy as np
 
-    from workbench.partition.runtime import DEADLINE_MARGIN_S, PartitionRuntime, RunFailed
+    from workbench.distributed.ranks import DEADLINE_MARGIN_S, RunFailed
     from workbench.timeline import Span, Timeline
-    from workbench.partition.plan import steps_timeline
+    from workbench.distributed.steps import steps_timeline
 
     predicted = steps_timeline(predicted_steps(first, shape, model_shape.num_layers), [d.name for d in devices],
                                "hepti predicted")
@@ -438,7 +449,7 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
     spans, decisions, faults, counts = [], [], [], []
     note = ""
     if measured:
-        from workbench.partition.runtime import limit_speed, limits_problem
+        from workbench.distributed.cpulimit import limit_speed, limits_problem
 
         problem = limits_problem()
         if problem:
@@ -453,7 +464,7 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
         if measured and not note:
             limits = {"cpu": [limit_speed(d, seq_len) for d in devices], "shaped": [d.net_bytes_per_s for d in devices],
                       "probe_layer": (shape.hidden, shape.heads, shape.ffn, seq_len)}
-        runtime = PartitionRuntime(len(devices), **limits)
+        runtime = HeptiGroup(len(devices), **limits)
         spec = {"scheme": "hepti", "model": model, "seq_len": seq_len, "devices": [d.to_dict() for d in devices],
                 "memory_falls": falls, "deadline_s": None if math.isinf(deadline_s) else deadline_s,
                 "checkpoint_dir": primary_dir, "resume": resume, "emulate": emulate and not limits, "weights": weights,

@@ -1,21 +1,21 @@
 """Self-checks of the heterogeneous partitioning (Hepti) lab: every expected answer is computed by the engine's own
-partitioner (:func:`workbench.partition.hepti.hepti_partition`: the cost model of §4.3, the mode chosen from memory
+partitioner (:func:`workbench.hepti.plan.hepti_partition`: the cost model of §4.3, the mode chosen from memory
 and device count, P2 solved as a linear program), so it follows the engine wherever it changes; the feedback
 quotes the engine's figures. Pure Python + SciPy: no torch, no worker process, nothing prepared. The shared
 reading of answers and the feedback live in :mod:`workbench.labs`.
 
 The lab's set-up: the shipped encoder's layer (all-MiniLM-L6-v2: d = 384, 12 heads, FFN 1536, 6 layers) on
 T = 128 positions, over small tables of devices made from the ``rpi4`` preset (a Hepti board) with each row's
-speed, free memory and link (:func:`workbench.partition.plan.devices_from_table`).
+speed, free memory and link (:func:`workbench.distributed.shares.devices_from_table`).
 """
 from __future__ import annotations
 
 from workbench.devices import LayerShape
 from workbench.labs import Feedback, check_choice, check_number
-from workbench.partition.cost import get_shape
-from workbench.partition.hepti import (MODE_TITLES, MODES, TILED_2D_FROM, Partition, hepti_partition, layer_weights,
+from workbench.models.shapes import get_shape
+from workbench.hepti.plan import (MODE_TITLES, MODES, TILED_2D_FROM, Partition, hepti_partition, layer_weights,
                                        memory_bytes, ws_fixed_bytes)
-from workbench.partition.plan import DeviceRow, devices_from_table
+from workbench.distributed.shares import DeviceRow, devices_from_table
 
 MODEL = "encoder"
 SEQ_LEN = 128

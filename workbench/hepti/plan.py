@@ -42,7 +42,7 @@ import numpy as np
 
 from workbench.devices import DeviceProfile, LayerShape
 from workbench.errors import WorkbenchError
-from workbench.partition.cost import check_network
+from workbench.network import check_network
 
 MODES = ("ws", "1d", "2d", "serial")
 MODE_TITLES = {"ws": "weight-stationary (WS)", "1d": "1D-tiled WS", "2d": "2D-tiled WS", "serial": "serial"}
@@ -313,14 +313,12 @@ def split_units(mode: str, shape: LayerShape) -> int:
 
 
 def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
-                deadline_s: float = math.inf, upper_s: float = math.inf,
-                network: str = "shared") -> tuple[list[int], float, str] | None:
+                deadline_s: float = math.inf, network: str = "shared") -> tuple[list[int], float, str] | None:
     """P2 as the paper states it, a mixed-integer program (HiGHS through ``scipy.optimize.milp``): integer
     units a_i of the split dimension per device, a binary z_i for taking part (the primary always does, with at
     least one unit), memory per device, Eq. 7 as the objective, Eq. 6 summed over the devices taking part, and
     T <= D. Returns (units per device, Eq. 7 over ``num_layers`` layers, the binding constraint), or None when
-    nothing fits. ``upper_s``: a latency some feasible split reaches (a cut that prunes the search; it must
-    not be below the optimum).
+    nothing fits.
 
     In WS and 1D-tiled every block of a layer splits one dimension by the same units, so the slowest device
     of every block is the one with the largest a_i / f_i: Eq. 7 is ``W M + comm`` with one variable
@@ -389,7 +387,7 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
         add({Y + i: 1.0, G: -1.0, Z + i: -1.0}, -1.0, np.inf)
     for row in switch_rows:
         add(row, -np.inf, 0.0)
-    bound = min(deadline_s, upper_s * (1 + 1e-6) + 1e-12) / num_layers
+    bound = deadline_s / num_layers
     if math.isfinite(bound):
         add({j: v for j, v in enumerate(c) if v}, -np.inf, scale * bound)
     # a secondary at least as fast, as well linked and as roomy as another can take its place: whenever the
@@ -454,7 +452,7 @@ def grid_for(K: int) -> tuple[int, int]:
 
 
 def _fixed(devices, workload, deadline_s, num_layers, mode, fixed_shares, reasons, grid, network) -> Partition:
-    from workbench.partition.plan import check_shares
+    from workbench.distributed.shares import check_shares
 
     shares = list(check_shares(fixed_shares, len(devices), "fixed shares"))
     if mode == "2d":
@@ -529,7 +527,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     in proportion to speed) in the same mode, their memory checked the same way. ``solver`` (:data:`SOLVERS`):
     "milp" (default) solves WS and 1D-tiled as the mixed-integer program; 2D-tiled solves each axis as an LP;
     "lp" is the relaxation with the greedy participation search (a baseline). ``network``: how collectives
-    cross the links (:data:`~workbench.partition.cost.NETWORKS`; a cluster's ``network`` says which):
+    cross the links (:data:`~workbench.network.NETWORKS`; a cluster's ``network`` says which):
     Eq. 6's shared medium, or a switch."""
     check_network(network)
     if solver not in SOLVERS:

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from workbench import bench
-from workbench.partition import bench_hepti as bh
-from workbench.partition.hepti import hepti_partition
-from workbench.partition.plan import proportional_shares
+from workbench.hepti import bench as bh
+from workbench.hepti.plan import hepti_partition
+from workbench.distributed.shares import proportional_shares
 
 COLUMNS = {
     "lp": ["K", "case", "mode", "grid", "participants", "dropped", "repeats", "median_ms", "p95_ms", "min_ms", "max_ms",

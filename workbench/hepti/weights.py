@@ -1,7 +1,7 @@
 """What a Hepti rank holds: only its slice of every layer's weights, and the memory that slice really takes.
 
-The parent writes the model's weights once per run into a file (:func:`write_weights`: the storage every
-device loads from). A rank memory-maps it, so the whole model is never resident: at each decision it cuts
+The parent writes the model's weights into a file once per process and model (:func:`stored_weights`: the
+storage every device loads from; a later run finds it there, as a device keeps its model on its storage). A rank memory-maps it, so the whole model is never resident: at each decision it cuts
 the slice its split needs out of the mapping (copies of those rows and columns only) and drops the last
 split's slice first (:class:`SliceStore`). What a rank holds per mode, for every layer (Hepti keeps the
 weights of every layer resident):
@@ -36,7 +36,7 @@ LAYER_PARTS = ("query", "key", "value", "attn_out", "ln1", "ffn1", "ffn2", "ln2"
 def write_weights(model: str, seed: int, directory: str | Path) -> Path:
     """The model's weights as every device stores them: its config, each layer's tensors and the rest
     (embeddings, head), written whole (a temporary file renamed over)."""
-    from workbench.partition.models import PartitionModel
+    from workbench.models.split import PartitionModel
 
     net = PartitionModel(model, seed).net
     state = net.state_dict()
@@ -46,6 +46,23 @@ def write_weights(model: str, seed: int, directory: str | Path) -> Path:
     torch.save(payload, str(path) + ".tmp")
     os.replace(str(path) + ".tmp", path)
     return path
+
+
+_STORE: dict = {}
+
+
+def stored_weights(model: str, seed: int = 0) -> Path:
+    """The model's file (:func:`write_weights`), written once per process into a folder removed at exit, and
+    written again if it is gone."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if "dir" not in _STORE or not Path(_STORE["dir"]).is_dir():
+        _STORE["dir"] = tempfile.mkdtemp(prefix="hepti-weights-")
+        atexit.register(shutil.rmtree, _STORE["dir"], True)
+    path = Path(_STORE["dir"]) / f"{model}-seed{seed}.pt"
+    return path if path.is_file() else write_weights(model, seed, _STORE["dir"])
 
 
 def resident_anon_bytes() -> int:
@@ -108,7 +125,7 @@ class SliceStore:
         return self._mapped[f"layers.{layer}.{part}.{kind}"]
 
     def hold(self, split, rank: int) -> None:
-        """Cut this rank's slice of every layer for ``split`` (a :class:`~workbench.partition.hepti_run.LayerSplit`),
+        """Cut this rank's slice of every layer for ``split`` (a :class:`~workbench.hepti.run.LayerSplit`),
         freeing the previous split's first; nothing is cut again while the split stays."""
         key = (rank, split.mode, split.participants, split.heads, split.rows, split.ffn, split.grid, split.row_heads,
                split.row_dims, split.col_dims, split.col_ffn)
@@ -174,7 +191,7 @@ class PrimaryEnds:
         self.net.load_state_dict({k: v.clone() for k, v in store.rest.items()})
 
     def token_ids(self, seq_len: int, seed: int) -> torch.Tensor:
-        from workbench.partition.models import token_ids
+        from workbench.models.split import token_ids
 
         return token_ids(self.net.cfg.vocab_size, seq_len, seed)
 

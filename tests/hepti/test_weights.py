@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from workbench.devices import PRESETS
-from workbench.partition.cost import SHAPES
-from workbench.partition.hepti import hepti_partition, memory_bytes
-from workbench.partition.hepti_run import shape_of, split_of
-from workbench.partition.hepti_weights import SliceStore, resident_anon_bytes, write_weights
+from workbench.models.shapes import SHAPES
+from workbench.hepti.plan import hepti_partition, memory_bytes
+from workbench.hepti.run import shape_of, split_of
+from workbench.hepti.weights import SliceStore, resident_anon_bytes, write_weights
 
 ENC = SHAPES["encoder"]
 
@@ -55,3 +55,15 @@ def test_a_rank_keeps_the_layers_own_numbers_and_frees_the_last_slice(store):
     store.hold(split_of(hepti_partition(boards, shape, num_layers=6, mode="ws"), [0, 1], shape), 1)
     assert store.layers is not first and store.layers[0].ffn1.weight.shape == (ENC.ffn, ENC.hidden)
     assert resident_anon_bytes() > 0
+
+
+def test_the_model_file_is_written_once_per_process_and_again_when_gone():
+    from workbench.hepti.weights import stored_weights
+
+    first = stored_weights("encoder", 0)
+    written = first.stat().st_mtime_ns
+    assert stored_weights("encoder", 0) == first and first.stat().st_mtime_ns == written
+    first.unlink()
+    again = stored_weights("encoder", 0)
+    assert again == first and again.is_file()
+    assert SliceStore(again).cfg.num_layers == 6

@@ -1,4 +1,5 @@
-"""The models a partitioned run executes: the shipped encoder and decoder, or random layers of the paper's shapes.
+"""The models a split run executes (Voltage, tensor parallelism, Hepti): the shipped encoder and decoder, or
+random layers of the paper's shapes.
 
 :class:`PartitionModel` gives the runtime one interface over both architectures: embed the input,
 compute rows of a layer (Voltage), one device's tensor-parallel partial sums and how a block ends,
@@ -12,8 +13,8 @@ from typing import Sequence
 
 import torch
 
-from workbench.partition import layers as L
-from workbench.partition.cost import ModelShape, get_shape
+from workbench.models import slices as L
+from workbench.models.shapes import ModelShape, get_shape
 
 NUM_CLASSES = 4
 """The encoder's classification head: freshly drawn from the seed (exactness holds for any weights)."""

@@ -1,7 +1,7 @@
 """`workbench bench hepti`: Hepti's partitioner and its runs on unequal devices.
 
-Every number is measured on this machine or computed by the engine (:func:`~workbench.partition.hepti.hepti_partition`,
-the executed schedule of :mod:`workbench.partition.hepti_run`); none is typed in. Tables:
+Every number is measured on this machine or computed by the engine (:func:`~workbench.hepti.plan.hepti_partition`,
+the executed schedule of :mod:`workbench.hepti.run`); none is typed in. Tables:
 
 - ``lp``: how long :func:`hepti_partition` takes (the mixed-integer P2 for WS and 1D-tiled, the 2D split
   as an LP once per axis) for 4, 16 and 64 heterogeneous devices drawn from ``--seed`` (varied speeds,
@@ -42,7 +42,7 @@ import time
 from dataclasses import replace
 
 from workbench.argtypes import Bound, Parser, count, positive, seed
-from workbench.partition import limits
+from workbench.distributed import limits
 
 TABLES = ("lp", "modes", "shares", "switch", "fault")
 RUN_MODES = ("ws", "1d", "2d")
@@ -151,7 +151,7 @@ def lp_devices(K: int, case: str, seed: int, shape, num_layers: int) -> list:
     import numpy as np
 
     from workbench.devices import GB, PRESETS
-    from workbench.partition.hepti import ws_fixed_bytes
+    from workbench.hepti.plan import ws_fixed_bytes
 
     rng = np.random.default_rng([seed, K])
     ws_needs = ws_fixed_bytes(shape, num_layers)
@@ -194,7 +194,7 @@ def _timed(call, repeats: int) -> tuple[object, list[float]]:
 def relaxation_ms(devices, shape, num_layers: int, mode: str) -> float:
     """Eq. 7 of the LP relaxation over every device, its shares rounded to whole units (no participation
     search): what the bare LP alone would give; "" where the mode has no single axis."""
-    from workbench.partition.hepti import largest_remainder, layer_latency, solve_shares, split_units
+    from workbench.hepti.plan import largest_remainder, layer_latency, solve_shares, split_units
 
     if mode not in ("ws", "1d"):
         return ""
@@ -212,9 +212,9 @@ def lp_table(opts) -> list[dict]:
     in the same run; the latency each predicts."""
     import numpy as np
 
-    from workbench.partition.cost import get_shape
-    from workbench.partition.hepti import hepti_partition, solve_shares
-    from workbench.partition.hepti_run import shape_of
+    from workbench.models.shapes import get_shape
+    from workbench.hepti.plan import hepti_partition, solve_shares
+    from workbench.hepti.run import shape_of
 
     model = get_shape(MODEL)
     shape = shape_of(model, opts.seq_len)
@@ -266,7 +266,7 @@ class Runs:
     def reference(self):
         """(hidden, logits) of the model in this process on the runs' input."""
         if self._reference is None:
-            from workbench.partition.models import PartitionModel
+            from workbench.models.split import PartitionModel
 
             model = PartitionModel(MODEL)
             hidden, logits = model.reference(model.inputs(model.token_ids(self.opts.seq_len, SEED)))
@@ -284,7 +284,7 @@ class Runs:
                tuple(sorted((memory_falls or {}).items())), kill_at)
         if key in self.done:
             return self.done[key]
-        from workbench.partition.hepti_run import run_hepti
+        from workbench.hepti.run import run_hepti
 
         hidden, logits = self.reference()
         runs, kills, calls = [], [], []
@@ -338,7 +338,7 @@ COLLECTIVES = ("all_gather", "all_reduce", "send")
 
 def scheduled_sent(partition, shape, num_layers: int) -> int:
     """Bytes the executed split's schedule sends over every layer (:func:`predicted_steps`)."""
-    from workbench.partition.hepti_run import predicted_steps
+    from workbench.hepti.run import predicted_steps
 
     return sum(t.sent for step in predicted_steps(partition, shape, num_layers) for t in step.traffic)
 
@@ -347,9 +347,9 @@ def schedule_s(run, devices, shape, num_layers: int) -> float:
     """The executed schedule's end for a run without faults, each layer in the split its latest decision
     chose (the first decision's for a run that never switches: ``run.predicted``)."""
     from workbench.errors import WorkbenchError
-    from workbench.partition.hepti import hepti_partition
-    from workbench.partition.hepti_run import layer_steps, split_of
-    from workbench.partition.plan import steps_timeline
+    from workbench.hepti.plan import hepti_partition
+    from workbench.hepti.run import layer_steps, split_of
+    from workbench.distributed.steps import steps_timeline
 
     decisions = sorted(run.decisions, key=lambda d: d.layer)
     splits = {}
@@ -369,8 +369,8 @@ def schedule_s(run, devices, shape, num_layers: int) -> float:
 
 
 def _shape(opts):
-    from workbench.partition.cost import get_shape
-    from workbench.partition.hepti_run import shape_of
+    from workbench.models.shapes import get_shape
+    from workbench.hepti.run import shape_of
 
     model = get_shape(MODEL)
     return shape_of(model, opts.seq_len), model.num_layers
@@ -410,8 +410,8 @@ def modes_table(runs: Runs) -> list[dict]:
 
 def shares_table(runs: Runs) -> list[dict]:
     from workbench.errors import WorkbenchError
-    from workbench.partition.hepti import hepti_partition
-    from workbench.partition.plan import proportional_shares
+    from workbench.hepti.plan import hepti_partition
+    from workbench.distributed.shares import proportional_shares
 
     opts = runs.opts
     shape, L = _shape(opts)
@@ -452,7 +452,7 @@ def shares_table(runs: Runs) -> list[dict]:
 
 
 def switch_table(runs: Runs) -> list[dict]:
-    from workbench.partition.hepti import ws_fixed_bytes
+    from workbench.hepti.plan import ws_fixed_bytes
 
     opts = runs.opts
     shape, L = _shape(opts)

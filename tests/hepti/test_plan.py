@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from workbench.devices import MINILM, PRESETS, LayerShape
 from workbench.errors import WorkbenchError
-from workbench.partition.hepti import (FLOAT_BYTES, hepti_partition, largest_remainder, layer_latency, memory_bytes,
+from workbench.hepti.plan import (FLOAT_BYTES, hepti_partition, largest_remainder, layer_latency, memory_bytes,
                                        mode_blocks, ws_fixed_bytes)
 
 BOARD = PRESETS["rpi4"]
@@ -178,7 +178,7 @@ def test_ws_needs_room_for_a_head_beside_the_fixed_part():
 
 def _brute_force(mode, shape, devices, num_layers, deadline_s=math.inf, network="shared"):
     """The best Eq. 7 over every integer split of the mode's units that fits each device's memory."""
-    from workbench.partition.hepti import split_units
+    from workbench.hepti.plan import split_units
 
     U, best = split_units(mode, shape), (math.inf, None)
     for head in product(range(U + 1), repeat=len(devices) - 1):
@@ -206,7 +206,7 @@ def test_the_mixed_integer_program_equals_brute_force(mode, case, network):
     compute saves (left out), one whose memory caps its units, and a deadline the LP relaxation's shares would
     round past. A participation decided by the LP (the old heuristic) or an All-Reduce charged for devices not
     taking part fails one of them."""
-    from workbench.partition.hepti import solve_sizes
+    from workbench.hepti.plan import solve_sizes
 
     devices = [replace(d, net_bytes_per_s=b) for d, b in zip(boards(3, 5, 2, 4), (2e6, 8e6, 4e6, 6e6))]
     deadline = math.inf
@@ -237,7 +237,7 @@ def test_the_mixed_integer_program_equals_brute_force(mode, case, network):
 def test_sixty_four_devices_never_predict_worse_than_the_best_subset_of_them():
     """64 copies of four boards: the MILP's latency is at most that of the best 1, 2, ... of each kind (which it
     can pick itself), where the LP relaxation over all 64 is many times worse (every device pays Eq. 6)."""
-    from workbench.partition.hepti import solve_shares, solve_sizes
+    from workbench.hepti.plan import solve_shares, solve_sizes
 
     kinds = [replace(d, net_bytes_per_s=b) for d, b in zip(boards(12, 8, 12, 4), (125e6, 125e6, 125e6, 37.5e6))]
     devices = [replace(kinds[i % 4], name=f"b{i}") for i in range(64)]
@@ -262,8 +262,8 @@ def test_hepti_1d_and_voltages_tensor_parallel_plan_predict_the_same_schedule(ne
     without per-layer overhead or small-row slowdown, which Eq. 5 does not have). A Hepti that priced its
     collectives with a model of its own (Eq. 6 summed where the cluster is a switch, or one latency per ring
     All-Reduce) fails."""
-    from workbench.partition.cost import get_shape
-    from workbench.partition.hepti_run import predicted_steps, shape_of
+    from workbench.models.shapes import get_shape
+    from workbench.hepti.run import predicted_steps, shape_of
     from workbench.partition.plan import plan_partition
 
     model = get_shape("encoder")
@@ -281,7 +281,7 @@ def test_hepti_1d_and_voltages_tensor_parallel_plan_predict_the_same_schedule(ne
 
 def test_the_cluster_chooses_the_network_and_eq6_sums_where_a_switch_takes_the_busiest():
     from workbench.devices import get_cluster
-    from workbench.partition.cost import Traffic, collective_s
+    from workbench.network import Traffic, collective_s
 
     assert get_cluster("hepti").network == "shared" and get_cluster("voltage").network == "switch"
     traffic = [Traffic(300, 100), Traffic(100, 200), Traffic(0, 0)]
