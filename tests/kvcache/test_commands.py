@@ -42,3 +42,17 @@ def test_serve_call_continue_and_stop(tmp_path):
     failed, stopped = out.splitlines()                    # one line per failed request, none per answered one
     assert failed.startswith("llms: tcp:other call failed: StubError:") and "belongs to another app" in failed, out
     assert stopped == "llms: stopped"
+
+
+def test_group_is_refused_in_one_line_when_unknown_or_on_tcp(tmp_path):
+    """--group names a group this machine has and acts on a Unix socket's permissions: an unknown group, or a
+    TCP address (no permissions; its apps bind with tokens), is refused before anything starts."""
+    import grp
+
+    for args, message in ((["--group", "no-such-group-here"], "no group 'no-such-group-here' on this machine"),
+                          (["--group", grp.getgrgid(os.getegid()).gr_name, "--address", "tcp:127.0.0.1:0",
+                            "--swap-dir", str(tmp_path / "swap")], "a TCP address has none")):
+        done = subprocess.run(CLI + ["serve", "llms", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "swap").exists()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -449,3 +450,86 @@ def test_verbose_logs_a_line_per_request_and_quiet_only_the_failed_ones(tmp_path
     assert [line.split(" ")[2] for line in verbose] == ["bind", "new_ctx", "call", "call"], verbose
     assert " ok in " in verbose[2] and "new tokens" in verbose[2] and "failed: StubError" in verbose[3], verbose
     service.close()
+
+
+def _as_user(uid: int, gid: int, groups: list[int], work) -> dict:
+    """``work()`` in a forked child running as ``uid``, primary group ``gid`` and only ``groups`` besides (root
+    drops to them), its result or its error as a dict. Whatever ``work`` needs is imported before the fork: the child may not read it."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                        # the child: never returns into pytest
+        out = {}
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            out = work()
+        except BaseException as exc:
+            out = {"error": type(exc).__name__, "message": str(exc)}
+        finally:
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root to switch to it")
+def test_a_group_lets_a_second_uid_in_and_keeps_its_apps_apart(model):
+    """With ``group`` the socket is the group's (0660) and the swap directory only passable (0710): a member of
+    another uid connects as its own app and sees none of the owner's contexts nor the swap files; a user outside
+    the group is told the socket refuses it and how to be let in, not that nothing answers."""
+    import grp
+    import pwd
+    import shutil
+    import tempfile
+
+    from workbench.kvcache.server import group_id
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    gid = group_id(grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name)
+    base = Path(tempfile.mkdtemp(prefix="llms-group-", dir="/tmp"))
+    os.chmod(base, 0o711)                               # others may reach the socket inside, not list the folder
+    address = f"unix:{base / 'llms.sock'}"
+    server = LLMServer(LLMService(model, base / "swap"), address, group=gid)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for path, want in ((base / "llms.sock", 0o660), (base / "swap", 0o710)):
+            assert (mode(path), os.stat(path).st_gid) == (want, gid), path
+        with connect("mail", address) as owner:
+            owner.new_ctx()
+            owner_contexts = owner.contexts()
+
+        def member():
+            with connect("mail", address) as session:
+                mine = session.new_ctx()
+                seen = session.contexts()
+                try:
+                    os.listdir(base / "swap")
+                    listed = "listed"
+                except PermissionError:
+                    listed = "refused"
+                return {"identity": session.identity, "seen": [c["id"] for c in seen], "stub": mine.token,
+                        "swap": listed}
+
+        member()                                        # as root first: everything it needs is imported
+        alone = 65533                                   # a primary group of no one's: membership is supplementary
+        got = _as_user(nobody, alone, [gid], member)
+        assert got.get("identity") == f"uid{nobody}:mail", got
+        assert len(got["seen"]) == 1 and got["seen"][0] not in {c["id"] for c in owner_contexts}
+        assert got["swap"] == "refused"
+        outsider = _as_user(nobody, alone, [], member)
+        assert outsider["error"] == "ConnectionLostError", outsider
+        assert "refuses this user" in outsider["message"] and "--group" in outsider["message"]
+        assert "no LLM service answers" not in outsider["message"]
+    finally:
+        server.shutdown()
+        server.close()
+        thread.join(10)
+        shutil.rmtree(base, ignore_errors=True)

@@ -555,8 +555,55 @@ def test_a_damaged_swap_file_is_caught_by_its_check_dropped_and_recomputed(tmp_p
     assert out == clean_out
     assert damaged.metrics.registry.get_sample_value("llms_damaged_chunk_files_total") == 1
     assert stats[2].chunks_recomputed == 1 and stats[2].chunks_loaded == stats[2].chunks_missing - 1
+    assert stats[2].chunks_restored == 0 and len(stats[2].recovered) == 1
+    assert stats[2].recovered[0].endswith("recomputed from its tokens (no intact base)")
     assert damaged.store.verify() == []
     damaged.close(), clean.close()
+
+
+def test_a_damaged_chunk_with_an_intact_base_is_restored_bit_for_bit(tmp_path, model):
+    """LLMS keeps a compressed chunk's 8-bit base: a chunk file scrambled at its size is caught by its CRC and
+    made again from the base, equal to what was stored bit for bit (not recomputed, which differs at 4 bits),
+    its file written again; the reply's stats say which chunk came back how, and the output is unchanged."""
+    from workbench.kvcache.swapfile import read_chunk
+
+    budget, config = 600_000, limited(PRESETS["llms"])
+    svc = LLMService(model, tmp_path / "damaged", memory_budget_bytes=RESERVE + budget, config=config)
+    app = svc.bind("a")
+    stubs = [app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)]
+    for which, prompt in STEPS[:2]:
+        app.call(stubs[which], prompt, max_new_tokens=NEW)
+    svc.close()                                         # reopened, every chunk is in its file only
+    svc = LLMService(model, tmp_path / "damaged", memory_budget_bytes=RESERVE + budget, config=config)
+    app = svc.bind("a")
+    a_id = svc._stubs[_digest(stubs[0].token)]
+    row = next(r for r in svc._contexts[a_id].chunks if r.state == "file" and r.base_crc32 is not None)
+    assert row.bits < 8
+    path = svc.store.current_path(a_id, row.idx)
+    stored = read_chunk(path, row.bits, tuple(row.shape))
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, path.stat().st_size, dtype=np.uint8).tobytes())
+    restored = {}
+    real = svc._restore_from_base
+
+    def spy(ctx, damaged):
+        back = real(ctx, damaged)
+        restored.update({i: ctx.kv.chunks[i] for i in back})
+        return back
+
+    svc._restore_from_base = spy
+    text, stats = app.call_with_stats(stubs[0], STEPS[2][1], max_new_tokens=NEW)
+    got = restored[row.idx]
+    assert (got.bits, tuple(got.shape)) == (stored.bits, tuple(stored.shape))
+    for part in ("payload", "low", "step"):
+        assert np.array_equal(getattr(got, part), getattr(stored, part)), part
+    assert stats.chunks_restored == 1 and stats.chunks_recomputed == 0
+    assert stats.recovered == (f"chunk {row.idx}: {stats.recovered[0].split(': ', 1)[1]}",)
+    assert stats.recovered[0].endswith("restored from its intact 8-bit base (exact)") and "CRC" in stats.recovered[0]
+    assert svc.metrics.registry.get_sample_value("llms_damaged_chunk_files_total") == 1
+    assert svc.store.verify() == []
+    clean, clean_out = _conversation(model, tmp_path / "clean", STEPS[:3], config=PRESETS["llms"], budget=budget)
+    assert text == clean_out[2]
+    svc.close(), clean.close()
 
 
 @pytest.mark.parametrize("when", ["before its turn", "at its turn"])

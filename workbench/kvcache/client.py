@@ -110,6 +110,12 @@ class RemoteSession:
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(where)
+        except PermissionError as exc:
+            self._sock.close()
+            raise ConnectionLostError(
+                f"the LLM service on {self.address} refuses this user ({exc.strerror or exc}): its socket admits "
+                f"only the user who started it, or, started with `workbench serve llms --group NAME`, that group's "
+                f"members too; ask its operator to start it with --group and to add you to the group") from exc
         except OSError as exc:
             self._sock.close()
             raise ConnectionLostError(f"no LLM service answers on {self.address} ({exc.strerror or exc}); "

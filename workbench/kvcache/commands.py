@@ -23,7 +23,7 @@ def _serve(args) -> int:
     config = replace(ServiceConfig.preset(args.method), max_context_tokens=args.max_context_tokens)
     serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=round(args.memory_mb * 1e6),
           max_contexts_per_app=args.max_contexts_per_app, config=config,
-          metrics_port=args.metrics_port, device=args.device, verbose=args.verbose)
+          metrics_port=args.metrics_port, device=args.device, verbose=args.verbose, group=args.group)
     return 0
 
 
@@ -46,7 +46,22 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="plan the swap-in pipeline for this host (measured) or pad loads to an emulated preset")
     parser.add_argument("--verbose", action="store_true",
                         help="log one line per request (by default: one per start, stop and failed request)")
+    parser.add_argument("--group", type=_group, metavar="NAME",
+                        help="let this group's members connect too (the socket 0660, the swap directory 0710, "
+                             "both the group's); each member's apps stay its own uid's")
     parser.set_defaults(func=_serve)
+
+
+def _group(name: str) -> str:
+    """A group this user may give the socket to, checked before anything starts."""
+    from workbench.errors import WorkbenchError
+    from workbench.kvcache.server import group_id
+
+    try:
+        group_id(name)
+    except WorkbenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--group {name}: ").removeprefix("--group: ")) from None
+    return name
 
 
 def _trace(args) -> int:

@@ -230,6 +230,8 @@ class LoadReport:
     bytes_read: int = 0
     io_s: float = 0.0
     recompute_s: float = 0.0
+    restored: tuple[int, ...] = ()        # set by the service: damaged files restored from their intact base
+    recovered: tuple[str, ...] = ()       # set by the service: each damaged file, and how its chunk came back
 
 
 Loader = Callable[[LoadRequest], LoadReport]

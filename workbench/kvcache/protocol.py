@@ -139,6 +139,8 @@ class CallStats:
     loader: str
     dequantize_s: float = 0.0      # part of switch_s: the chunks dequantized into the decoder's cache
     cut_by_deadline: bool = False   # set by the server: the call's deadline ended its generation
+    chunks_restored: int = 0        # damaged chunk files restored exactly from their intact 8-bit base
+    recovered: tuple[str, ...] = () # each damaged chunk file of the call, and how its chunk came back
 
     def to_dict(self) -> dict:
         return asdict(self)

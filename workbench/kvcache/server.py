@@ -18,7 +18,9 @@ Identity: on a Unix socket the app is a label within the connecting process's ui
 ``uid1000:notes``. On TCP the first bind of a name issues a token (``"token"`` in the reply, stored hashed
 in the swap directory, 0600) and later binds of that name must present it (``"token"`` in the bind).
 The all-app snapshot needs the operator's token, written 0600 to ``operator.token`` in the swap
-directory at each start. The socket file is 0600 and the swap directory 0700.
+directory at each start. The socket file is 0600 and the swap directory 0700; started with ``group`` (``workbench
+serve llms --group NAME``) the socket is 0660 and the swap directory 0710, both that group's, so its members
+can connect (each still its own uid's apps) and pass through the swap directory, never list or read it.
 
 A call with a ``call_id`` is run once: a repeat of the same id on the same context (after a timeout,
 from any connection of the app) gets the first reply (with ``"repeated": true``) without running the
@@ -385,9 +387,23 @@ def _claim_socket_path(path: Path, made: list[Path] | None = None) -> None:
         probe.close()
 
 
-def _bind_unix(path: Path) -> _UnixServer:
+def group_id(name: str) -> int:
+    """The gid of group ``name``, one this user may give files to; else an error naming the problem."""
+    import grp
+
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise WorkbenchError(f"--group: no group {name!r} on this machine (`getent group` lists them)") from None
+    if os.geteuid() != 0 and gid not in os.getgroups() and gid != os.getegid():
+        raise WorkbenchError(f"--group {name}: this user is not one of its members, so it cannot give the socket "
+                             f"to it (`usermod -aG {name} USER`, then log in again)")
+    return gid
+
+
+def _bind_unix(path: Path, group: int | None = None) -> _UnixServer:
     """A server on ``path`` that no other user could reach at any moment: bound in a private (0700)
-    folder, made 0600, then moved into place."""
+    folder, made 0600 (or 0660 and given to ``group``), then moved into place."""
     try:
         private = Path(tempfile.mkdtemp(prefix=".llms-", dir=path.parent))
     except OSError as exc:
@@ -395,7 +411,9 @@ def _bind_unix(path: Path) -> _UnixServer:
                            f"a writable folder") from None
     try:
         server = _UnixServer(str(private / "s"), _Handler)
-        os.chmod(private / "s", 0o600)
+        if group is not None:
+            os.chown(private / "s", -1, group)
+        os.chmod(private / "s", 0o600 if group is None else 0o660)
         os.replace(private / "s", path)
     except OSError as exc:
         raise AddressError(f"cannot listen on unix:{path} (--address): {exc.strerror or exc}; give a shorter path "
@@ -407,15 +425,16 @@ def _bind_unix(path: Path) -> _UnixServer:
     return server
 
 
-def listen(address: str | None = None, made: list[Path] | None = None) -> tuple[str, Path | None, object]:
+def listen(address: str | None = None, made: list[Path] | None = None,
+           group: int | None = None) -> tuple[str, Path | None, object]:
     """Bind ``address`` now, before a model loads: (kind, socket path or None, the socketserver).
     An address that cannot be used raises an ``AddressError`` naming it and what to do; folders made
-    for a socket are appended to ``made``."""
+    for a socket are appended to ``made``. ``group``: a Unix socket that group's members may connect to."""
     kind, where = parse_address(address or default_address())
     if kind == "unix":
         path = Path(where)
         _claim_socket_path(path, made)
-        return kind, path, _bind_unix(path)
+        return kind, path, _bind_unix(path, group)
     host, port = where
     sock = bind_tcp(port, host, option=f"--address tcp:{host}:{port}", free=f"tcp:{host}:0")
     server = _TCPServer(sock.getsockname(), _Handler, bind_and_activate=False)
@@ -425,9 +444,14 @@ def listen(address: str | None = None, made: list[Path] | None = None) -> tuple[
     return kind, None, server
 
 
-def private_dir(path: Path | str, made: list[Path] | None = None) -> Path:
-    """``path`` as a folder only its owner may enter (0700), made if missing."""
-    return make_folder(path, what="the swap directory (--swap-dir)", mode=0o700, made=made)
+def private_dir(path: Path | str, made: list[Path] | None = None, group: int | None = None) -> Path:
+    """``path`` as a folder only its owner may enter (0700), made if missing; with ``group``, one that group's
+    members may pass through but not list (0710)."""
+    folder = make_folder(path, what="the swap directory (--swap-dir)", mode=0o700 if group is None else 0o710,
+                         made=made)
+    if group is not None:
+        os.chown(folder, -1, group)
+    return folder
 
 
 class LLMServer:
@@ -439,13 +463,14 @@ class LLMServer:
 
     def __init__(self, service: LLMService, address: str | None = None, *,
                  peer_credentials: Callable[[socket.socket], Peer] = peer_credentials,
-                 bound: tuple | None = None, log: Callable[[str], None] | None = None, verbose: bool = False):
+                 bound: tuple | None = None, log: Callable[[str], None] | None = None, verbose: bool = False,
+                 group: int | None = None):
         self.service = service
-        self.kind, self.path, self._server = bound or listen(address)
+        self.kind, self.path, self._server = bound or listen(address, group=group)
         self._peer_credentials = peer_credentials
         self._log, self.verbose, self._log_lock = log, verbose, threading.Lock()
         try:
-            swap = private_dir(service.swap_dir)
+            swap = private_dir(service.swap_dir, group=group)
             self.tokens = AppTokens(swap / "app-tokens.json")
             self.replies = ReplyMemory()
             self.operator_token = secrets.token_urlsafe(32)
@@ -529,7 +554,8 @@ class LLMServer:
 def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
           memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET, max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP,
           config: ServiceConfig | None = None, metrics_port: int | None = None, model=None,
-          device: str = "host", out: Callable[[str], None] | None = None, verbose: bool = False) -> None:
+          device: str = "host", out: Callable[[str], None] | None = None, verbose: bool = False,
+          group: str | None = None) -> None:
     """Run an LLM service on ``address`` until SIGTERM or SIGINT (the ``workbench serve llms`` command).
 
     The address, swap directory and metrics port are checked (the address bound) before the model
@@ -538,13 +564,18 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
     ``metrics_port`` is given; 0 picks a free port), one per failed request, one when stopped;
     ``verbose`` adds one per request. Must run in the main thread.
     ``device``: the cost model the swapping-recompute pipeline plans on (``"host"``, measured once and
-    cached, or an emulated preset whose loads are padded to its speed); resolved before serving."""
+    cached, or an emulated preset whose loads are padded to its speed); resolved before serving. ``group``: a
+    group whose members may connect too (a Unix socket only; each is still its own uid's apps)."""
     out = out or (lambda line: print(line, flush=True))
+    gid = group_id(group) if group is not None else None
+    if gid is not None and parse_address(address or default_address())[0] != "unix":
+        raise WorkbenchError("--group lets a group in through a Unix socket's permissions; a TCP address has "
+                             "none (its apps bind with tokens): drop --group or serve on unix:PATH")
     made: list[Path] = []
-    bound = listen(address, made)
+    bound = listen(address, made, group=gid)
     service = None
     try:
-        swap_dir = private_dir(swap_dir if swap_dir is not None else default_swap_dir(), made)
+        swap_dir = private_dir(swap_dir if swap_dir is not None else default_swap_dir(), made, group=gid)
         if metrics_port:
             check_tcp_port(metrics_port, option="--metrics-port", free="--metrics-port 0")
         service = LLMService(model, swap_dir, memory_budget_bytes, max_contexts_per_app, config, device=device)
@@ -552,7 +583,7 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
         if not host_costs_cached(service.model, chunk_size):
             out("llms: measuring this host's swap and recompute costs once (about 10 s; cached after)")
         costs = service.loader.costs_for(service.model, chunk_size)
-        server = LLMServer(service, bound=bound, log=out, verbose=verbose)
+        server = LLMServer(service, bound=bound, log=out, verbose=verbose, group=gid)
     except BaseException:
         bound[2].server_close()
         if bound[1] is not None:

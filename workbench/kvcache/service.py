@@ -38,7 +38,7 @@ from typing import Callable, Iterator, Mapping
 from workbench.errors import WorkbenchError
 from workbench.kvcache import limits
 from workbench.kvcache.budget import MemoryBudget
-from workbench.kvcache.chunks import ChunkData, ChunkedKV, working_nbytes
+from workbench.kvcache.chunks import ChunkData, ChunkedKV, recompress, working_nbytes
 from workbench.kvcache.compression import relevel_context
 from workbench.kvcache.config import (DEFAULT_MAX_CONTEXTS_PER_APP, DEFAULT_MEMORY_BUDGET,  # noqa: F401
                                       MAX_CHUNK_SIZE, PRESETS, ServiceConfig, check_whole)
@@ -51,8 +51,8 @@ from workbench.kvcache.metrics import ServiceMetrics
 from workbench.kvcache.protocol import CallStats, CtxStub
 from workbench.kvcache.swapfile import DamagedChunkFileError
 from workbench.kvcache.statistics import ChunkState, ContextState, ServiceState, app_snapshot, queue_dicts
-from workbench.kvcache.store import (BOTH, DROPPED, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow, ServedContext,
-                                     SwapStore)
+from workbench.kvcache.store import (BASE_BITS, BOTH, DROPPED, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow,
+                                     ServedContext, SwapStore)
 
 log = logging.getLogger("workbench.kvcache")
 
@@ -373,7 +373,8 @@ class LLMService:
                             bytes_read=report.bytes_read, bytes_written=written, evictions=len(records),
                             evicted_bytes=sum(r.nbytes for r in records), prompt_tokens=len(ids),
                             output_tokens=len(result.output_ids), context_tokens=len(kv.tokens),
-                            loader=loader_name(self.loader))
+                            loader=loader_name(self.loader), chunks_restored=len(report.restored),
+                            recovered=report.recovered)
 
                     reply = None if call_id is None else json.dumps(
                         {"request": request, "text": text, "stats": stats_until(t_write, 0).to_dict()})
@@ -411,16 +412,19 @@ class LLMService:
 
     def _load(self, ctx: ServedContext, missing: list[int]) -> LoadReport:
         """Bring ``missing`` chunks into memory through the loader. A swap file that fails its size or
-        CRC-32 check is logged, counted, dropped, and its chunk recomputed from its tokens (the load is
-        redone, since recomputed chunks may have attended to the damaged one)."""
+        CRC-32 check is logged and counted; its chunk is restored from its intact 8-bit base where it has one
+        (exact: the level is made from the base, as compression made it) and its file written again, else
+        dropped and recomputed from its tokens (the load is then redone, since recomputed chunks may have
+        attended to the damaged one). The report says which chunks came back how."""
         if not missing:
             return LoadReport()
         damaged: dict[int, str] = {}
+        restored: dict[int, str] = {}
         while True:
-            specs = {i: self._chunk_spec(ctx, i, damaged) for i in missing}
+            specs = {i: self._chunk_spec(ctx, i, damaged) for i in missing if i not in restored}
             try:
                 report = self.loader(LoadRequest(model=self.model, kv=ctx.kv, specs=specs,
-                                                 loading=self.config.loading))
+                                                 loading=self.config.loading)) if specs else LoadReport()
                 break
             except DamagedChunkFileError as exc:
                 for i in specs:
@@ -428,8 +432,12 @@ class LLMService:
                 fresh = {i: why for i, why in exc.chunks.items() if i not in damaged and i in specs}
                 if not fresh:
                     raise
-                damaged.update(fresh)
-                self._drop_damaged(ctx, fresh)
+                exact = self._restore_from_base(ctx, fresh)
+                restored.update(exact)
+                rest = {i: why for i, why in fresh.items() if i not in exact}
+                damaged.update(rest)
+                if rest:
+                    self._drop_damaged(ctx, rest)
             except BaseException:
                 for i in specs:                              # a half-loaded context stays as the index says
                     ctx.kv.chunks[i] = None
@@ -445,7 +453,34 @@ class LLMService:
                 ctx.chunks[i].state = BOTH
             for i in report.recomputed:
                 ctx.chunks[i].state = MEMORY
-        return report
+        recovered = [f"chunk {i}: {why}; restored from its intact {BASE_BITS}-bit base (exact)"
+                     for i, why in sorted(restored.items())]
+        recovered += [f"chunk {i}: {why}; recomputed from its tokens (no intact base)" for i, why in sorted(damaged.items())]
+        return replace(report, restored=tuple(sorted(restored)), recovered=tuple(recovered)) if recovered else report
+
+    def _restore_from_base(self, ctx: ServedContext, damaged: Mapping[int, str]) -> dict[int, str]:
+        """Chunks of ``damaged`` whose 8-bit base file is intact: each made again at its level from the base
+        (bit for bit what compression made) into memory, and its file written again in one index commit.
+        Returns those restored, with why their file failed."""
+        back: dict[int, ChunkData] = {}
+        for i in sorted(damaged):
+            row = ctx.chunks[i]
+            base = self.store.read_base(row)
+            if base is None or tuple(base.shape) != tuple(row.shape):
+                continue
+            back[i] = recompress(base, row.bits)
+        if not back:
+            return {}
+        with self._state:
+            rows = [ctx.chunks[i] for i in back]
+            self.store.commit(chunks=rows, files={ctx.chunks[i].key: data for i, data in back.items()})
+            for i, data in back.items():
+                ctx.kv.chunks[i] = data
+                ctx.chunks[i].state = BOTH
+                log.warning("llms: %s (chunk %d of context %s); restored from its intact %d-bit base (exact)",
+                            damaged[i], i, ctx.row.id, BASE_BITS)
+        self.metrics.record_damaged(len(back))
+        return {i: damaged[i] for i in back}
 
     def _chunk_spec(self, ctx: ServedContext, i: int, damaged: Mapping[int, str]) -> ChunkSpec:
         row = ctx.chunks[i]
