@@ -43,7 +43,7 @@ after their slice is decoded, while it is still in L1; other orders are written 
 the end. The Python layer validates shapes and dtypes; these functions trust them.
 """
 from cython.parallel cimport prange
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t, int64_t
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -581,3 +581,179 @@ def decompress(const uint8_t[::1] packed, int bits, const float[::1] centroids,
         for o in range(written, num_outliers):
             dst[pos[o]] = val[o]
     return -1
+
+
+# ----------------------------------------------------------------------------- KV chunks into a float16 cache
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+
+    /* float16 bits -> float (exact: every half is a float) */
+    static inline float wb_h2f(uint16_t h) {
+        uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+        if (exp == 0) {
+            if (man == 0) {
+                bits = sign;
+            } else {
+                uint32_t shift = 0;
+                while (!(man & 0x400u)) { man <<= 1; shift++; }
+                bits = sign | ((113u - shift) << 23) | ((man & 0x3ffu) << 13);
+            }
+        } else if (exp == 31) {
+            bits = sign | 0x7f800000u | (man << 13);
+        } else {
+            bits = sign | ((exp + 112u) << 23) | (man << 13);
+        }
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+
+    /* float -> float16 bits, rounded to nearest even (as NumPy's astype and torch's copy_ round) */
+    static inline uint16_t wb_f2h(float f) {
+        uint32_t x;
+        memcpy(&x, &f, 4);
+        uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+        if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+        if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+        if (ax < 0x38800000u) {
+            if (ax < 0x33000000u) return (uint16_t)sign;
+            uint32_t e = ax >> 23, mant = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
+            uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+            if (rem > half || (rem == half && (h & 1u))) h++;
+            return (uint16_t)(sign | h);
+        }
+        uint32_t h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13), rem = ax & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+
+    static inline uint32_t wb_code(const uint8_t *p, int bits, int64_t j) {
+        int64_t bit = j * bits;
+        return (uint32_t)(p[bit >> 3] >> (bit & 7)) & ((1u << bits) - 1u);
+    }
+
+    /* one row of a chunk: n codes from code ``first`` of the stream (D per position) -> float16, value =
+       code * step[d] + low[d] in float32 */
+    #define WB_ROW_FLOATS 512
+    static void wb_row_scalar(const uint8_t *codes, int64_t first, int bits, const uint16_t *low,
+                              const uint16_t *step, int64_t n, int64_t D, uint16_t *out) {
+        float s[WB_ROW_FLOATS], o[WB_ROW_FLOATS];
+        int held = D <= WB_ROW_FLOATS;
+        for (int64_t d = 0; held && d < D; d++) { s[d] = wb_h2f(step[d]); o[d] = wb_h2f(low[d]); }
+        int64_t j = 0;
+        for (int64_t t = 0; j < n; t++) {
+            for (int64_t d = 0; d < D; d++, j++) {
+                float v = (float)wb_code(codes, bits, first + j) * (held ? s[d] : wb_h2f(step[d]));
+                v = v + (held ? o[d] : wb_h2f(low[d]));
+                out[j] = wb_f2h(v);
+            }
+        }
+    }
+
+    #if defined(__GNUC__) && defined(__x86_64__)
+    #include <immintrin.h>
+    #define WB_F16C __attribute__((target("avx2,f16c")))
+    static int wb_f16c_available(void) {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    }
+    /* eight codes of a row starting at code j (j a multiple of 8) as eight int32 */
+    WB_F16C static inline __m256i wb_codes8(const uint8_t *codes, int bits, int64_t j) {
+        const uint8_t *p = codes + (j * bits >> 3);
+        if (bits == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        if (bits == 4) {
+            uint32_t word;
+            memcpy(&word, p, 4);
+            return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word),
+                                                      _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                    _mm256_set1_epi32(15));
+        }
+        uint16_t half;
+        memcpy(&half, p, 2);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)half),
+                                                  _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                _mm256_set1_epi32(3));
+    }
+    /* the row eight values at a time (D a multiple of 8): widen, multiply, add (two roundings, no FMA: the
+       scalar kernel's and NumPy's arithmetic), round to float16, store */
+    WB_F16C static inline __attribute__((always_inline)) void wb_row_bits(const uint8_t *codes, const int bits, const uint16_t *low,
+                                    const uint16_t *step, int64_t n, int64_t D, uint16_t *out) {
+        for (int64_t t = 0; t < n; t += D) {
+            for (int64_t d = 0; d < D; d += 8) {
+                __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(step + d)));
+                __m256 o = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(low + d)));
+                __m256 v = _mm256_cvtepi32_ps(wb_codes8(codes, bits, t + d));
+                v = _mm256_add_ps(_mm256_mul_ps(v, s), o);
+                _mm_storeu_si128((__m128i *)(out + t + d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            }
+        }
+    }
+    /* one copy of the loop per level, so each inlines its own unpacking */
+    WB_F16C static void wb_row_f16c(const uint8_t *codes, int bits, const uint16_t *low, const uint16_t *step,
+                                    int64_t n, int64_t D, uint16_t *out) {
+        if (bits == 8) wb_row_bits(codes, 8, low, step, n, D, out);
+        else if (bits == 4) wb_row_bits(codes, 4, low, step, n, D, out);
+        else wb_row_bits(codes, 2, low, step, n, D, out);
+    }
+    #else
+    static int wb_f16c_available(void) { return 0; }
+    static void wb_row_f16c(const uint8_t *codes, int bits, const uint16_t *low, const uint16_t *step,
+                            int64_t n, int64_t D, uint16_t *out) { wb_row_scalar(codes, 0, bits, low, step, n, D, out); }
+    #endif
+    """
+    bint wb_f16c_available() noexcept nogil
+    float wb_h2f(uint16_t h) noexcept nogil
+    uint16_t wb_f2h(float f) noexcept nogil
+    void wb_row_scalar(const uint8_t* codes, int64_t first, int bits, const uint16_t* low, const uint16_t* step,
+                       int64_t n, int64_t D, uint16_t* out) noexcept nogil
+    void wb_row_f16c(const uint8_t* codes, int bits, const uint16_t* low, const uint16_t* step,
+                     int64_t n, int64_t D, uint16_t* out) noexcept nogil
+
+
+cdef bint _HAVE_F16C = wb_f16c_available()
+
+
+def f16c_available() -> bool:
+    return bool(_HAVE_F16C)
+
+
+cdef void _chunk_row(const uint8_t* payload, int bits, const uint16_t* low, const uint16_t* step,
+                     uint16_t* k_out, uint16_t* v_out, Py_ssize_t row, Py_ssize_t H, Py_ssize_t T, Py_ssize_t D,
+                     Py_ssize_t capacity, Py_ssize_t start, bint vector) noexcept nogil:
+    """Row ``row`` of a chunk (layer l, K or V, head h: T x D values) into its cache rows from ``start``."""
+    cdef Py_ssize_t l = row // (2 * H), kv = (row // H) % 2, h = row % H
+    cdef uint16_t* dst = (k_out if kv == 0 else v_out) + ((l * H + h) * capacity + start) * D
+    cdef Py_ssize_t n = T * D
+    if bits == 16:
+        memcpy(dst, payload + row * n * 2, n * 2)
+    elif vector:
+        wb_row_f16c(payload + row * n * bits // 8, bits, low + row * D, step + row * D, n, D, dst)
+    else:
+        wb_row_scalar(payload, row * n, bits, low + row * D, step + row * D, n, D, dst)
+
+
+def chunk_to_half(const uint8_t[::1] payload, int bits, const uint16_t[::1] low, const uint16_t[::1] step,
+                  uint16_t[:, :, :, ::1] k_out, uint16_t[:, :, :, ::1] v_out, Py_ssize_t start, Py_ssize_t T,
+                  int num_threads=1, bint simd=True):
+    """One chunk (layers, 2, heads, T, D) stored at ``bits`` (8, 4 or 2: codes with channel-wise float16
+    ``low`` and ``step``, (layers, 2, heads, 1, D); 16: float16 values) straight into the float16 cache
+    ``k_out``/``v_out`` (layers, heads, capacity, D) at positions ``start`` to ``start + T``: unpack, scale,
+    offset and round in one pass, no temporary. Rows (layer, K/V, head) are shared by ``num_threads``. The
+    Python layer checks the shapes; this trusts them."""
+    cdef Py_ssize_t L = k_out.shape[0], H = k_out.shape[1], capacity = k_out.shape[2], D = k_out.shape[3]
+    cdef Py_ssize_t rows = L * 2 * H, r
+    cdef const uint16_t* lo = &low[0] if low.shape[0] else NULL
+    cdef const uint16_t* st = &step[0] if step.shape[0] else NULL
+    cdef bint vector = simd and _HAVE_F16C and D % 8 == 0
+    with nogil:
+        if num_threads == 1:
+            for r in range(rows):
+                _chunk_row(&payload[0], bits, lo, st, &k_out[0, 0, 0, 0], &v_out[0, 0, 0, 0], r, H, T, D,
+                           capacity, start, vector)
+        else:
+            for r in prange(rows, num_threads=num_threads, schedule="static"):
+                _chunk_row(&payload[0], bits, lo, st, &k_out[0, 0, 0, 0], &v_out[0, 0, 0, 0], r, H, T, D,
+                           capacity, start, vector)

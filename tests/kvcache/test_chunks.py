@@ -240,3 +240,97 @@ def test_the_tensor_a_switch_dequantizes_into_equals_the_numpy_values(bits):
     got = chunk.to_tensor()
     assert got.dtype == torch.float32 and tuple(got.shape) == SHAPE
     np.testing.assert_allclose(got.numpy(), chunk.to_array(), rtol=1e-6, atol=1e-6)
+
+
+def _chunk(shape, bits, seed=0):
+    values = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 4
+    return encode_chunk(values, 16) if bits == 16 else recompress(encode_chunk(values, 8), bits)
+
+
+def _written(chunk, start=2, extra=3, **options):
+    L, _, H, T, D = chunk.shape
+    k, v = (np.full((L, H, start + T + extra, D), np.float16(7.5)) for _ in range(2))
+    chunk.into_half(k, v, start, **options)
+    return k, v
+
+
+@pytest.mark.parametrize("bits", [16, 8, 4, 2])
+@pytest.mark.parametrize("shape", [(3, 2, 3, 16, 64), (2, 2, 1, 7, 64), (1, 2, 2, 1, 64), (2, 2, 3, 5, 5),
+                                   (1, 2, 1, 3, 12)])
+def test_the_fused_kernel_equals_its_numpy_twin_bit_for_bit(bits, shape):
+    """Every level, odd token counts and odd head widths (the portable kernel where the vector one cannot
+    go), one thread and two: the cache holds the twin's float16 bits at the chunk's positions, nothing else
+    is touched, and the twin is what the unfused path (float32 values, then a float16 copy) gave."""
+    chunk = _chunk(shape, bits, seed=sum(shape) + bits)
+    want = chunk.to_half_reference()
+    assert np.array_equal(want.view(np.uint16), chunk.to_tensor().half().numpy().view(np.uint16))
+    for simd, threads in itertools.product((True, False), (1, 2)):
+        k, v = _written(chunk, simd=simd, num_threads=threads)
+        T = shape[3]
+        for out, kv in ((k, 0), (v, 1)):
+            assert np.array_equal(out[:, :, 2:2 + T].view(np.uint16), want[:, kv].view(np.uint16)), (simd, threads)
+            assert (out[:, :, :2] == np.float16(7.5)).all() and (out[:, :, 2 + T:] == np.float16(7.5)).all()
+
+
+def test_the_kernel_rounds_like_numpy_at_the_edges_of_float16():
+    """Steps and minima drawn over every finite float16 (subnormals, ties, values rounding to 65504 or past it
+    to infinity): the vector and the portable kernel give NumPy's float16 bits for every value."""
+    rng = np.random.default_rng(3)
+    shape = (2, 2, 4, 16, 64)
+    halves = rng.integers(0, 0x7c00, size=(2, *shape[:3], 1, shape[4]), dtype=np.uint16)      # finite, >= 0
+    signs = rng.integers(0, 2, size=halves.shape[1:], dtype=np.uint16) << 15
+    step, low = halves[0].view(np.float16), (halves[1] | signs).view(np.float16)
+    codes = rng.integers(0, 256, size=int(np.prod(shape)), dtype=np.uint8)
+    chunk = ChunkData(bits=8, shape=shape, payload=codes, low=low, step=step)
+    with np.errstate(over="ignore"):
+        want = chunk.to_half_reference()
+    assert np.isinf(want).any() and (np.abs(want[want != 0]) < np.float16(6.2e-5)).any()
+    for simd in (True, False):
+        k, v = _written(chunk, simd=simd)
+        assert np.array_equal(k[:, :, 2:18].view(np.uint16), want[:, 0].view(np.uint16)), simd
+        assert np.array_equal(v[:, :, 2:18].view(np.uint16), want[:, 1].view(np.uint16)), simd
+
+
+def test_the_kernel_allocates_nothing_per_chunk_where_the_unfused_path_allocated_the_chunk_twice():
+    import tracemalloc
+
+    chunk = _chunk((30, 2, 3, 16, 64), 4)
+    L, _, H, T, D = chunk.shape
+    k, v = (np.zeros((L, H, 64, D), np.float16) for _ in range(2))
+    chunk.into_half(k, v, 0)
+    tracemalloc.start()
+    try:
+        for start in range(0, 64, T):
+            chunk.into_half(k, v, start)
+        fused = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        bitpack.unpack_bits(chunk.payload, int(np.prod(chunk.shape)), 4)
+        unpacked = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert unpacked >= np.prod(chunk.shape)              # the step the kernel fuses away: one byte a value
+    assert fused < 4096, fused                           # a few array views, no buffer
+
+
+def test_the_kernel_refuses_what_it_cannot_write():
+    chunk = _chunk((1, 2, 1, 4, 8), 8)
+    k, v = (np.zeros((1, 1, 8, 8), np.float16) for _ in range(2))
+    for bad, match in (((k.astype(np.float32), v, 0), "writable C-contiguous float16"),
+                       ((k, v, 5), "does not fit the cache"), ((k, v, -1), "does not fit the cache"),
+                       ((np.zeros((1, 2, 8, 8), np.float16), v, 0), "does not fit the cache")):
+        with pytest.raises(WorkbenchError, match=match):
+            chunk.into_half(*bad)
+    with pytest.raises(WorkbenchError, match="32-bit chunk"):
+        encode_chunk(np.zeros((1, 2, 1, 4, 8), np.float32), 32).into_half(k, v, 0)
+
+
+def test_the_switch_builds_the_float16_cache_with_the_kernel(decoder):
+    tok = decoder_tokenizer()
+    kv = ChunkedKV.for_decoder(decoder.cfg)
+    run_call(decoder, kv, tok.chat("Name a river and a lake."), max_new_tokens=2, bits=8)
+    kv.chunks[0] = recompress(kv.chunks[0], 2)
+    cache = kv.to_cache(decoder.cfg, extra=3)
+    want = np.concatenate([c.to_half_reference() for c in kv.chunks], axis=3)
+    n = cache.length
+    assert np.array_equal(cache.k[:, :, :n].numpy().view(np.uint16), want[:, 0].view(np.uint16))
+    assert np.array_equal(cache.v[:, :, :n].numpy().view(np.uint16), want[:, 1].view(np.uint16))

@@ -41,6 +41,7 @@ them all again) 31 minutes more (``--tables load --load-calls 50`` for a shorter
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -60,7 +61,7 @@ PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_
                     "llms_without_pipeline": 1.62}
 """Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
 THRESHOLDS_MS = (10.0, 25.0)
-TABLES = ("switching", "active_contexts", "ablation", "paper_scale", "perplexity", "memory", "load")
+TABLES = ("kernel", "switching", "active_contexts", "ablation", "paper_scale", "perplexity", "memory", "load")
 REFERENCE_CONTEXTS = 8
 TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
 PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
@@ -69,7 +70,7 @@ tolerance-aware level counts placed at random (what ranking chunks by density is
 
 QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12, "budgets": [0.5, 0.75, 1.0],
          "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2,
-         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128, 256]}
+         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128, 256], "kernel_chunks": 8}
 """--quick: tiny sizes so every table is made in a minute or two (the tests)."""
 
 
@@ -85,6 +86,70 @@ WINDOWS = count(1, unit="windows", at_most=memory_holds(8 * 19, "windows of 19 t
 MEMORY_TOKENS = count(16, unit="tokens", at_most=Bound(
     limits.CONTEXT_TOKENS - CHAT_TURN_TOKENS, f"the decoder's {limits.CONTEXT_TOKENS} less the chat turn and the "
                                               f"call's growth"))
+
+
+KERNEL_CHUNKS = count(1, unit="chunks", at_most=Bound(limits.CONTEXT_TOKENS // 16, "the decoder's context in "
+                                                                                   "16-token chunks"))
+KERNEL_TARGET = 1.5
+"""The fused kernel's aim: within 1.5x of a plain copy of the bytes it writes."""
+
+
+def kernel_table(opts, repeats: int = 7) -> list[dict]:
+    """The switch's dequantization, per level: the fused kernel (vector and portable), the unfused path it
+    replaced (unpack, then torch's multiply, add and copy), and a plain copy of the same float16 bytes into the
+    same cache, each writing ``--kernel-chunks`` chunks of the decoder's shape; the median of ``repeats``
+    passes after one untimed. GB/s counts the float16 bytes written."""
+    import torch
+
+    from workbench.kvcache.chunks import encode_chunk, recompress
+
+    from workbench.models.config import shipped_decoder_config
+
+    cfg = shipped_decoder_config()
+    L, H, D, T = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 16
+    n = opts.kernel_chunks
+    k = np.zeros((L, H, n * T, D), np.float16)
+    v = np.zeros_like(k)
+    kt, vt = torch.from_numpy(k), torch.from_numpy(v)
+    values = np.random.default_rng(opts.seed).normal(size=(L, 2, H, T, D)).astype(np.float32)
+    plain = values.astype(np.float16)
+    nbytes = n * plain.nbytes
+    rows = []
+
+    def timed(work) -> float:
+        work()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def copy():
+        for i in range(n):
+            k[:, :, i * T:(i + 1) * T] = plain[:, 0]
+            v[:, :, i * T:(i + 1) * T] = plain[:, 1]
+
+    copy_s = timed(copy)
+    for bits in (8, 4, 2, 16):
+        chunk = encode_chunk(values, 16) if bits == 16 else recompress(encode_chunk(values, 8), bits)
+
+        def fused(simd=True):
+            for i in range(n):
+                chunk.into_half(k, v, i * T, simd=simd)
+
+        def unfused():
+            for i in range(n):
+                t = chunk.to_tensor()
+                kt[:, :, i * T:(i + 1) * T].copy_(t[:, 0])
+                vt[:, :, i * T:(i + 1) * T].copy_(t[:, 1])
+
+        for name, work in (("fused", fused), ("fused, portable", lambda: fused(False)), ("unfused (before)", unfused)):
+            seconds = timed(work)
+            rows.append({"bits": bits, "path": name, "chunks": n, "mb_written": nbytes / 1e6,
+                         "ms": 1e3 * seconds, "gb_per_s": nbytes / seconds / 1e9,
+                         "copy_gb_per_s": nbytes / copy_s / 1e9, "over_copy": seconds / copy_s})
+    return rows
 
 
 def parser() -> Parser:
@@ -126,6 +191,8 @@ def parser() -> Parser:
     p.add_argument("--load-prompt-words", type=limits.prompt_words, default=6, help="load: words per prompt, at most")
     p.add_argument("--memory-tokens", nargs="+", type=MEMORY_TOKENS, default=[2048, 8000],
                    help="memory: context lengths whose call's peak RSS is measured")
+    p.add_argument("--kernel-chunks", type=KERNEL_CHUNKS, default=256,
+                   help="kernel: chunks written into one float16 cache per timed pass")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
     p.add_argument("--quick", action="store_true", help="tiny sizes (tests): " +
                    ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
@@ -590,6 +657,15 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     tables: dict[str, list[dict]] = {}
     print(f"LLMS bench on {opts.device}: {opts.calls} calls per context, patterns {' '.join(opts.patterns)}, "
           f"{opts.max_new_tokens} new tokens per call", flush=True)
+    if "kernel" in opts.tables:
+        tables["kernel"] = rows = kernel_table(opts)
+        copy = rows[0]["copy_gb_per_s"]
+        print(f"kernel: {rows[0]['chunks']} chunks into a float16 cache ({rows[0]['mb_written']:.1f} MB); a plain copy "
+              f"{copy:.2f} GB/s; " + ", ".join(f"{r['bits']}-bit {r['path']} {r['gb_per_s']:.2f} GB/s "
+                                              f"({r['over_copy']:.2f}x the copy)" for r in rows), flush=True)
+        fused = max(r["over_copy"] for r in rows if r["path"] == "fused")
+        print(f"fused kernel within {KERNEL_TARGET:g}x of the copy at every level: "
+              f"{'met' if fused <= KERNEL_TARGET else 'MISSED'} (slowest {fused:.2f}x)", flush=True)
     if "switching" in opts.tables:
         print(f"switching: contexts {opts.contexts}, {replays.budget(opts.budget) / 1e6:.2f} MB ({opts.budget:g} of "
               f"the {opts.reference_contexts}-context trace's working set)")

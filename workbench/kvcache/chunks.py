@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workbench import bitpack
+from workbench import _ext, bitpack
 from workbench.errors import WorkbenchError
 
 FLOAT_BITS = 32
@@ -30,6 +30,8 @@ baselines keep, and what the service's uncompressed configurations hold)."""
 LEVELS: tuple[int, ...] = (8, 4, 2)
 """Compression levels (bits per value): the 8-bit base and the two further ones."""
 CHUNK_SIZE = 16
+_HALF = np.dtype(np.float16)
+_NO_HALVES = np.zeros(0, np.uint16)
 
 
 def check_bits(bits: int) -> int:
@@ -88,6 +90,37 @@ class ChunkData:
         codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
         values = tensor(codes).view(self.shape).float()
         return values.mul_(tensor(self.step)).add_(tensor(self.low))
+
+    def into_half(self, k: np.ndarray, v: np.ndarray, start: int, num_threads: int = 1, simd: bool = True) -> None:
+        """Write this chunk into a float16 cache, ``k`` and ``v`` (layers, kv_heads, capacity, head_dim), at
+        positions ``start`` to ``start + tokens``, in one pass of the extension's fused kernel from the stored
+        form (unpack, scale, offset, round; no temporary array): bit for bit :meth:`to_half_reference`.
+        ``simd=False`` forces the portable kernel. A 32-bit chunk goes to a float32 cache instead."""
+        L, _, H, T, D = self.shape
+        if self.bits == FLOAT_BITS:
+            raise WorkbenchError("a 32-bit chunk is exact in float32: write it to a float32 cache, not float16")
+        for name, out in (("k", k), ("v", v)):
+            if out.dtype != _HALF or out.ndim != 4 or not out.flags.c_contiguous or not out.flags.writeable:
+                raise WorkbenchError(f"{name} must be a writable C-contiguous float16 array (layers, heads, "
+                                     f"capacity, head_dim), got {out.dtype} {out.shape}")
+            if (out.shape[0], out.shape[1], out.shape[3]) != (L, H, D) or not 0 <= start <= out.shape[2] - T:
+                raise WorkbenchError(f"a chunk of shape {self.shape} at position {start} does not fit the cache "
+                                     f"{name} of shape {out.shape}")
+        raw = self.bits == HALF_BITS
+        low = _NO_HALVES if raw else self.low.reshape(-1).view(np.uint16)
+        step = _NO_HALVES if raw else self.step.reshape(-1).view(np.uint16)
+        _ext.chunk_to_half(self.payload.reshape(-1).view(np.uint8), self.bits, low, step, k.view(np.uint16),
+                           v.view(np.uint16), start, T, num_threads, simd)
+
+    def to_half_reference(self) -> np.ndarray:
+        """The fused kernel's NumPy twin: the chunk as float16 (layers, 2, kv_heads, tokens, head_dim), each value
+        ``code * step + low`` in float32 (a product, then a sum), rounded to nearest even."""
+        if self.bits in RAW_BITS:
+            return self.payload.reshape(self.shape).astype(np.float16)
+        count = int(np.prod(self.shape))
+        codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
+        product = codes.reshape(self.shape).astype(np.float32) * self.step.astype(np.float32)
+        return (product + self.low.astype(np.float32)).astype(np.float16)
 
     def to_bytes(self) -> bytes:
         """A self-describing serialization (NumPy's .npz, no pickle) for the swap store."""
@@ -236,8 +269,13 @@ class ChunkedKV:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)          # small copies: a second OpenMP thread on a busy core stalled them 10x
         try:
+            half = cache.k.dtype == torch.float16
+            k, v = (cache.k.numpy(), cache.v.numpy()) if half else (None, None)
             for i, chunk in enumerate(self.chunks):          # one chunk at a time: no second copy of the context
                 start, end = self.span(i)
+                if half:
+                    chunk.into_half(k, v, start)             # straight from its stored form, no temporary
+                    continue
                 values = chunk.to_tensor()
                 cache.k[:, :, start:end].copy_(values[:, 0])
                 cache.v[:, :, start:end].copy_(values[:, 1])
