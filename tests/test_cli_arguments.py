@@ -29,6 +29,7 @@ BAD = {
     "mix": "80:x",
     "GPUs per type": "v100=-1",
     "ramps": "1,x",
+    "group": "no-such-group-here",
 }
 """A value each argument type other than a number must refuse, by the type's name."""
 

@@ -64,6 +64,9 @@ def _group(name: str) -> str:
     return name
 
 
+_group.__name__ = "group"
+
+
 def _trace(args) -> int:
     from workbench.kvcache.traces import synthesize_trace
 
