@@ -79,3 +79,18 @@ def run_benchmark(name: str, args: list[str] | None = None) -> dict[str, list[di
             path = results.save_rows(f"{name}-{table}" if table else name, rows, made_by)
             print(f"results written to {path} ({made_by['run']} run)")
     return tables
+
+
+def add_quick_argument(parser, quick: dict, what: str = "test sizes") -> None:
+    """``--quick``: the benchmark's tiny sizes, listed in its help (applied by :func:`parse_with_quick`)."""
+    parser.add_argument("--quick", action="store_true", help=f"{what}: " + ", ".join(
+        f"{key.replace('_', '-')} {value}" for key, value in quick.items()))
+
+
+def parse_with_quick(parser, args: list[str], quick: dict):
+    """``parser``'s options for ``args``, with ``quick``'s sizes over them when ``--quick`` is given."""
+    opts = parser.parse_args(args)
+    if opts.quick:
+        for key, value in quick.items():
+            setattr(opts, key, value)
+    return opts

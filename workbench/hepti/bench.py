@@ -42,6 +42,7 @@ import time
 from dataclasses import replace
 
 from workbench.argtypes import Bound, Parser, count, positive, seed
+from workbench.bench import add_quick_argument, parse_with_quick
 from workbench.distributed import limits
 
 TABLES = ("lp", "modes", "shares", "switch", "fault")
@@ -100,17 +101,13 @@ def parser() -> Parser:
     p.add_argument("--seed", type=seed, default=0,
                    help="the LP table's devices are drawn from this seed")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
-    p.add_argument("--quick", action="store_true", help="test sizes: " +
-                   ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    add_quick_argument(p, QUICK)
     return p
 
 
 def options(args: list[str]):
     p = parser()
-    opts = p.parse_args(args)
-    if opts.quick:
-        for key, value in QUICK.items():
-            setattr(opts, key, value)
+    opts = parse_with_quick(p, args, QUICK)
     K = len(opts.speeds_gflops)
     if len(opts.bandwidths_mbit) != K:
         p.error(f"--bandwidths-mbit: one per device, {K} as --speeds-gflops gives, got {len(opts.bandwidths_mbit)}")

@@ -47,7 +47,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
     num_layers = cfg.num_layers
     x, split, speeds_at_decision = inputs["x"], None, None
     decisions: list[Decision] = []
-    measured = {"compute_s": 0.0, "work": 0.0, "speed": SpeedEstimate(device.flops_per_s)}
+    speed = SpeedEstimate(device.flops_per_s)
     has_x = [True] * K
 
     def hold(new, devices_now, layer) -> None:
@@ -75,7 +75,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
         for layer in range(start_layer, num_layers):
             if rank == 0:
                 progress(layer, f"layer {layer}", {"checkpoint": (layer, x)})
-            devices_now = _gather_reports(comm, reports, rank, layer, measured, walker)
+            devices_now = _gather_reports(comm, reports, rank, layer, speed.flops_per_s, walker)
             start = clock.now()
             if layer == start_layer:
                 (new, why, partition), devices_now = first, first_now
@@ -104,10 +104,9 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
             has_x = [r in split.participants for r in range(K)]
             # the device's time for the layer's work: the real compute here, or the profile's where padding
             # stood in for a device slower than this host (a span's own length also holds lateness caught up)
-            measured["compute_s"] = sum(max(s.meta["real_s"], s.meta["predicted_s"] if emulate else 0.0)
-                                        for s in result.spans if s.layer == layer and s.kind == "compute")
-            measured["work"] = sum(s.seconds[rank] for s in steps if s.kind == "compute") * device.flops_per_s
-            measured["speed"].add(measured["work"], measured["compute_s"])
+            speed.add(sum(s.seconds[rank] for s in steps if s.kind == "compute") * device.flops_per_s,
+                      sum(max(s.meta["real_s"], s.meta["predicted_s"] if emulate else 0.0)
+                          for s in result.spans if s.layer == layer and s.kind == "compute"))
         x = _bring_x(comm, LayerSplit("serial", (0,), ()), x, has_x, num_layers - 1)
         if rank == 0:
             start = clock.now()
@@ -129,20 +128,13 @@ def _exchange(comm: Comm, values: list[float]) -> list[torch.Tensor]:
     return pieces
 
 
-def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, measured: dict, walker: Walker):
-    """Every rank's report, gathered by all: each device's free memory now, its speed estimate (the median of
-    its last layers' compute; a padded run measures the profile itself unless this host falls behind it,
-    a run under CPU limits the limited rank) and its profile's link."""
-    speed = measured["speed"].flops_per_s
-    link = reports.link[rank]
-    mine = torch.tensor([reports.free_bytes(rank, layer), speed, link], dtype=torch.float64)
+def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, speed: float, walker: Walker):
+    """Every rank's report, gathered by all and counted: each device's free memory now, its speed estimate (the
+    median of its last layers' compute; a padded run measures the profile itself unless this host falls behind
+    it, a run under CPU limits the limited rank) and its profile's link."""
     start = walker.clock.now()
-    pieces = [torch.empty_like(mine) for _ in range(comm.world)]
-    if comm.world > 1:
-        dist.all_gather(pieces, mine)
-    else:
-        pieces = [mine]
-    nbytes = mine.numel() * mine.element_size()
+    pieces = _exchange(comm, [reports.free_bytes(rank, layer), speed, reports.link[rank]])
+    nbytes = REPORT_FLOATS * pieces[0].element_size()
     comm.counts.append(Count(layer, "report", (comm.world - 1) * nbytes, (comm.world - 1) * nbytes))
     walker.span("comm", start, f"reports {layer}", layer, nbytes=2 * (comm.world - 1) * nbytes,
                 meta={"sent": (comm.world - 1) * nbytes, "received": (comm.world - 1) * nbytes})
@@ -232,30 +224,28 @@ def _run_2d(split, layer, lay, x, bias, comm, rank, compute, collective, own, mi
     def in_col(k):
         return mine and j == k
 
+    def rounds(count, member, value, fn):
+        """One collective per row (or column) group in turn, walked by every rank; a member takes its result."""
+        for k in range(count):
+            got = collective(lambda: fn(k, value), member(k))
+            value = got if member(k) else value
+        return value
+
+    def gather(group, sizes):
+        return lambda k, value: comm.all_gather(value, [sizes(m) for m in group(k)], group(k), -1, layer)
+
+    def reduce(group):
+        return lambda k, value: comm.all_reduce(value, layer, group(k))
+
     ctx = compute(lambda: L.head_context(lay, x, own, bias))
-    for k in range(r_):
-        got = collective(lambda: comm.all_gather(ctx, [split.heads[m] * dh for m in split.row_group(k)],
-                                                 split.row_group(k), -1, layer), in_row(k))
-        ctx = got if in_row(k) else ctx
+    ctx = rounds(r_, in_row, ctx, gather(split.row_group, lambda m: split.heads[m] * dh))
     part = compute(lambda: F.linear(ctx, lay.attn_out.weight))
-    for k in range(c_):
-        got = collective(lambda: comm.all_reduce(part, layer, split.col_group(k)), in_col(k))
-        part = got if in_col(k) else part
-    for k in range(r_):
-        got = collective(lambda: comm.all_gather(part, [split.col_dims[split.position(m)[1]] for m in split.row_group(k)],
-                                                 split.row_group(k), -1, layer), in_row(k))
-        part = got if in_row(k) else part
+    part = rounds(c_, in_col, part, reduce(split.col_group))
+    part = rounds(r_, in_row, part, gather(split.row_group, lambda m: split.col_dims[split.position(m)[1]]))
     h = L.finish_attention(lay, x, part) if mine else None
     inner = compute(lambda: F.linear(h[..., D_i], lay.ffn1.weight))
-    for k in range(c_):
-        got = collective(lambda: comm.all_reduce(inner, layer, split.col_group(k)), in_col(k))
-        inner = got if in_col(k) else inner
+    inner = rounds(c_, in_col, inner, reduce(split.col_group))
     out = compute(lambda: F.linear(F.gelu(inner + lay.ffn1.bias), lay.ffn2.weight))
-    for k in range(r_):
-        got = collective(lambda: comm.all_reduce(out, layer, split.row_group(k)), in_row(k))
-        out = got if in_row(k) else out
-    for k in range(c_):
-        got = collective(lambda: comm.all_gather(out, [split.row_dims[split.position(m)[0]] for m in split.col_group(k)],
-                                                 split.col_group(k), -1, layer), in_col(k))
-        out = got if in_col(k) else out
+    out = rounds(r_, in_row, out, reduce(split.row_group))
+    out = rounds(c_, in_col, out, gather(split.col_group, lambda m: split.row_dims[split.position(m)[0]]))
     return L.finish_ffn(lay, h, out) if mine else x

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.argtypes import Bound, Parser, count, memory_holds, seed
+from workbench.bench import add_quick_argument, parse_with_quick
 from workbench.kvcache import limits
 from workbench.kvcache.artifacts import METHODS
 from workbench.data import split_size
@@ -194,16 +195,12 @@ def parser() -> Parser:
     p.add_argument("--kernel-chunks", type=KERNEL_CHUNKS, default=256,
                    help="kernel: chunks written into one float16 cache per timed pass")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (tests): " +
-                   ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    add_quick_argument(p, QUICK, "tiny sizes (tests)")
     return p
 
 
 def options(args: list[str]):
-    opts = parser().parse_args(args)
-    if opts.quick:
-        for key, value in QUICK.items():
-            setattr(opts, key, value)
+    opts = parse_with_quick(parser(), args, QUICK)
     if opts.prefix % 16:
         parser().error(f"--prefix must be a multiple of 16 (whole chunks), got {opts.prefix}")
     if opts.prefix + opts.target + 1 > limits.CONTEXT_TOKENS:

@@ -37,6 +37,7 @@ import statistics
 import time
 
 from workbench.argtypes import Bound, Parser, count
+from workbench.bench import add_quick_argument, parse_with_quick
 from workbench.devices import profile_names
 from workbench.distributed import limits
 from workbench.partition.plan import DEFAULT_DEVICE
@@ -117,17 +118,13 @@ def parser() -> Parser:
     p.add_argument("--attention-repeats", type=limits.repeats, default=9,
                    help="timed repeats of each attention variant (interleaved; the median is kept)")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
-    p.add_argument("--quick", action="store_true", help="test sizes: " +
-                   ", ".join(f"{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    add_quick_argument(p, QUICK)
     return p
 
 
 def options(args: list[str]):
     p = parser()
-    opts = p.parse_args(args)
-    if opts.quick:
-        for key, value in QUICK.items():
-            setattr(opts, key, value)
+    opts = parse_with_quick(p, args, QUICK)
     opts.bandwidths = [float(b) for b in opts.bandwidths]
     opts.measured_bandwidths = [float(b) for b in (opts.bandwidths if opts.measured_bandwidths is None
                                                    else opts.measured_bandwidths)]
