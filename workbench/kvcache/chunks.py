@@ -254,10 +254,12 @@ class ChunkedKV:
         raw32 = new_bits == FLOAT_BITS or any(c is not None and c.bits == FLOAT_BITS for c in self.chunks)
         return torch.float32 if raw32 else torch.float16
 
-    def to_cache(self, cfg, extra: int = 0, new_bits: int = LEVELS[0]):
+    def to_cache(self, cfg, extra: int = 0, new_bits: int = LEVELS[0], into=None):
         """A decoder ``KVCache`` holding this context, with room for ``extra`` more tokens written at
         ``new_bits``, in :meth:`working_dtype`; built one chunk at a time, so the context is never held
-        twice in float."""
+        twice in float. ``into``: a cache to write in place of a new one (its dtype must be
+        :meth:`working_dtype` and its capacity at least the context and ``extra``; slots past the context are
+        left as they are)."""
         import torch
 
         from workbench.models.decoder import KVCache
@@ -265,25 +267,40 @@ class ChunkedKV:
         n = len(self.tokens)
         if self.missing():
             raise WorkbenchError(f"chunks {self.missing()} are not in memory; load or recompute them first")
-        cache = KVCache.empty(cfg, n + extra, dtype=self.working_dtype(new_bits))
+        dtype = self.working_dtype(new_bits)
+        if into is None:
+            cache = KVCache.empty(cfg, n + extra, dtype=dtype)
+        elif into.k.dtype != dtype or into.capacity < n + extra:
+            raise WorkbenchError(f"the cache given holds {into.capacity} {into.k.dtype} slots; this call needs "
+                                 f"{n + extra} of {dtype}")
+        else:
+            cache = into
+        self.write_chunks(cache, range(len(self.chunks)))
+        cache.positions[:n] = torch.arange(n)
+        cache.length = n
+        return cache
+
+    def write_chunks(self, cache, indices) -> None:
+        """Write chunks ``indices`` into ``cache`` at their positions, each straight from its stored form
+        (:meth:`ChunkData.into_half` for a float16 cache)."""
+        import torch
+
         threads = torch.get_num_threads()
         torch.set_num_threads(1)          # small copies: a second OpenMP thread on a busy core stalled them 10x
         try:
             half = cache.k.dtype == torch.float16
             k, v = (cache.k.numpy(), cache.v.numpy()) if half else (None, None)
-            for i, chunk in enumerate(self.chunks):          # one chunk at a time: no second copy of the context
+            for i in indices:
+                chunk = self.chunks[i]
                 start, end = self.span(i)
                 if half:
-                    chunk.into_half(k, v, start)             # straight from its stored form, no temporary
+                    chunk.into_half(k, v, start)
                     continue
                 values = chunk.to_tensor()
                 cache.k[:, :, start:end].copy_(values[:, 0])
                 cache.v[:, :, start:end].copy_(values[:, 1])
         finally:
             torch.set_num_threads(threads)
-        cache.positions[:n] = torch.arange(n)
-        cache.length = n
-        return cache
 
     def absorb(self, cache, new_tokens: list[int], attn_columns=None, bits: int = 8) -> list[int]:
         """Take the tokens a call added (``new_tokens``, already in ``cache`` after this context's own)

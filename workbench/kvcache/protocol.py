@@ -141,6 +141,7 @@ class CallStats:
     cut_by_deadline: bool = False   # set by the server: the call's deadline ended its generation
     chunks_restored: int = 0        # damaged chunk files restored exactly from their intact 8-bit base
     recovered: tuple[str, ...] = () # each damaged chunk file of the call, and how its chunk came back
+    cache_reused: bool = False      # the working cache still held this context from its last call: no rebuild
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -50,6 +50,7 @@ from workbench.kvcache.lifecycle import EvictionRecord, LCTRUQueue, QueueEntry
 from workbench.kvcache.metrics import ServiceMetrics
 from workbench.kvcache.protocol import CallStats, CtxStub
 from workbench.kvcache.swapfile import DamagedChunkFileError
+from workbench.kvcache.working import WorkingCache
 from workbench.kvcache.statistics import ChunkState, ContextState, ServiceState, app_snapshot, queue_dicts
 from workbench.kvcache.store import (BASE_BITS, BOTH, DROPPED, HAS_FILE, IN_MEMORY, MEMORY, ChunkRow, ContextRow,
                                      ServedContext, SwapStore)
@@ -184,6 +185,7 @@ class LLMService:
         self._tick = 0
         self._closed = False
         self.last_call: CallStats | None = None
+        self.working = WorkingCache(model.cfg, limit)
         self._restore()
 
     # ------------------------------------------------------------------ set-up
@@ -295,6 +297,7 @@ class LLMService:
     def _drop(self, ctx: ServedContext) -> None:
         """Delete ``ctx`` (its files, index rows and queue entries); the caller holds the turn."""
         self.store.delete_context(ctx.row.id)
+        self.working.forget()
         with self._state:
             del self._contexts[ctx.row.id]
             del self._stubs[ctx.row.stub_sha256]
@@ -346,7 +349,8 @@ class LLMService:
                 t_loaded = time.perf_counter()
                 report = self._load(ctx, missing)
                 t_dequantize = time.perf_counter()
-                cache = kv.to_cache(self.model.cfg, extra=adding, new_bits=self.config.base_bits)
+                cache, reused = self.working.for_call(kv, ctx.row.id, ctx.row.last_tick, adding,
+                                                      self.config.base_bits)
                 t_infer = time.perf_counter()
                 from workbench.kvcache.engine import run_call
 
@@ -359,6 +363,7 @@ class LLMService:
                     t_compress = time.perf_counter()
                     releveled, bases = self._compress(ctx)
                     dirty = set(result.changed_chunks) | set(report.recomputed) | releveled
+                    self.working.write_back(kv, dirty)
                     t_write = time.perf_counter()
                     text = self.tokenizer.decode([t for t in result.output_ids if t != self.tokenizer.im_end_id])
 
@@ -374,12 +379,14 @@ class LLMService:
                             evicted_bytes=sum(r.nbytes for r in records), prompt_tokens=len(ids),
                             output_tokens=len(result.output_ids), context_tokens=len(kv.tokens),
                             loader=loader_name(self.loader), chunks_restored=len(report.restored),
-                            recovered=report.recovered)
+                            recovered=report.recovered, cache_reused=reused)
 
                     reply = None if call_id is None else json.dumps(
                         {"request": request, "text": text, "stats": stats_until(t_write, 0).to_dict()})
                     written_bytes, written_files = self._finish_call(ctx, dirty, bases, call_id, reply)
+                    self.working.keep(ctx.row.id, ctx.row.last_tick)
                 except BaseException as exc:
+                    self.working.forget()
                     with self._state:
                         undo()
                     if isinstance(exc, (OSError, sqlite3.Error)):
