@@ -660,34 +660,79 @@ cdef extern from *:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     }
-    /* eight codes of a row starting at code j (j a multiple of 8) as eight int32 */
-    WB_F16C static inline __m256i wb_codes8(const uint8_t *codes, int bits, int64_t j) {
+    /* sixteen 8- or 4-bit codes of a row starting at code j (j a multiple of 16) as sixteen bytes, in order
+       (4 bits: low nibble first, byte i holds codes 2i and 2i + 1) */
+    WB_F16C static inline __attribute__((always_inline)) __m128i wb_bytes16(const uint8_t *codes, int bits, int64_t j) {
         const uint8_t *p = codes + (j * bits >> 3);
-        if (bits == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-        if (bits == 4) {
-            uint32_t word;
-            memcpy(&word, p, 4);
-            return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word),
-                                                      _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                    _mm256_set1_epi32(15));
-        }
-        uint16_t half;
-        memcpy(&half, p, 2);
-        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)half),
+        if (bits == 8) return _mm_loadu_si128((const __m128i *)p);
+        const __m128i x = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(15);
+        return _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+    }
+    /* eight 2-bit codes from code j (a multiple of 8) as eight int32: one 16-bit word shifted per lane */
+    WB_F16C static inline __attribute__((always_inline)) __m256i wb_pairs8(const uint8_t *codes, int64_t j) {
+        uint16_t word;
+        memcpy(&word, codes + (j >> 2), 2);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word),
                                                   _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
                                 _mm256_set1_epi32(3));
     }
-    /* the row eight values at a time (D a multiple of 8): widen, multiply, add (two roundings, no FMA: the
-       scalar kernel's and NumPy's arithmetic), round to float16, store */
+    /* eight int32 codes scaled and offset (a product, then a sum: two roundings, no FMA, the scalar kernel's
+       and NumPy's arithmetic), rounded to float16 and stored */
+    WB_F16C static inline __attribute__((always_inline)) void wb_store8(__m256i codes, const float *s, const float *o,
+                                                                        uint16_t *out) {
+        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(codes), _mm256_loadu_ps(s)), _mm256_loadu_ps(o));
+        _mm_storeu_si128((__m128i *)out, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    /* the row sixteen values at a time (D a multiple of 16, at most WB_ROW_FLOATS): the channels' scales
+       and offsets widened to float once per row, then per position unpack, scale, offset, round, store */
     WB_F16C static inline __attribute__((always_inline)) void wb_row_bits(const uint8_t *codes, const int bits, const uint16_t *low,
                                     const uint16_t *step, int64_t n, int64_t D, uint16_t *out) {
+        float s[WB_ROW_FLOATS], o[WB_ROW_FLOATS];
+        for (int64_t d = 0; d < D; d += 8) {
+            _mm256_storeu_ps(s + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(step + d))));
+            _mm256_storeu_ps(o + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(low + d))));
+        }
+        if (bits == 4) {
+            /* each byte holds two channels' codes: widen the bytes, split the nibbles into even and odd
+               channels (their scales reordered to match once per row), interleave the halves as stored */
+            float se[WB_ROW_FLOATS], oe[WB_ROW_FLOATS];
+            for (int64_t d = 0; d < D; d += 16)
+                for (int k = 0; k < 8; k++) {
+                    se[d + k] = s[d + 2 * k]; se[d + 8 + k] = s[d + 2 * k + 1];
+                    oe[d + k] = o[d + 2 * k]; oe[d + 8 + k] = o[d + 2 * k + 1];
+                }
+            const __m256i m = _mm256_set1_epi32(15);
+            for (int64_t t = 0; t < n; t += D) {
+                for (int64_t d = 0; d < D; d += 16) {
+                    const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + ((t + d) >> 1))));
+                    const __m256 ev = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w, m)),
+                                                                  _mm256_loadu_ps(se + d)), _mm256_loadu_ps(oe + d));
+                    const __m256 od = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4)),
+                                                                  _mm256_loadu_ps(se + d + 8)), _mm256_loadu_ps(oe + d + 8));
+                    const __m128i he = _mm256_cvtps_ph(ev, _MM_FROUND_TO_NEAREST_INT);
+                    const __m128i ho = _mm256_cvtps_ph(od, _MM_FROUND_TO_NEAREST_INT);
+                    _mm_storeu_si128((__m128i *)(out + t + d), _mm_unpacklo_epi16(he, ho));
+                    _mm_storeu_si128((__m128i *)(out + t + d + 8), _mm_unpackhi_epi16(he, ho));
+                }
+            }
+            return;
+        }
         for (int64_t t = 0; t < n; t += D) {
-            for (int64_t d = 0; d < D; d += 8) {
-                __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(step + d)));
-                __m256 o = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(low + d)));
-                __m256 v = _mm256_cvtepi32_ps(wb_codes8(codes, bits, t + d));
-                v = _mm256_add_ps(_mm256_mul_ps(v, s), o);
-                _mm_storeu_si128((__m128i *)(out + t + d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            for (int64_t d = 0; d < D; d += 16) {
+                __m256i c0, c1;
+                if (bits == 2) {
+                    c0 = wb_pairs8(codes, t + d);
+                    c1 = wb_pairs8(codes, t + d + 8);
+                } else if (bits == 8) {
+                    c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + t + d)));
+                    c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + t + d + 8)));
+                } else {
+                    const __m128i c = wb_bytes16(codes, bits, t + d);
+                    c0 = _mm256_cvtepu8_epi32(c);
+                    c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
+                }
+                wb_store8(c0, s + d, o + d, out + t + d);
+                wb_store8(c1, s + d + 8, o + d + 8, out + t + d + 8);
             }
         }
     }
@@ -747,7 +792,7 @@ def chunk_to_half(const uint8_t[::1] payload, int bits, const uint16_t[::1] low,
     cdef Py_ssize_t rows = L * 2 * H, r
     cdef const uint16_t* lo = &low[0] if low.shape[0] else NULL
     cdef const uint16_t* st = &step[0] if step.shape[0] else NULL
-    cdef bint vector = simd and _HAVE_F16C and D % 8 == 0
+    cdef bint vector = simd and _HAVE_F16C and D % 16 == 0 and D <= 512
     with nogil:
         if num_threads == 1:
             for r in range(rows):
