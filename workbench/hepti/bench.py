@@ -56,8 +56,9 @@ MODEL = "encoder"
 SEED = 0
 """The input tokens' seed: the runs and the model in one process read the same input."""
 
-QUICK = {"seq_len": 64, "repeats": 1, "lp_repeats": 3, "scenarios": ["unequal"], "runs": "replay"}
-"""--quick: a shorter input, one run per point, three timed solves, the shares on the unequal devices only,
+QUICK = {"seq_len": 64, "repeats": 1, "lp_repeats": 3, "lp_ks": [4, 16], "scenarios": ["unequal"], "runs": "replay"}
+"""--quick: a shorter input, one run per point, three timed solves at 4 and 16 devices (64 take seconds a
+solve), the shares on the unequal devices only,
 the runs replayed (a measured run calibrates its CPU limits first: tens of seconds a run)."""
 RUNS = ("measured", "replay")
 

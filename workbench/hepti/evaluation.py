@@ -206,12 +206,19 @@ def drawn(K: int, case: str, seed: int = 0) -> list[DeviceProfile]:
     return devices
 
 
-def solve_times(repeats: int = 15, counts: Sequence[int] = (4, 16, 64),
+SOLVE_REPEATS = {"full": 15, "quick": 3}
+"""Timed solves per point of :func:`solve_times` by preset: 64 devices take about a second a solve."""
+
+
+def solve_times(repeats: int | None = None, counts: Sequence[int] = (4, 16, 64),
                 clock: Callable[[], float] = time.perf_counter) -> list[dict]:
     """Per device count and memory case: the mode, the median and 95th percentile of ``repeats`` timed calls
-    after one untimed, beside a layer's predicted time."""
+    after one untimed (by default :data:`SOLVE_REPEATS` of the preset), beside a layer's predicted time."""
     import numpy as np
 
+    from workbench.presets import default_preset
+
+    repeats = SOLVE_REPEATS[default_preset()] if repeats is None else repeats
     rows = []
     for K in counts:
         for case in ("ample", "short"):

@@ -50,3 +50,22 @@ def replay_ratios(replays: dict) -> pd.DataFrame:
     rows = [{"method": m, "mean_switch_ms": 1e3 * r.mean_switch_s(),
              "times_llms": r.mean_switch_s() / llms if llms > 0 else float("nan")} for m, r in replays.items()]
     return pd.DataFrame(rows)
+
+
+def switching_runs() -> pd.DataFrame:
+    """Full-preset switching runs recorded on this project's 2-core host as the switch path changed (shipped in
+    ``data/reference/llms_switching_runs.csv``), one row a run and cell: LLMS's mean switch and each baseline's
+    over it, then a row a run averaged over its cells as the bench averages them (each method's mean over
+    the cells, over LLMS's). Recorded, not re-measured: a fresh ``workbench bench llms`` run is the current
+    one."""
+    rows = pd.read_csv(shipped("reference") / "llms_switching_runs.csv")
+    wide = rows.pivot_table(index=["run", "change", "pattern", "contexts"], columns="method",
+                            values="mean_switch_ms", sort=False).reset_index()
+    wide.columns.name = None
+    summary = wide.groupby(["run", "change"], sort=False)[["llms", "vllm_sq", "lmk"]].mean().reset_index()
+    summary["pattern"], summary["contexts"] = "all 12 cells", "mean"
+    out = pd.concat([wide, summary], ignore_index=True)
+    out["vllm_sq_over_llms"] = out["vllm_sq"] / out["llms"]
+    out["lmk_over_llms"] = out["lmk"] / out["llms"]
+    return out[["run", "change", "pattern", "contexts", "llms", "vllm_sq_over_llms", "lmk_over_llms"]].rename(
+        columns={"llms": "llms_ms"})
