@@ -268,6 +268,63 @@ def test_the_check_follows_imports_through_shared_modules_packages_and_import_mo
                         "workbench.sub", "workbench.sub.leaf", "workbench.ui.page", "workbench.via_page"}
 
 
+def views_of(mechanism: str, views: set[str]) -> set[str]:
+    """The own views (:func:`own_views`) of one mechanism: named after it, or named by its declaration."""
+    from workbench.mechanisms import mechanisms
+
+    (m,) = [m for m in mechanisms() if m.name == mechanism]
+    refs = [m.dashboard.panel if m.dashboard else "", m.overview.panel if m.overview else "", *m.benchmarks.values()]
+    named = {ref.partition(":")[0] for ref in refs if ref}
+    return {v for v in views if v in named or any(_in(f"{package}.{mechanism}", v) for package in VIEW_PACKAGES)}
+
+
+def view_reached(graph, starts: list[str], bad) -> dict[str, list[str]]:
+    """Each of ``starts`` that may load a module for which ``bad`` holds (running its parent packages first),
+    with the chain of imports that does it."""
+    found = {}
+    for module in starts:
+        for start in (*parents(module), module):
+            chain = chain_to(graph, start, bad)
+            if chain:
+                found[module] = chain
+                break
+    return found
+
+
+def test_no_shared_module_reaches_a_mechanisms_view():
+    """The view packages' faces (``workbench.viz``, ``workbench.ui``) and every other shared module re-export
+    shared things only: importing ``workbench.viz.timeline`` must not load the elastic view."""
+    mechanisms, graph, views = mechanism_packages(), loading_graph(), own_views()
+    shared = shared_modules(graph, mechanisms, views)
+    bad = view_reached(graph, shared, lambda m: m in views)
+    assert not bad, "\n".join(f"{m}: {' -> '.join(chain)}" for m, chain in bad.items())
+
+
+@pytest.mark.parametrize("name", mechanism_packages())
+def test_no_mechanisms_view_reaches_another_mechanism_or_its_views(name):
+    mechanisms, graph, views = mechanism_packages(), loading_graph(), own_views()
+    mine = views_of(name, views)
+    others = set().union(*(views_of(o, views) for o in mechanisms if o != name)) - mine
+    assert mine and not mine & others
+    bad = view_reached(graph, sorted(mine), lambda m: m in others or any(
+        _in(f"workbench.{o}", m) for o in mechanisms if o != name))
+    assert not bad, "\n".join(f"{m}: {' -> '.join(chain)}" for m, chain in bad.items())
+
+
+def test_the_view_check_follows_package_faces(tmp_path, monkeypatch):
+    """A shared view module inside a package whose face imports a mechanism's view is caught through the face."""
+    files = {"__init__.py": "", "viz/__init__.py": "from workbench.viz.mech import fig\n", "viz/mech.py": "fig = 1\n",
+             "viz/timeline.py": "x = 1\n", "viz/other.py": "from workbench.viz import mech\n"}
+    for name, text in files.items():
+        (tmp_path / "workbench" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "workbench" / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "workbench")
+    graph = loading_graph()
+    bad = view_reached(graph, ["workbench.viz.timeline", "workbench.viz"], lambda m: m == "workbench.viz.mech")
+    assert bad == {"workbench.viz.timeline": ["workbench.viz", "workbench.viz.mech"],
+                   "workbench.viz": ["workbench.viz", "workbench.viz.mech"]}
+
+
 def test_no_two_modules_import_each_other():
     assert import_cycles(import_graph()) == []
 

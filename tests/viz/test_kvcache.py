@@ -5,7 +5,7 @@ import pytest
 
 from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
 from workbench.timeline import Span, Timeline
-from workbench.viz import chunk_map_figure, events_figure, latency_figure, load_gantt_figure, queue_figure
+from workbench.viz.kvcache import chunk_map_figure, events_figure, latency_figure, load_gantt_figure, queue_figure
 from workbench.viz.kvcache import ACTION_LABELS, STATE_COLORS, STATE_LABELS, format_ms, method_label
 from tests.viz.test_elastic import unexplained
 

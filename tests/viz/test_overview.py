@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from workbench.devices import DISTILBERT, MINILM, get_profile
-from workbench.viz import accuracy_grid_figure, layer_times_figure
+from workbench.viz import layer_times_figure
+from workbench.viz.elastic import accuracy_grid_figure
 
 
 def test_accuracy_grid_figure_shows_every_submodel():
