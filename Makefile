@@ -43,7 +43,7 @@ net-deps:
 
 test: setup browser-deps net-deps
 	WORKBENCH_PRESET=quick $(VENV)/bin/workbench prepare --preset quick --quiet
-	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=30 tests
+	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider --durations=30 tests
 
 test-fast: setup
 	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider -m "not notebooks and not browser" tests

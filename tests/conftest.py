@@ -11,17 +11,9 @@ PRESET = os.environ["WORKBENCH_PRESET"]
 REPO = Path(__file__).resolve().parent.parent
 
 
-RAY_FILES = ("test_serve.py", "test_realrun.py", "test_cluster.py")
-"""Early-exit test files that start Ray (locally or in network namespaces) besides the ``ray_cluster`` users."""
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        ray = "ray_cluster" in getattr(item, "fixturenames", ()) or (parts[0] == "earlyexit" and parts[-1] in RAY_FILES)
-        # with `-n 2 --dist loadgroup` (make test) a file's tests stay on one worker, so its module fixtures are
-        # made once, and every Ray test goes to one worker, so one Ray runs at a time
-        item.add_marker(pytest.mark.xdist_group("ray" if ray else "/".join(parts)))
         if parts[0] == "browser":
             item.add_marker(pytest.mark.browser)
         elif parts[0] == "notebooks" or item.fspath.basename == "test_notebooks.py":
