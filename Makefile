@@ -46,7 +46,7 @@ test: setup browser-deps net-deps
 	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider --durations=30 tests
 
 test-fast: setup
-	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider -m "not notebooks and not browser" tests
+	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider -m unit --durations=10 tests
 
 clean-venv:
 	rm -rf $(VENV)

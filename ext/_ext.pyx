@@ -660,14 +660,6 @@ cdef extern from *:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     }
-    /* sixteen 8- or 4-bit codes of a row starting at code j (j a multiple of 16) as sixteen bytes, in order
-       (4 bits: low nibble first, byte i holds codes 2i and 2i + 1) */
-    WB_F16C static inline __attribute__((always_inline)) __m128i wb_bytes16(const uint8_t *codes, int bits, int64_t j) {
-        const uint8_t *p = codes + (j * bits >> 3);
-        if (bits == 8) return _mm_loadu_si128((const __m128i *)p);
-        const __m128i x = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(15);
-        return _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
-    }
     /* eight 2-bit codes from code j (a multiple of 8) as eight int32: one 16-bit word shifted per lane */
     WB_F16C static inline __attribute__((always_inline)) __m256i wb_pairs8(const uint8_t *codes, int64_t j) {
         uint16_t word;
@@ -723,13 +715,9 @@ cdef extern from *:
                 if (bits == 2) {
                     c0 = wb_pairs8(codes, t + d);
                     c1 = wb_pairs8(codes, t + d + 8);
-                } else if (bits == 8) {
+                } else {
                     c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + t + d)));
                     c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + t + d + 8)));
-                } else {
-                    const __m128i c = wb_bytes16(codes, bits, t + d);
-                    c0 = _mm256_cvtepu8_epi32(c);
-                    c1 = _mm256_cvtepu8_epi32(_mm_srli_si128(c, 8));
                 }
                 wb_store8(c0, s + d, o + d, out + t + d);
                 wb_store8(c1, s + d + 8, o + d + 8, out + t + d + 8);

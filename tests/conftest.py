@@ -11,15 +11,32 @@ PRESET = os.environ["WORKBENCH_PRESET"]
 REPO = Path(__file__).resolve().parent.parent
 
 
+TIERS = ("unit", "integration", "browser", "notebooks")
+
+
 def pytest_collection_modifyitems(config, items):
+    """Each test's tier by what it starts: ``browser`` (tests/browser), ``notebooks`` (nbclient kernels),
+    ``integration`` where marked so (processes, servers, Ray, gloo), ``unit`` otherwise: one process and no
+    server, which :func:`_unit_starts_nothing` holds it to (``tests/tiers.py``)."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
         if parts[0] == "browser":
             item.add_marker(pytest.mark.browser)
         elif parts[0] == "notebooks" or item.fspath.basename == "test_notebooks.py":
             item.add_marker(pytest.mark.notebooks)
-        else:
+        elif item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _unit_starts_nothing(request, monkeypatch):
+    """Holds ``unit`` tests to their tier (``tests.tiers.refuse_processes``); session fixtures, set up before it,
+    may start what they need."""
+    if request.node.get_closest_marker("unit") is not None:
+        from tests.tiers import refuse_processes
+
+        refuse_processes(monkeypatch, request.node.nodeid)
+    yield
 
 
 def prepared_artifacts(preset: str) -> dict[str, object]:

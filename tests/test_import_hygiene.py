@@ -29,16 +29,20 @@ def mechanism_packages() -> list[str]:
 VIEW_PACKAGES = ("workbench.ui", "workbench.viz", "workbench.bench")
 
 
-def own_views() -> set[str]:
-    """The mechanisms' own modules in ui/, viz/ and bench/: named after a mechanism, or named by its declaration
-    (its page's panel, its overview section, its benchmarks)."""
+def declared_views(mechanism: str) -> set[str]:
+    """One mechanism's own modules in ui/, viz/ and bench/: named after it, or named by its declaration (its
+    page's panel, its overview section, its benchmarks)."""
     from workbench.mechanisms import mechanisms
 
-    found = {f"{package}.{name}" for package in VIEW_PACKAGES for name in mechanism_packages()}
-    for m in mechanisms():
-        refs = [m.dashboard.panel if m.dashboard else "", m.overview.panel if m.overview else "", *m.benchmarks.values()]
-        found |= {ref.partition(":")[0] for ref in refs if ref}
+    (m,) = [m for m in mechanisms() if m.name == mechanism]
+    refs = [m.dashboard.panel if m.dashboard else "", m.overview.panel if m.overview else "", *m.benchmarks.values()]
+    found = {f"{package}.{mechanism}" for package in VIEW_PACKAGES} | {ref.partition(":")[0] for ref in refs if ref}
     return {v for v in found if any(_in(package, v) for package in VIEW_PACKAGES)}
+
+
+def own_views() -> set[str]:
+    """Every mechanism's own views (:func:`declared_views`)."""
+    return set().union(*(declared_views(name) for name in mechanism_packages()))
 
 
 def shared_modules(modules, mechanisms: list[str], views: set[str]) -> list[str]:
@@ -269,13 +273,9 @@ def test_the_check_follows_imports_through_shared_modules_packages_and_import_mo
 
 
 def views_of(mechanism: str, views: set[str]) -> set[str]:
-    """The own views (:func:`own_views`) of one mechanism: named after it, or named by its declaration."""
-    from workbench.mechanisms import mechanisms
-
-    (m,) = [m for m in mechanisms() if m.name == mechanism]
-    refs = [m.dashboard.panel if m.dashboard else "", m.overview.panel if m.overview else "", *m.benchmarks.values()]
-    named = {ref.partition(":")[0] for ref in refs if ref}
-    return {v for v in views if v in named or any(_in(f"{package}.{mechanism}", v) for package in VIEW_PACKAGES)}
+    """Those of ``views`` that are one mechanism's: declared by it, or inside a view package named after it."""
+    mine = declared_views(mechanism)
+    return {v for v in views if v in mine or any(_in(f"{package}.{mechanism}", v) for package in VIEW_PACKAGES)}
 
 
 def view_reached(graph, starts: list[str], bad) -> dict[str, list[str]]:

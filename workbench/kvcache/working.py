@@ -36,13 +36,14 @@ class WorkingCache:
         """The cache for a call on ``kv`` (context ``ctx_id``, last called at ``tick``) adding up to ``extra``
         tokens: the buffer as it is when it mirrors that context, else the context written into it. Returns
         (cache, reused). Until :meth:`keep` the buffer mirrors nothing (the call changes it)."""
+        dtype = kv.working_dtype(new_bits)
         reused = (self.holds(ctx_id, tick) and self.cache.length == len(kv.tokens)
-                  and self.cache.capacity >= len(kv.tokens) + extra
-                  and self.cache.k.dtype == kv.working_dtype(new_bits) and not kv.missing())
+                  and self.cache.capacity >= len(kv.tokens) + extra and self.cache.k.dtype == dtype
+                  and not kv.missing())
         self._holds = None
         if reused:
             return self.cache, True
-        self._fit(len(kv.tokens) + extra, kv.working_dtype(new_bits))
+        self._fit(len(kv.tokens) + extra, dtype)
         return kv.to_cache(self.cfg, extra, new_bits, into=self.cache), False
 
     def _fit(self, tokens: int, dtype) -> None:

@@ -1,0 +1,41 @@
+"""The tiers say what a test starts: a unit test that starts a process or a server fails, naming itself."""
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.tiers import TierError
+
+
+def test_a_unit_test_that_starts_a_process_or_a_server_fails_naming_itself(request, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_TIER_SCAN", raising=False)
+    assert request.node.get_closest_marker("unit") is not None
+    name = "test_a_unit_test_that_starts_a_process_or_a_server_fails_naming_itself"
+    with pytest.raises(TierError, match=f"{name} is a unit test but starts a subprocess: mark it "
+                                        "@pytest.mark.integration"):
+        subprocess.run([sys.executable, "-c", "pass"])
+    with pytest.raises(TierError, match="starts a multiprocessing process"):
+        multiprocessing.get_context("spawn").Process(target=print).start()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        with pytest.raises(TierError, match="listens on a socket"):
+            server.listen()
+
+
+@pytest.mark.integration
+def test_an_integration_test_may_start_both(request):
+    assert request.node.get_closest_marker("unit") is None
+    assert subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout == "42\n"
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+
+
+def test_every_collected_test_is_in_exactly_one_tier(request):
+    for item in request.session.items:
+        tiers = [t for t in ("unit", "integration", "browser", "notebooks") if item.get_closest_marker(t)]
+        assert len(tiers) == 1, (item.nodeid, tiers)

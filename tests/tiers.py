@@ -1,0 +1,35 @@
+"""The test tiers' rule, enforced: a ``unit`` test runs in one process and starts no server."""
+from __future__ import annotations
+
+import os
+
+
+class TierError(AssertionError):
+    """A test marked ``unit`` started a process or a server."""
+
+
+def refuse_processes(monkeypatch, nodeid: str) -> None:
+    """Make starting a process (subprocess, multiprocessing, fork) or listening on a socket fail in this test,
+    naming the test and what it tried. With ``WORKBENCH_TIER_SCAN=FILE`` set, the attempt is appended to FILE
+    and allowed instead: a whole run then lists the tests that belong in the integration tier."""
+    import multiprocessing.process
+    import socket
+    import subprocess
+
+    def refusing(what, original):
+        def guard(*args, **kwargs):
+            scan = os.environ.get("WORKBENCH_TIER_SCAN")
+            if scan:
+                with open(scan, "a") as handle:
+                    handle.write(f"{nodeid}\t{what}\n")
+                return original(*args, **kwargs)
+            raise TierError(f"{nodeid} is a unit test but {what}: mark it @pytest.mark.integration "
+                            "(unit tests run in one process and start no server)")
+        return guard
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child",
+                        refusing("starts a subprocess", subprocess.Popen._execute_child))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start",
+                        refusing("starts a multiprocessing process", multiprocessing.process.BaseProcess.start))
+    monkeypatch.setattr(os, "fork", refusing("forks", os.fork))
+    monkeypatch.setattr(socket.socket, "listen", refusing("listens on a socket", socket.socket.listen))
