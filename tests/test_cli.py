@@ -192,12 +192,12 @@ def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_pa
 
     cache = tmp_path / "cache"
     port = free_port()
-    # as started from a terminal: a suite run as a background job (bash without job control) ignores SIGINT,
-    # and its children would inherit that
+    # as started by a script run in the background (bash without job control): SIGINT inherited as ignored;
+    # the server installs its own handlers
     server = subprocess.Popen([sys.executable, "-m", "workbench.cli", "dashboards", "--preset", "quick", "--port",
                                str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "WORKBENCH_CACHE": str(cache)},
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         wait_for_http(f"http://127.0.0.1:{port}/voila/render/index.ipynb", server, 120)
         def kernels():
@@ -221,6 +221,7 @@ def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_pa
             time.sleep(0.2)
         job_pid = json.loads(status.read_text())["pid"]
         os.kill(job_pid, 0)                                   # the job runs
+        running = json.loads(status.read_text())["state"] == "running"
         server.send_signal(getattr(signal, signum))          # as `kill PID` or Ctrl-C would
         out, _ = server.communicate(timeout=60)
     finally:
@@ -240,6 +241,8 @@ def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_pa
         time.sleep(0.2)
     else:
         raise AssertionError(f"the background prepare (pid {job_pid}) still runs")
+    if running:                                              # stopped, not killed: its status says so
+        assert json.loads(status.read_text())["state"] == "stopped"
     time.sleep(1)
     alive = [p for p in below if Path(f"/proc/{p}").exists() and "zombie" not in
              Path(f"/proc/{p}/status").read_text(errors="replace").lower()]

@@ -133,18 +133,6 @@ def test_each_mechanism_declares_what_the_tests_need_prepared(toy, prepared):
     assert set(made) == set(prepared) | {"toy"} and {"sentiment", "bbc", "replays"} <= set(prepared)
 
 
-def test_a_planned_mechanism_is_listed_as_coming_until_one_registers_its_name(monkeypatch):
-    from workbench.ui.gallery import Gallery
-
-    cards = Gallery("quick").cards.value
-    registered = {m.name for m in registry.mechanisms()}
-    for p in registry.PLANNED:
-        assert (f"<b>{p.title}</b> &middot; coming" in cards) == (p.name not in registered), p.title
-    kept = tuple(m for m in registry.load_registered(registry.REGISTERED) if m.name != "earlyexit")
-    monkeypatch.setattr(registry, "mechanisms", lambda: kept)
-    assert "<b>Early-exit serving (E3)</b> &middot; coming" in Gallery("quick").cards.value
-
-
 def test_two_mechanisms_with_one_name_are_refused():
     with pytest.raises(RuntimeError, match=r"two mechanisms share a name: \['elastic', 'elastic'\]"):
         registry.load_registered(("workbench.elastic.mechanism", __name__))

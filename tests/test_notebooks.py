@@ -4,9 +4,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from tests.conftest import PRESET
+from tests.nbrun import execute
 from workbench.prepare import preset_notice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,9 +25,7 @@ def test_notebook_executes(path, prepared):
     nbformat.validate(nb)
     assert all("id" in c for c in json.loads(path.read_text())["cells"]), "every cell needs an id (nbformat 4.5)"
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "store notebooks without outputs"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
+    execute(path, nb)
     assert not any("wb-error" in str(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     if path.parent.name != "dashboards" and preset_notice(PRESET):     # pages: the browser tests look for it
         first = next(c for c in nb.cells if c.cell_type == "code")

@@ -69,7 +69,7 @@ def test_a_job_writes_each_steps_state_and_progress(tmp_cache, monkeypatch):
                                               "elapsed_s": status["steps"][1]["progress"]["elapsed_s"]}
 
 
-def test_a_failed_job_says_why_and_a_killed_one_reads_as_stopped(tmp_cache, monkeypatch):
+def test_a_failed_job_says_why_and_a_killed_one_reads_as_dead(tmp_cache, monkeypatch):
     def boom(preset, progress, force):
         raise WorkbenchError("disk full")
     steps = [PrepareStep(name="bad", run=boom, ready=lambda preset: False)]
@@ -79,9 +79,26 @@ def test_a_failed_job_says_why_and_a_killed_one_reads_as_stopped(tmp_cache, monk
     status = prepare_job.read_status("quick")
     assert status["state"] == "failed" and status["error"] == "WorkbenchError: disk full"
     assert status["steps"][0]["state"] == "failed"
-    status["state"] = "running"                                  # as a job killed mid-way leaves it
+    status["state"] = "running"                                  # as a job killed outright leaves it
     prepare_job.status_path("quick").write_text(json.dumps(status))
-    assert prepare_job.read_status("quick")["state"] == "stopped"
+    dead = prepare_job.read_status("quick")
+    assert dead["state"] == "dead" and dead["error"] == f"its process (pid {status['pid']}) is gone"
+
+
+def test_a_job_stopped_by_a_signal_says_stopped_and_the_page_says_it_resumes(tmp_cache, monkeypatch):
+    from workbench.ui.preparing import PrepareStatus
+
+    def interrupted(preset, progress, force):
+        raise KeyboardInterrupt                                  # what the job's SIGTERM handler raises
+    steps = [PrepareStep(name="long", run=interrupted, ready=lambda preset: False)]
+    monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: steps)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_job.run_job("quick")
+    status = prepare_job.read_status("quick")
+    assert (status["state"], status["error"], status["steps"][0]["state"]) == ("stopped", "stopped by a signal",
+                                                                              "stopped")
+    shown = PrepareStatus("quick").view.value
+    assert "The background prepare stopped (stopped by a signal)" in shown and "resumes where it stopped" in shown
 
 
 def test_start_background_does_nothing_when_ready_or_locked(tmp_cache, monkeypatch):

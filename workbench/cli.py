@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from workbench.argtypes import Parser, existing_folder, tcp_port
@@ -19,7 +20,7 @@ def _cmd_prepare(args) -> int:
     from workbench.prepare_job import log_path, run_job, start_background
 
     if args.job:
-        return run_job(args.preset)
+        return run_job(args.preset, own_process=True)
     if args.background:
         state, _ = start_background(args.preset)
         print({"ready": f"every step of the {args.preset} preset is ready already",
@@ -46,6 +47,17 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM stop a server whatever its parent left them as (a script run in the background
+    starts its children with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
 def _cmd_dashboards(args) -> int:
     from workbench.prepare import serve_now_hint
     from workbench.prepare_job import log_path, start_background
@@ -69,6 +81,7 @@ def _cmd_dashboards(args) -> int:
         print(f"workbench dashboards: {hint}", flush=True)
     print(f"workbench dashboards: http://127.0.0.1:{port}/voila/render/index.ipynb  (Ctrl-C stops the server)",
           flush=True)
+    _stop_on_signals()
     try:
         with WorkerGroup(cmd, name="voila", cwd=DASHBOARDS_DIR, env=voila_env({"WORKBENCH_PRESET": args.preset}),
                          logs="inherit", grace_s=20, fail_fast=False) as server:
@@ -94,6 +107,8 @@ def _cmd_lab(args) -> int:
     cmd = lab_command(port, args.root or default_lab_root())
     print(f"workbench lab: JupyterLab on http://127.0.0.1:{port}/lab (the URL with its token follows; Ctrl-C stops "
           f"it and its kernels)", flush=True)
+    for signum in (signal.SIGINT, signal.SIGTERM):      # an ignored signal would stay ignored across exec
+        signal.signal(signum, signal.SIG_DFL)
     os.execvpe(cmd[0], cmd, {**os.environ, "WORKBENCH_PRESET": args.preset})
 
 

@@ -18,7 +18,7 @@ def info_dict(preset: str) -> dict:
     from workbench.cache import cache_dir
     from workbench.data import TASKS
     from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile, host_profile_path
-    from workbench.mechanisms import InfoSection, mechanisms, planned
+    from workbench.mechanisms import InfoSection, mechanisms
     from workbench.prepare import steps
 
     root = cache_dir()
@@ -37,7 +37,6 @@ def info_dict(preset: str) -> dict:
                                    "notebooks": [n.path for n in m.notebooks],
                                    "prepared": sections[m.name].data, "summary": list(sections[m.name].lines)}
                           for m in mechanisms()},
-           "planned": [p.title for p in planned()],
            "tasks": {name: {"title": spec.title, "labels": list(spec.labels)} for name, spec in TASKS.items()},
            "device_profiles": {}}
     names = ["host"] if host_profile_path().exists() else []
@@ -70,8 +69,6 @@ def print_info(preset: str, as_json: bool = False) -> None:
         print(f"mechanism  {name:<9} {m['title']}: {', '.join(parts)}")
         for line in m["summary"]:
             print(f"{name:<10} {line}")
-    for title in info["planned"]:
-        print(f"coming     {title}")
     missing = [name for name, ready in info["steps"].items() if not ready]
     print(f"prepare    {len(info['steps']) - len(missing)} of {len(info['steps'])} steps ready"
           + (f"; missing: {', '.join(missing)}" if missing else ""))

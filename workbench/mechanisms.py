@@ -109,24 +109,6 @@ class Mechanism:
     ``prepared`` fixture merges every mechanism's."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Planned:
-    """A mechanism the workbench will implement; listed in the gallery as coming until one registers its name."""
-    name: str
-    title: str
-    summary: str
-
-
-PLANNED: tuple[Planned, ...] = (
-    Planned(name="kvcache", title="LLM context service (LLMS)",
-            summary="chunked KV-cache contexts, compressed by tolerance, swapped and recomputed, evicted by LCTRU"),
-    Planned(name="hepti", title="Heterogeneous partitioning (Hepti)",
-            summary="three weight-stationary modes and LP-based workload shares over unequal edge devices"),
-    Planned(name="earlyexit", title="Early-exit serving (E3)",
-            summary="layer blocks split and replicated over GPUs to keep batches full as samples exit"),
-)
-
-
 def load_registered(paths: tuple[str, ...]) -> tuple[Mechanism, ...]:
     """The ``MECHANISM`` of each module in ``paths``; two with one name are refused."""
     found = tuple(import_module(path).MECHANISM for path in paths)
@@ -151,9 +133,3 @@ def load(ref: str) -> object:
 def dashboards() -> tuple[Dashboard, ...]:
     """The overview and every registered mechanism's page, in gallery order."""
     return (OVERVIEW, *(m.dashboard for m in mechanisms() if m.dashboard is not None))
-
-
-def planned() -> tuple[Planned, ...]:
-    """The planned mechanisms not registered yet."""
-    have = {m.name for m in mechanisms()}
-    return tuple(p for p in PLANNED if p.name not in have)

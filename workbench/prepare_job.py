@@ -2,19 +2,22 @@
 
 ``workbench dashboards`` serves at once and starts the full prepare in the background
 (:func:`start_background`): a detached ``workbench prepare --job`` process whose output
-goes to a log and whose state (each step pending, running, done or failed; the running
-step's progress; when it started) is rewritten atomically in ``status.json`` at most
+goes to a log and whose state (each step pending, running, done, failed or stopped; the running
+step's progress; when it started; the job stopped by a signal, or dead when its process vanished) is rewritten atomically in ``status.json`` at most
 twice a second. Every prepare, in a terminal or in the background, holds the cache's
 lock (:func:`workbench.prepare.prepare_lock`) for its whole run, so two servers (or a server and a
 terminal) never prepare into one cache at once. An interrupted job resumes where it
 stopped: finished steps are cached, the importance ablation resumes per layer, and a
-fine-tuning that was cut short starts that step again.
+fine-tuning that was cut short resumes from its last save (at most a minute of work is redone;
+:mod:`workbench.train.resume`).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -68,12 +71,14 @@ class StatusWriter:
         self.write(force=done >= total)
 
     def finish(self, error: BaseException | None) -> None:
-        self.status["state"] = "done" if error is None else "failed"
+        """The job's end: "done", "stopped" (a signal or Ctrl-C) or "failed" (an error, named)."""
+        stopped = isinstance(error, (KeyboardInterrupt, SystemExit))
+        self.status["state"] = "done" if error is None else "stopped" if stopped else "failed"
         if error is not None:
-            self.status["error"] = f"{type(error).__name__}: {error}"
+            self.status["error"] = "stopped by a signal" if stopped else f"{type(error).__name__}: {error}"
             for step in self.status["steps"]:
                 if step["state"] == "running":
-                    step["state"] = "failed"
+                    step["state"] = "stopped" if stopped else "failed"
         self.write(force=True)
 
     def write(self, force: bool = False) -> None:
@@ -87,20 +92,28 @@ class StatusWriter:
 
 def read_status(preset: str) -> dict | None:
     """The last status a job wrote for ``preset`` (None if no job ever ran); "running" with no lock held
-    reads as "stopped" (the job was killed)."""
+    reads as "dead" (the job's process is gone without saying so: killed outright, or its machine restarted)."""
     try:
         status = json.loads(status_path(preset).read_text())
     except (OSError, ValueError):
         return None
     if status.get("state") == "running" and not preparation.lock_held():
-        status["state"] = "stopped"
+        status["state"] = "dead"
+        status["error"] = f"its process (pid {status.get('pid')}) is gone"
     return status
 
 
-def run_job(preset: str) -> int:
-    """The body of ``workbench prepare --job``: the full prepare, reporting to the status file."""
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_job(preset: str, *, own_process: bool = False) -> int:
+    """The body of ``workbench prepare --job``: the full prepare, reporting to the status file. In the job's
+    ``own_process``, SIGTERM (how its server stops it) ends it as Ctrl-C would, so its status says stopped."""
     from workbench.progress import listen
 
+    if own_process and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
     with preparation.prepare_lock():             # before any status is written: a second job changes nothing
         writer = StatusWriter(preset, preparation.steps(preset))
         try:

@@ -1,13 +1,12 @@
 """The E3 lab's self-checks: the expected answers are the engine's (the split optimizer, checked by brute force),
 worked out again here by hand, and wrong answers are told why (a hint first, the answer after a few tries)."""
-import math
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
+from tests import nbrun
 from workbench import labs
 from workbench.earlyexit import lab
 
@@ -117,19 +116,8 @@ def test_answers_are_the_checks_right_answers():
 
 def check_boxes(answers: dict) -> dict[str, str]:
     """Run the lab with ``answers`` typed in; the status class of each exercise's check box, by exercise."""
-    nb = nbformat.read(LAB, as_version=4)
-    typed = set()
-    for cell in (c for c in nb.cells if c.cell_type == "code"):
-        for name in set(answers) & set(re.findall(r"^(my_\w+) = None", cell.source, flags=re.M)):
-            cell.source = cell.source.replace(f"{name} = None", f"{name} = {answers[name]!r}", 1)
-            typed.add(name)
-    assert typed == set(answers), f"the lab has no line for {sorted(set(answers) - typed)}"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LAB.parent)}}).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    shown = [o["data"]["text/html"] for o in outputs if "wb-check" in o.get("data", {}).get("text/html", "")]
-    return {re.search(r"<b>(Exercise \d)</b>", box).group(1): re.search(r"wb-check-(\w+)", box).group(1)
-            for box in shown}
+    shown = nbrun.check_boxes(nbrun.execute(LAB, answers=answers))
+    return {re.search(r"<b>(Exercise \d)</b>", box).group(1): nbrun.box_status(box) for box in shown}
 
 
 @pytest.mark.notebooks

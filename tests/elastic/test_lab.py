@@ -7,8 +7,8 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from nbclient import NotebookClient
 
+from tests import nbrun
 from workbench.elastic import lab as elastic_lab
 from workbench.elastic.lab import ElasticLab
 from workbench.elastic.planner import plan_elastic
@@ -165,16 +165,12 @@ def _run_lab(values: dict, monkeypatch) -> nbformat.NotebookNode:
         hits = [c for c in nb.cells if c.cell_type == "code" and re.search(rf"^{re.escape(left)} = ", c.source, re.M)]
         assert len(hits) == 1, f"the lab has no single line {left} = ..."
         hits[0].source = re.sub(rf"^{re.escape(left)} = [^#\n]*", f"{left} = {right}  ", hits[0].source, flags=re.M)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LAB.parent)}}).execute()
-    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    return nb
+    return nbrun.execute(LAB, nb)
 
 
 def _feedback(nb) -> list[tuple[str, str]]:
     """(status, html) of every self-check box the lab showed, in order."""
-    shown = [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
-             if "text/html" in o.get("data", {}) and "wb-check" in o["data"]["text/html"]]
-    return [(re.search(r"wb-check-(\w+)", box).group(1), box) for box in shown]
+    return [(nbrun.box_status(box), box) for box in nbrun.check_boxes(nb)]
 
 
 def _printed(nb) -> str:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
+from tests.nbrun import check_boxes, execute
 from workbench import labs
 from workbench.partition import lab
 from workbench.partition.cost import attention_flops, attention_order, comm_bytes
@@ -129,18 +129,8 @@ def test_answers_are_the_checks_right_answers():
 
 
 def run_lab(answers: dict) -> list[str]:
-    nb = nbformat.read(LAB, as_version=4)
-    for cell in nb.cells:
-        for name, value in answers.items():
-            line = f"{name} = None"
-            if line in cell.source:
-                cell.source = cell.source.replace(line, f"{name} = {value!r}")
-                answers = {k: v for k, v in answers.items() if k != name}
-    assert not answers, f"the lab has no line for {list(answers)}"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LAB.parent)}}).execute()
-    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    return [o["data"]["text/html"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
-            if "text/html" in o.get("data", {}) and "wb-check" in o["data"]["text/html"]]
+    """The lab run with ``answers`` typed in: the HTML of each self-check box it showed."""
+    return check_boxes(execute(LAB, answers=answers))
 
 
 @pytest.mark.notebooks

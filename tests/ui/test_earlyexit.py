@@ -145,6 +145,13 @@ def test_bad_input_is_said_in_the_page_and_clears_when_fixed():
     assert "no GPUs" in panel.figures["bubbles"].layout.annotations[0].text
     panel.gpus["a6000"].value = 2
     assert panel.message.value == "" and panel.plan.gpus_used == {"a6000": 2}
+    for typed in (46, -1):                                    # said with the range, not clamped in silence
+        panel.gpus["v100"].value = typed
+        said = html.unescape(panel.message.value)
+        assert f"the count of V100 GPUs on this page is a whole number in 0..32, got {typed}" in said
+        assert "0..32" in panel.figures["plan"].layout.annotations[0].text.replace("<br>", " ")
+    panel.gpus["v100"].value = 0
+    assert panel.message.value == "" and panel.plan.gpus_used == {"a6000": 2}
 
     panel.slo.value = 1                                       # nothing meets 0.8 ms
     assert not panel.plan and panel.message.value == ""

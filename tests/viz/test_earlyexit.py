@@ -87,6 +87,15 @@ def test_bubbles_are_the_gaps_between_a_replicas_batches():
     assert fig.layout.xaxis.title.text == "time since the first request (ms)"
 
 
+def test_replica_rows_are_in_numeric_order():
+    """Catches: rows sorted as text (replica 1, 10, 11, 12, 2, ...), as twelve replicas idle at 0 used to be."""
+    spans = [Span(f"split 0 · replica {r}", "compute", 0.001 * (1 + r % 3), 0.005) for r in range(12)]
+    spans += [Span("split 1 · replica 0", "compute", 0.0, 0.002)]
+    fig = bubbles_figure(bubble_timeline(Timeline(tuple(spans)), end_s=0.01))
+    rows = list(fig.layout.yaxis.categoryarray[::-1])                       # top to bottom
+    assert rows == [f"split 1 · replica {r}" for r in range(1, 13)] + ["split 2 · replica 1"]
+
+
 def test_idle_time_after_the_last_arrival_is_the_drain_not_a_bubble():
     """Catches: the pipeline emptying after the last request counted as bubbles (an idle share near 100% for a
     short run)."""

@@ -208,3 +208,20 @@ def test_measured_marks_sit_at_the_ranks_first_decision_span_and_a_fault_before_
     measured_rows = {y for t in fig.data if t.name == "compute (measured)" for y in t.y}
     assert measured_rows == {"rpi4-a · device 0", "rpi4-b · device 2"}
     assert math.isclose(fig.layout.yaxis2.range[1], 1.0)
+
+
+@pytest.mark.parametrize("view", ["hepti", "partition"])
+def test_a_slot_without_a_plan_keeps_its_figures_title_and_wraps_the_reason(view):
+    """Catches: a no-plan figure titled with the page's internal slot name ("decision", "breakdown") and its
+    reason on one line clipped on both sides of a half-width slot."""
+    import importlib
+
+    module = importlib.import_module(f"workbench.viz.{view}")
+    reason = ("no partition meets the deadline of 50.0 ms: the best reachable is 122.7 ms (1D-tiled WS over 16 of "
+              "the 32 devices (the other 16 take no share))")
+    for slot, title in module.NO_PLAN_TITLES.items():
+        fig = module.no_plan_figure(slot, reason)
+        assert fig.layout.title.text == title and title.lower() != slot
+        lines = fig.layout.annotations[0].text.split("<br>")
+        assert len(lines) > 1 and all(len(line) <= 60 for line in lines)
+        assert " ".join(lines) == reason

@@ -64,15 +64,20 @@ def prepare_model(task: str, preset: str = "full", progress: bool = True, force:
     """Train (or load from the cache) ``task``'s early-exit model."""
     from workbench.earlyexit.train import train_ramps
     from workbench.train.checkpoints import cached_checkpoint
+    from workbench.train.resume import progress_path
+
+    path = model_dir(task, preset)
+    kept = progress_path(path)
 
     def build():
-        model, record, info = train_ramps(ramp_config(task, preset), progress=progress)
+        model, record, info = train_ramps(ramp_config(task, preset), progress=progress, resume_path=kept)
         meta = {"task": task, "encoder": asdict(model.cfg), "record": record.to_dict(), "format": FORMAT_VERSION,
                 **info}
         return model.state_dict(), meta
 
-    return _from(*cached_checkpoint(model_dir(task, preset), build, force=force,
-                                    what=f"early-exit model for {task!r}"))
+    prepared = _from(*cached_checkpoint(path, build, force=force, what=f"early-exit model for {task!r}"))
+    kept.unlink(missing_ok=True)                  # the model is saved: the run's progress is not needed
+    return prepared
 
 
 def model_ready(task: str, preset: str = "full") -> bool:

@@ -68,11 +68,16 @@ class _Named(torch.nn.Module):
         self.body, self.head = body, head
 
 
-def train_ramps(cfg: RampTrainConfig, progress: bool = True) -> tuple[EarlyExitModel, RampRecord, dict]:
-    """Both stages, then the dev record; returns (model, record, timings and losses)."""
+def train_ramps(cfg: RampTrainConfig, progress: bool = True, resume_path=None,
+                resume_every_s: float | None = None) -> tuple[EarlyExitModel, RampRecord, dict]:
+    """Both stages, then the dev record; returns (model, record, timings and losses). With ``resume_path``,
+    the run's progress is kept there and a run stopped earlier continues from it (:mod:`workbench.train.resume`)."""
+    from workbench.earlyexit.record import FORMAT_VERSION
     from workbench.models.encoder import load_pretrained_encoder
     from workbench.train.batching import length_bucketed_batches
+    from workbench.train.checkpoints import training_key
     from workbench.train.loop import adamw, start_training, train_steps
+    from workbench.train.resume import SAVE_EVERY_S, TrainingProgress
 
     run = start_training(cfg)
     spec, train, dev, rng = run.spec, run.train, run.dev, run.rng
@@ -81,20 +86,22 @@ def train_ramps(cfg: RampTrainConfig, progress: bool = True) -> tuple[EarlyExitM
     model.encoder.load_state_dict(pretrained.state_dict())
     model.encoder.word.weight.requires_grad_(False)
     batches = length_bucketed_batches(train, cfg.batch_size, rng, spec.max_length)
+    kept = TrainingProgress(resume_path, training_key(cfg, FORMAT_VERSION), ["encoder", "ramps"], model, rng,
+                            batches, every_s=SAVE_EVERY_S if resume_every_s is None else resume_every_s)
     start = time.perf_counter()
 
     for ramp in model.ramps[:-1]:
         ramp.requires_grad_(False)
     stage1 = adamw(_Named(model.encoder, model.ramps[-1]), cfg.lr, cfg.head_lr)
     losses = train_steps(model, batches, cfg.full_steps, stage1, _stage1_loss,
-                         desc=f"{cfg.task}: encoder + classifier", progress=progress)
+                         desc=f"{cfg.task}: encoder + classifier", progress=progress, resume=kept, phase="encoder")
     model.encoder.requires_grad_(False)
     model.ramps[-1].requires_grad_(False)
     for ramp in model.ramps[:-1]:
         ramp.requires_grad_(True)
     stage2 = adamw(_Named(torch.nn.Module(), model.ramps[:-1]), cfg.ramp_lr, cfg.ramp_lr)
     ramp_losses = train_steps(model, batches, cfg.ramp_steps, stage2, _stage2_loss,
-                              desc=f"{cfg.task}: exit ramps", progress=progress)
+                              desc=f"{cfg.task}: exit ramps", progress=progress, resume=kept, phase="ramps")
     train_s = time.perf_counter() - start
     model.requires_grad_(False)
     model.eval()

@@ -71,13 +71,17 @@ def prepare_model(task: str, preset: str = "full", progress: bool = True, force:
     """Train (or load from the cache) the elastic encoder of ``task`` (an ``ElasticModel``)."""
     from workbench.elastic.finetune import train_elastic
     from workbench.train.checkpoints import cached_checkpoint
+    from workbench.train.resume import progress_path
+
+    path = model_dir(task, preset)
+    kept = progress_path(path)
 
     def build():
-        em = train_elastic(train_config(task, preset), progress=progress)
+        em = train_elastic(train_config(task, preset), progress=progress, resume_path=kept)
         return em.encoder.state_dict(), _model_meta(em)
 
-    state, meta = cached_checkpoint(model_dir(task, preset), build, force=force,
-                                    what=f"elastic model for {task!r}")
+    state, meta = cached_checkpoint(path, build, force=force, what=f"elastic model for {task!r}")
+    kept.unlink(missing_ok=True)                  # the model is saved: the run's progress is not needed
     return _model_from(state, meta)
 
 

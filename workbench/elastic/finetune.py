@@ -129,21 +129,31 @@ def full_model_loss(model: Encoder, batch) -> torch.Tensor:
     return loss
 
 
-def train_elastic(cfg: ElasticTrainConfig, progress: bool = True) -> ElasticModel:
-    """Run the three stages of elastic fine-tuning and measure the accuracy grid."""
+def train_elastic(cfg: ElasticTrainConfig, progress: bool = True, resume_path=None,
+                  resume_every_s: float | None = None) -> ElasticModel:
+    """Run the three stages of elastic fine-tuning and measure the accuracy grid. With ``resume_path``, the
+    run's progress is kept there and a run stopped earlier continues from it (:mod:`workbench.train.resume`)."""
+    from workbench.train.checkpoints import training_key
+    from workbench.train.resume import SAVE_EVERY_S, TrainingProgress
+
     run = start_training(cfg)
     spec, train, dev, rng = run.spec, run.train, run.dev, run.rng
     model = load_pretrained_encoder(len(spec.labels))
     model.word.weight.requires_grad_(False)   # the large embedding table stays as pretrained
     batches = length_bucketed_batches(train, cfg.batch_size, rng, spec.max_length)
+    kept = TrainingProgress(resume_path, training_key(cfg, FORMAT_VERSION), ["full", "elastic"], model, rng, batches,
+                            every_s=SAVE_EVERY_S if resume_every_s is None else resume_every_s)
     start = time.perf_counter()
 
     losses = train_steps(model, batches, cfg.full_steps, adamw(model, cfg.lr, cfg.head_lr), full_model_loss,
-                         desc=f"{cfg.task}: full fine-tuning", progress=progress)
-    heads, neurons = head_neuron_importance(model, (next(batches) for _ in range(cfg.importance_batches)))
-    head_order = reorder_by_importance(model, heads, neurons)
+                         desc=f"{cfg.task}: full fine-tuning", progress=progress, resume=kept, phase="full")
+    if "head_order" not in kept.extras:        # not done before the saved point
+        heads, neurons = head_neuron_importance(model, (next(batches) for _ in range(cfg.importance_batches)))
+        kept.extras["head_order"] = reorder_by_importance(model, heads, neurons).tolist()
+    head_order = np.array(kept.extras["head_order"])
     losses += train_steps(model, batches, cfg.elastic_steps, adamw(model, cfg.lr, cfg.head_lr),
-                          sandwich_loss(rng, cfg), desc=f"{cfg.task}: elastic training", progress=progress)
+                          sandwich_loss(rng, cfg), desc=f"{cfg.task}: elastic training", progress=progress,
+                          resume=kept, phase="elastic")
     train_seconds = time.perf_counter() - start
 
     with progress_bar(total=model.cfg.num_heads, desc=f"{cfg.task}: accuracy grid", enabled=progress) as bar:

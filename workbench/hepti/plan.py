@@ -513,6 +513,11 @@ older heuristic, kept as a compared baseline: milliseconds where the MILP takes 
 devices and seconds at 64, and up to several times slower predictions)."""
 
 
+def _taking(n: int, K: int) -> str:
+    """"16 of the 32 devices (the other 16 take no share)", or "4 devices" when all take part."""
+    return f"{n} devices" if n == K else f"{n} of the {K} devices (the other {K - n} take no share)"
+
+
 def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
                     num_layers: int = 1, mode: str | None = None,
                     fixed_shares: Sequence[float] | None = None, solver: str = "milp",
@@ -679,7 +684,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         binding = f"{names[0]} computes everything"
     if latency > deadline_s:
         raise WorkbenchError(f"no partition meets the deadline of {1e3 * deadline_s:.1f} ms: the best reachable is "
-                             f"{1e3 * latency:.1f} ms ({MODE_TITLES[mode]} over {len(taking)} devices)")
+                             f"{1e3 * latency:.1f} ms ({MODE_TITLES[mode]} over {_taking(len(taking), K)})")
     return Partition(mode=mode, shares=tuple(shares), sizes=tuple(sizes), dimension=dimension,
                      predicted_latency_s=latency, reasons=tuple(reasons), heads=tuple(heads), grid=grid,
                      binding=binding, breakdown=tuple(breakdown), devices=devices, num_layers=num_layers,

@@ -30,18 +30,28 @@ def adamw(model: torch.nn.Module, lr: float, head_lr: float | None = None,
 
 def train_steps(model: torch.nn.Module, batches: Iterator, steps: int, optimizer: torch.optim.Optimizer,
                 step_loss: Callable[[torch.nn.Module, tuple], torch.Tensor], desc: str = "training",
-                progress: bool = True, warmup_fraction: float = 0.1) -> list[float]:
+                progress: bool = True, warmup_fraction: float = 0.1, *, resume=None, phase: str = "") -> list[float]:
     """Run ``steps`` optimizer steps; returns the loss of each.
 
     ``step_loss(model, batch)`` computes the step's loss and calls ``backward`` on
     whatever it trains (one loss, or several as the sandwich rule does); its returned
-    value is what the progress bar and the returned list show.
+    value is what the progress bar and the returned list show. With ``resume`` (a
+    :class:`~workbench.train.resume.TrainingProgress`), this is its ``phase``: it starts
+    where a saved run of it stopped (or not at all when a later phase was saved) and saves
+    as it goes.
     """
     warmup = max(1, int(steps * warmup_fraction))
-    losses: list[float] = []
+    first = 0 if resume is None else resume.start(phase, optimizer)
+    losses: list[float] = [] if resume is None else resume.losses.setdefault(phase, [])
+    if first is None or first >= steps:
+        model.eval()
+        return list(losses)
+    del losses[first:]
     model.train()
     with progress_bar(total=steps, desc=desc, enabled=progress) as bar:
-        for step in range(steps):
+        if first:
+            bar.update(first, loss="resumed")
+        for step in range(first, steps):
             factor = warmup_linear(step, steps, warmup)
             for group in optimizer.param_groups:
                 group["lr"] = group["base_lr"] * factor
@@ -50,8 +60,10 @@ def train_steps(model: torch.nn.Module, batches: Iterator, steps: int, optimizer
             optimizer.step()
             losses.append(float(loss.detach()))
             bar.update(1, loss=f"{losses[-1]:.3f}")
+            if resume is not None and resume.due(step + 1, steps):
+                resume.save(phase, step + 1, optimizer)
     model.eval()
-    return losses
+    return list(losses)
 
 
 @dataclass(frozen=True)

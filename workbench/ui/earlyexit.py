@@ -144,9 +144,8 @@ class EarlyExitPanel(Panel):
                                        layout=wide, continuous_update=False, readout_format=".0f")
         self.batch = widgets.IntSlider(value=batch_size, min=1, max=SWEEP_BATCHES[-1], description="Batch per replica",
                                        style=label, layout=wide, continuous_update=False)
-        self.gpus = {g: widgets.BoundedIntText(value=int(gpus.get(g, 0)), min=0, max=MAX_GPUS, description=g.upper(),
-                                               style={"description_width": "50px"},
-                                               layout=widgets.Layout(width="120px"))
+        self.gpus = {g: widgets.IntText(value=int(gpus.get(g, 0)), description=g.upper(),   # not clamped: said
+                                        style={"description_width": "50px"}, layout=widgets.Layout(width="120px"))
                      for g in GPU_TYPES}
         for g, box in self.gpus.items():
             box.add_class(f"wb-gpu-{g}")
@@ -266,6 +265,10 @@ class EarlyExitPanel(Panel):
         GPUs, an SLO or batch out of range are said in the page)."""
         from workbench.earlyexit.scenario import Scenario
 
+        for g, n in s["gpus"].items():
+            if not 0 <= n <= MAX_GPUS:
+                raise WorkbenchError(f"the count of {g.upper()} GPUs on this page is a whole number in 0..{MAX_GPUS}, "
+                                     f"got {n} (`workbench earlyexit plan --gpus` plans with up to 64 of a type)")
         return Scenario(model="encoder", task=s["task"], preset=self.preset, gpus=s["gpus"], slo_s=s["slo_s"],
                         batch_size=s["batch_size"], easy=s["easy"], threshold=s["threshold"])
 

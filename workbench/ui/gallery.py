@@ -1,5 +1,5 @@
-"""The gallery page: a card per dashboard (from the mechanism registry), what is coming, and whether each
-page's prepared artifacts are ready."""
+"""The gallery page: a card per dashboard (from the mechanism registry) and whether each page's prepared
+artifacts are ready."""
 from __future__ import annotations
 
 import html
@@ -11,7 +11,6 @@ from workbench.ui.base import preset_notice_widget
 from workbench.ui.preparing import PrepareStatus
 
 CARD_STYLE = ("border:1px solid #d0d7e2;border-radius:6px;padding:8px 12px;margin:6px 0;background:#fbfcfe")
-COMING_STYLE = ("border:1px dashed #d0d7e2;border-radius:6px;padding:6px 12px;margin:6px 0;color:#6b7280")
 
 
 class Gallery(widgets.VBox):
@@ -30,7 +29,7 @@ class Gallery(widgets.VBox):
             "engine re-plans and the figures redraw.</p>"), self.cards, self.status]
 
     def refresh(self) -> None:
-        from workbench.mechanisms import dashboards, planned
+        from workbench.mechanisms import dashboards
 
         ready, status = self.status.ready, self.status.status        # read once, by the status view
         how = ("being prepared in the background, see below" if status and status.get("state") == "running"
@@ -49,7 +48,4 @@ class Gallery(widgets.VBox):
             parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
                          f"{html.escape(d.title)}</b></a> &middot; {state}<br><small>{html.escape(d.summary)}</small>"
                          f"</div>")
-        for p in planned():
-            parts.append(f"<div class='wb-card wb-coming' style='{COMING_STYLE}'><b>{html.escape(p.title)}</b> "
-                         f"&middot; coming<br><small>{html.escape(p.summary)}</small></div>")
         self.cards.value = "".join(parts)

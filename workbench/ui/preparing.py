@@ -52,7 +52,7 @@ def describe_steps(preset: str, names: list[str] | None, ready: dict[str, bool],
                 detail = f"{progress['desc']}: {progress['done']} of {progress['total']}"
             rows.append({"name": step.name, "state": "running", "percent": 100 * fraction, "detail": detail,
                          "left_s": max(0.0, estimate - elapsed)})
-        elif entry.get("state") == "failed" or job_state in ("failed", "stopped"):
+        elif entry.get("state") in ("failed", "stopped") or job_state in ("failed", "stopped", "dead"):
             rows.append({"name": step.name, "state": "not ready", "percent": 0.0, "left_s": estimate})
         else:
             rows.append({"name": step.name, "state": "waiting", "percent": 0.0, "left_s": estimate})
@@ -123,9 +123,10 @@ class PrepareStatus(widgets.VBox):
             head = (f"Preparing the {html.escape(self.preset)} preset in the background: {len(rows) - len(missing)} "
                     f"of {len(rows)} steps ready, about {_minutes(left)} left. Log: "
                     f"<code>{html.escape(str(status.get('log', '')))}</code>")
-        elif state in ("failed", "stopped"):
+        elif state in ("failed", "stopped", "dead"):
             reason = html.escape(status.get("error") or "the job was stopped")
-            head = (f"The background prepare {state} ({reason}); run <code>{html.escape(prepare_hint(self.preset))}"
+            said = "is dead" if state == "dead" else state
+            head = (f"The background prepare {said} ({reason}); run <code>{html.escape(prepare_hint(self.preset))}"
                     f"</code> to finish it (it resumes where it stopped).")
         else:
             head = (f"{len(missing)} prepare step(s) missing; run <code>{html.escape(prepare_hint(self.preset))}"

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 
 from workbench.timeline import Span, Timeline
-from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure
+from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, wrap_text
 from workbench.viz.timeline import gantt_figure
 
 GPU_COLORS = {"v100": "#4C78A8", "p100": "#F58518", "k80": "#54A24B", "a6000": "#B279A2", "host": "#72B7B2"}
@@ -103,7 +103,7 @@ def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None 
     reason, :func:`no_plan_text`) wrapped to a half-width slot instead."""
     if not plan.splits:
         return message_figure(title or "E3's split plan: none meets the SLO",
-                              _wrap(no_plan or no_plan_text(plan.reason), HALF_WRAP), height=420)
+                              wrap_text(no_plan or no_plan_text(plan.reason), HALF_WRAP), height=420)
     L = plan.splits[-1][1]
     fig = go.Figure()
     for i, ((start, end), r, gpu, b, stage) in enumerate(zip(plan.splits, plan.replicas, plan.gpu_types,
@@ -163,21 +163,6 @@ def no_plan_text(reason: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _wrap(text: str, width: int = 110) -> str:
-    """Plain text as annotation lines (<br>) of at most about ``width`` characters."""
-    out = []
-    for paragraph in text.splitlines():
-        line = ""
-        for word in paragraph.split(" "):
-            if line and len(line) + 1 + len(word) > width:
-                out.append(line)
-                line = word
-            else:
-                line = f"{line} {word}" if line else word
-        out.append(line)
-    return "<br>".join(out)
-
-
 # -- pipeline bubbles
 
 def is_replica_lane(lane: str) -> bool:
@@ -225,8 +210,13 @@ def bubble_timeline(timeline: Timeline, end_s: float | None = None, max_spans: i
             t = max(t, s.end)
         if t < end_s:
             idle(t, end_s)
-    spans.sort(key=lambda s: (s.start, s.lane))
+    spans.sort(key=lambda s: (s.start, lane_order(s.lane)))
     return Timeline(tuple(spans), timeline.source, name=timeline.name)
+
+
+def lane_order(lane: str) -> tuple:
+    """A sort key that puts "split 1 · replica 2" before "split 1 · replica 10" (numbers as numbers)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", lane))
 
 
 def idle_shares(bubbles: Timeline) -> dict[str, float]:
@@ -323,4 +313,4 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_m
 def no_result_figure(title: str, reason: str, height: int = 360, width: int = HALF_WRAP) -> go.Figure:
     """What a slot shows when the settings give nothing to draw: ``title`` over ``reason`` wrapped to
     ``width`` characters a line."""
-    return message_figure(title, _wrap(reason, width), height=height)
+    return message_figure(title, wrap_text(reason, width), height=height)

@@ -54,9 +54,15 @@ def mode_title(mode: str) -> str:
     return MODE_TITLES.get(mode, mode)
 
 
+NO_PLAN_TITLES = {"decision": "Hepti's decision", "breakdown": "Latency per device", "compare": "Hepti against other shares",
+                  "timeline": "Hepti's timeline"}
+"""The title each figure keeps when there is no partition to draw (its slot's name is internal)."""
+
+
 def no_plan_figure(name: str, reason: str, height: int = 360) -> go.Figure:
-    """What a slot shows when the settings give no partition to draw."""
-    return message_figure(name, reason, height=height)
+    """What slot ``name`` shows when the settings give no partition to draw: its figure's title, and the reason
+    wrapped to fit a half-width slot."""
+    return message_figure(NO_PLAN_TITLES.get(name, name), reason, height=height, wrap=60)
 
 
 # -- the decision

@@ -244,6 +244,12 @@ def orders_figure(shape: ModelShape, seq_len: int, devices: int, points: int = O
     return fig
 
 
+NO_PLAN_TITLES = {"decision": "The partition's decision", "schemes": "Communication vs compute per scheme",
+                  "orders": "Theorem 2's attention order", "timeline": "The partition's timeline"}
+"""The title each figure keeps when there is no plan to draw (its slot's name is internal)."""
+
+
 def no_plan_figure(name: str, reason: str, height: int = 360) -> go.Figure:
-    """What a slot shows when the settings give no plan to draw."""
-    return message_figure(name, reason, height=height)
+    """What slot ``name`` shows when the settings give no plan to draw: its figure's title, and the reason
+    wrapped to fit a half-width slot."""
+    return message_figure(NO_PLAN_TITLES.get(name, name), reason, height=height, wrap=60)

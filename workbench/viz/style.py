@@ -48,8 +48,26 @@ def outline(boxes) -> tuple[list, list]:
     return xs, ys
 
 
-def message_figure(title: str, message: str, height: int = 400) -> go.Figure:
-    """A figure that says why there is nothing to draw, instead of showing empty axes."""
+def wrap_text(text: str, width: int = 110) -> str:
+    """Plain text as annotation lines (<br>) of at most about ``width`` characters."""
+    out = []
+    for paragraph in text.splitlines():
+        line = ""
+        for word in paragraph.split(" "):
+            if line and len(line) + 1 + len(word) > width:
+                out.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        out.append(line)
+    return "<br>".join(out)
+
+
+def message_figure(title: str, message: str, height: int = 400, wrap: int | None = None) -> go.Figure:
+    """A figure that says why there is nothing to draw, instead of showing empty axes; ``wrap``: the message
+    as lines of at most that many characters (a half-width slot holds about 60)."""
+    if wrap:
+        message = wrap_text(message, wrap)
     return go.Figure().update_layout(
         template=TEMPLATE, title=title, height=height, margin=MARGIN, plot_bgcolor="white", xaxis={"visible": False},
         yaxis={"visible": False}, annotations=[{"text": message, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
