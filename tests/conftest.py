@@ -24,8 +24,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.browser)
         elif parts[0] == "notebooks" or item.fspath.basename == "test_notebooks.py":
             item.add_marker(pytest.mark.notebooks)
-        elif item.get_closest_marker("integration") is None:
+        elif not any(item.get_closest_marker(tier) for tier in TIERS[1:]):
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """A module's or class's fixture set up for a ``unit`` test is held to the unit tier as the test is (a
+    server a whole module shares makes its tests integration tests)."""
+    item = getattr(request, "_pyfuncitem", None)
+    if fixturedef.scope not in ("module", "class") or item is None or item.get_closest_marker("unit") is None:
+        yield
+        return
+    from tests.tiers import refuse_processes
+
+    patch = pytest.MonkeyPatch()
+    refuse_processes(patch, f"{item.nodeid} (its fixture {fixturedef.argname})")
+    try:
+        yield
+    finally:
+        patch.undo()
 
 
 @pytest.fixture(autouse=True)

@@ -39,3 +39,21 @@ def test_every_collected_test_is_in_exactly_one_tier(request):
     for item in request.session.items:
         tiers = [t for t in ("unit", "integration", "browser", "notebooks") if item.get_closest_marker(t)]
         assert len(tiers) == 1, (item.nodeid, tiers)
+
+
+@pytest.fixture(scope="module")
+def module_server():
+    """A server a whole module would share, started for a unit test."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        try:
+            server.listen()
+        except TierError as refused:
+            return refused
+    return None
+
+
+def test_a_unit_tests_module_fixture_is_held_to_the_tier_too(module_server):
+    assert isinstance(module_server, TierError)
+    assert "test_a_unit_tests_module_fixture_is_held_to_the_tier_too (its fixture module_server) is a unit test " \
+           "but listens on a socket" in str(module_server)

@@ -143,3 +143,12 @@ def test_every_control_moves_the_titles_and_data_of_its_figures(voila_server, pa
     now = {n: figure_state(page, n) for n in names}
     assert now["gantt"]["data"] != before["gantt"]["data"]          # the measured run overlaid
     assert page.locator(".wb-error").count() == 0
+
+
+def assert_rows_apart(page, selector: str, count: int) -> None:
+    """The device table holds ``count`` rows, each input of ``selector`` at least 20 px tall and below the one
+    above it (rows squeezed into the scrolled table used to overlap at 32 and 64 devices)."""
+    page.wait_for_function(f"() => document.querySelectorAll({selector!r}).length === {count}", timeout=30_000)
+    boxes = [page.locator(selector).nth(i).bounding_box() for i in range(min(count, 10))]
+    for above, below in zip(boxes, boxes[1:]):
+        assert below["height"] >= 20 and below["y"] >= above["y"] + above["height"] - 0.5, (above, below)

@@ -9,13 +9,14 @@ from dataclasses import replace
 import pytest
 
 from tests.browser.conftest import assert_figures_visible
-from tests.browser.test_elastic_page import figure_state, set_readout, wait_for_title
+from tests.browser.test_elastic_page import assert_rows_apart, figure_state, set_readout, wait_for_title
 from tests.browser.test_kvcache_page import control
 from workbench.devices import get_cluster
 from workbench.mechanisms import dashboards
 from workbench.partition.cost import SHAPES
 from workbench.hepti.plan import hepti_partition
 from workbench.hepti.run import shape_of
+from workbench.ui.hepti import MAX_ROWS
 
 PAGE = "hepti.ipynb"
 PAGE_TIMEOUT_MS = 180_000
@@ -192,3 +193,6 @@ def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_
     assert by_layer[resumed][3] == "re-partition after the fault: jetson-nano-cpu lost"
     assert "jetson" not in by_layer[resumed][2]
     assert page.locator(".wb-error").count() == 0
+
+    set_readout(page, "Devices", MAX_ROWS)                 # the table at its end scrolls, its rows apart
+    assert_rows_apart(page, ".wb-dev-speed input", MAX_ROWS)

@@ -7,8 +7,9 @@ import time
 import pytest
 
 from tests.browser.conftest import assert_figures_visible
-from tests.browser.test_elastic_page import figure_state, set_readout, wait_for_title
+from tests.browser.test_elastic_page import assert_rows_apart, figure_state, set_readout, wait_for_title
 from tests.browser.test_kvcache_page import control
+from workbench.distributed import limits
 from workbench.mechanisms import dashboards
 from workbench.partition.cost import SHAPES
 from workbench.partition.plan import SCHEMES, DeviceRow, devices_from_table, devices_like, plan_partition
@@ -122,6 +123,10 @@ def test_every_control_moves_its_figures_and_run_for_real_draws_the_measurement(
     assert [len(t[2]) for t in traces(page, "decision")] == list(pipeline.layers)
     moved("decision", "timeline")
     assert page.locator(".wb-error").count() == 0
+
+    top = int(limits.devices.maximum)                      # the table at its end scrolls, its rows apart
+    set_readout(page, "Devices", top)
+    assert_rows_apart(page, ".wb-dev-speed input", top)
 
     # Run for real: two worker processes on the encoder at a short sequence
     select(page, "Scheme", label=SCHEMES["voltage"])

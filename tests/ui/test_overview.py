@@ -62,6 +62,47 @@ def test_the_llms_section_shows_the_prepared_replays(prepared):
         assert f"{method_label(method)}: mean {format_ms(result.mean_switch_s())}" in names
 
 
+def test_the_voltage_section_draws_each_schemes_prediction():
+    from workbench.distributed.shares import devices_like
+    from workbench.partition.cost import get_shape
+    from workbench.partition.plan import plan_partition
+    from workbench.ui.partition import PartitionOverview
+
+    section = PartitionOverview("quick")
+    section.count.value = 6
+    fig = section.figures["schemes"]
+    assert "on 6 equal devices" in fig.layout.title.text
+    voltage = plan_partition("voltage", get_shape("encoder"), 128, devices_like(6))
+    bars = {t.name: dict(zip(t.x, t.y)) for t in fig.data}
+    drawn = bars["compute (predicted)"]["Voltage"] + bars["communication (predicted)"]["Voltage"]
+    assert drawn == pytest.approx(1e3 * voltage.predicted_s)
+
+
+def test_the_hepti_section_switches_mode_as_the_secondaries_memory_falls():
+    from workbench.hepti.plan import MODE_TITLES
+    from workbench.ui.hepti import HeptiOverview
+
+    section = HeptiOverview("quick")
+    titles = {}
+    for mb in (4000, 10):
+        section.free.value = mb
+        titles[mb] = (section.partition.mode, section.figures["decision"].layout.title.text)
+    assert titles[4000][0] == "ws" and titles[10][0] != "ws"                  # WS needs about 33 MB a board
+    for mb, (mode, title) in titles.items():
+        assert title.startswith(f"Hepti picks {MODE_TITLES[mode]} with {mb:,} MB free")
+    shares = [t.x[0] for t in section.figures["decision"].data if t.type == "bar"]
+    assert sum(shares) == pytest.approx(1.0) and shares == pytest.approx(list(section.partition.shares))
+
+
+def test_the_e3_section_is_the_pages_plan_at_its_defaults(prepared):
+    from workbench.ui.earlyexit import EarlyExitOverview, EarlyExitPanel
+
+    section, page = EarlyExitOverview("quick"), EarlyExitPanel("quick")
+    assert section.plan.splits == page.plan.splits and section.plan.replicas == page.plan.replicas
+    assert section.figures["plan"].layout.title.text == page.figures["plan"].layout.title.text
+    assert {t.name for t in section.figures["bubbles"].data} >= {"busy (simulated)", "bubble (simulated)"}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_the_overview_serves_with_one_mechanism_prepared(prepared, only_prepared, name):
     only_prepared(name)
@@ -69,11 +110,11 @@ def test_the_overview_serves_with_one_mechanism_prepared(prepared, only_prepared
     assert panel.message.value == "" and "times" in panel.figures
     for other, box in panel.sections.items():
         text = " ".join(getattr(w, "value", "") for w in box.children)
-        if other == name:
+        missing = [s for m in registry.mechanisms() if m.name == other for s in m.overview.requires]
+        if other == name or not missing:                      # a section that reads nothing prepared always shows
             assert panel.section(other) is not None and "wb-section-missing" not in text
             assert "wb-error" not in getattr(panel.section(other).message, "value", "")
         else:
-            missing = [s for m in registry.mechanisms() if m.name == other for s in m.overview.requires]
             assert panel.section(other) is None and "wb-section-missing" in text
             assert f"missing {', '.join(missing)}" in text and "workbench prepare --preset quick" in text
 
@@ -81,9 +122,14 @@ def test_the_overview_serves_with_one_mechanism_prepared(prepared, only_prepared
 def test_an_unprepared_cache_shows_what_is_missing_and_the_devices(tmp_cache):
     panel = OverviewPanel("quick")
     assert panel.message.value == "" and "Odroid" in panel.figures["times"].layout.title.text
+    needs = {m.name: m.overview.requires for m in registry.mechanisms() if m.overview}
+    assert {n for n, r in needs.items() if not r} == {"partition", "hepti"}      # the cost models need nothing
     for name, box in panel.sections.items():
-        assert panel.section(name) is None
-        assert "workbench prepare --preset quick" in box.children[1].value
+        if needs[name]:
+            assert panel.section(name) is None
+            assert "workbench prepare --preset quick" in box.children[1].value
+        else:
+            assert panel.section(name) is not None and panel.section(name).message.value == "" 
 
 
 def test_an_unprepared_task_shows_an_inline_message_in_the_elastic_section(tmp_cache):

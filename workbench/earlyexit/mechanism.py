@@ -3,7 +3,7 @@ page and notebooks."""
 from __future__ import annotations
 
 from workbench.data import TASKS
-from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, PrepareStep
+from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, OverviewSection, PrepareStep
 
 ESTIMATES_S = {
     # full: bbc took 186 s on 2 cores; sentiment 1036 s at a load of 5-9 (other jobs), about 450 s on its own
@@ -104,5 +104,7 @@ MECHANISM = Mechanism(
         Notebook(path="earlyexit_evaluation.ipynb", title="Early-exit serving beside the paper", kind="evaluation"),
     ),
     info=_info,
+    overview=OverviewSection(title="Early-exit serving (E3): the split plan and its pipeline bubbles",
+                             panel="workbench.ui.earlyexit:EarlyExitOverview", requires=(_step_name("sentiment"),)),
     test_artifacts=_test_artifacts,
 )

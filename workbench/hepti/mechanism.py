@@ -5,7 +5,7 @@ Nothing to prepare: the shipped encoder is read from its package.
 from __future__ import annotations
 
 from workbench.hepti import commands
-from workbench.mechanisms import Command, Dashboard, Mechanism, Notebook
+from workbench.mechanisms import Command, Dashboard, Mechanism, Notebook, OverviewSection
 
 MECHANISM = Mechanism(
     name="hepti",
@@ -35,4 +35,6 @@ MECHANISM = Mechanism(
         Notebook(path="hepti_evaluation.ipynb", title="Heterogeneous partitioning beside the paper",
                  kind="evaluation"),
     ),
+    overview=OverviewSection(title="Heterogeneous partitioning (Hepti): the mode and shares it picks",
+                             panel="workbench.ui.hepti:HeptiOverview"),
 )

@@ -6,7 +6,7 @@ layers drawn from a seed.
 """
 from __future__ import annotations
 
-from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook
+from workbench.mechanisms import Command, Dashboard, InfoSection, Mechanism, Notebook, OverviewSection
 from workbench.partition import commands
 
 
@@ -52,4 +52,6 @@ MECHANISM = Mechanism(
                  kind="evaluation"),
     ),
     info=_info,
+    overview=OverviewSection(title="Position-wise partitioning (Voltage): predicted latency of each scheme",
+                             panel="workbench.ui.partition:PartitionOverview"),
 )

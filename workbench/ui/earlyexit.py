@@ -108,6 +108,23 @@ class _Cache(dict):
         return self[key]
 
 
+class EarlyExitOverview(Panel):
+    """E3's part of the overview page: the page's own plan and simulated bubbles at its default settings (the
+    sentiment task, four V100s, the default SLO, mix and arrivals), drawn by the same engine calls."""
+
+    def __init__(self, preset: str | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.children = [self.message, self.figure_slot("plan"), self.figure_slot("bubbles")]
+        self.refresh()
+
+    def _refresh(self) -> None:
+        page = EarlyExitPanel(self.preset)
+        self.plan = page.plan
+        for name in ("plan", "bubbles"):
+            self.show_figure(name, page.figures[name])
+
+
 class EarlyExitPanel(Panel):
     """Controls -> batch profile, ``optimize_splits``, ``simulate_plan`` -> four figures; a button serves the plan
     for real on Ray Serve."""

@@ -81,7 +81,8 @@ class HeptiRowWidgets(widgets.HBox):
             w.add_class(f"wb-dev-{kind}-{index}")
         label = widgets.HTML(f"<span class='wb-dev-name'>{index} · {html.escape(name)}</span>",
                              layout=widgets.Layout(width="150px"))
-        super().__init__([label, self.speed, self.memory, self.bandwidth, self.fall_mb, self.fall_at])
+        super().__init__([label, self.speed, self.memory, self.bandwidth, self.fall_mb, self.fall_at],
+                         layout=widgets.Layout(flex="0 0 auto"))     # rows keep their height in the scrolled table
 
     @property
     def cells(self) -> tuple[widgets.Widget, ...]:
@@ -141,6 +142,32 @@ class Settings:
 
     def memory_falls(self) -> dict[str, tuple[int, float]]:
         return {name: (layer, nbytes) for name, layer, nbytes in self.falls}
+
+
+class HeptiOverview(Panel):
+    """Hepti's part of the overview page: the mode and shares its MILP picks for the four boards (the encoder at
+    T = 128) as the secondaries' free memory falls: weight-stationary while they hold their slices, tiled below."""
+
+    def __init__(self, preset: str | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.free = widgets.SelectionSlider(options=[4000, 1000, 100, 40, 30, 20, 10], value=4000,
+                                            description="Free MB", continuous_update=False,
+                                            layout=widgets.Layout(width="420px"))
+        self.observe_controls(self.free)
+        self.children = [self.free, self.message, self.figure_slot("decision")]
+        self.refresh()
+
+    def _refresh(self) -> None:
+        mb, shape, N, L = int(self.free.value), SHAPES["encoder"], 128, 6
+        devices = [d if i == 0 else replace(d, memory_bytes=min(d.memory_bytes, mb * 1e6))
+                   for i, d in enumerate(get_cluster("hepti").devices)]
+        self.partition = p = hepti_partition(devices, shape_of(shape, N), num_layers=L)
+        layers = [LayerDecision(p, "first" if n == 0 else "") for n in range(L)]
+        self.show_figure("decision", decision_figure(
+            layers, shape.name, N, title=f"Hepti picks {MODE_TITLES[p.mode]} with {mb:,} MB free on each "
+                                         f"secondary<br><sub>{shape.name}, T = {N}, {len(devices)} boards: shares "
+                                         f"per device, predicted {1e3 * p.predicted_latency_s:.1f} ms</sub>"))
 
 
 class HeptiPanel(Panel):

@@ -60,7 +60,8 @@ class DeviceRowWidgets(widgets.HBox):
             w.add_class(f"wb-dev-{name}")
             w.add_class(f"wb-dev-{name}-{index}")
         label = widgets.HTML(f"<span class='wb-dev-name'>device {index}</span>", layout=widgets.Layout(width="80px"))
-        super().__init__([label, self.speed, self.memory, self.bandwidth])
+        super().__init__([label, self.speed, self.memory, self.bandwidth],
+                         layout=widgets.Layout(flex="0 0 auto"))     # rows keep their height in the scrolled table
 
     @property
     def cells(self) -> tuple[widgets.FloatText, ...]:
@@ -79,6 +80,38 @@ def traffic_per_layer(table, device: int) -> tuple[int, int]:
 
 def bytes_text(low: int, high: int) -> str:
     return f"{low:,}" if low == high else f"{low:,} to {high:,}"
+
+
+class PartitionOverview(Panel):
+    """Voltage's part of the overview page: every scheme's predicted compute and communication on K equal
+    devices (the encoder at N = 128, the default device and its link), the cost model's own numbers."""
+
+    def __init__(self, preset: str | None = None):
+        super().__init__()
+        self.preset = preset or default_preset()
+        self.count = widgets.IntSlider(value=4, min=1, max=16, description="Devices", continuous_update=False,
+                                       layout=widgets.Layout(width="420px"))
+        self.observe_controls(self.count)
+        self.children = [self.count, self.message, self.figure_slot("schemes", height=440)]
+        self.refresh()
+
+    def _refresh(self) -> None:
+        from workbench.distributed.shares import devices_like
+
+        K, shape, N = int(self.count.value), get_shape("encoder"), 128
+        devices = devices_like(K)
+        plans: dict[str, PartitionPlan | str] = {}
+        for scheme in SCHEMES:
+            try:
+                plans[scheme] = plan_partition(scheme, shape, N, devices)
+            except WorkbenchError as exc:
+                plans[scheme] = str(exc)
+        single = plans["single"]
+        self.plans = plans
+        self.show_figure("schemes", schemes_figure(
+            plans, single.predicted_s if isinstance(single, PartitionPlan) else None, "voltage",
+            title=f"Voltage beside the other schemes on {K} equal devices<br><sub>{shape.name}, N = {N}: predicted "
+                  f"compute and communication per inference</sub>"))
 
 
 class PartitionPanel(Panel):
