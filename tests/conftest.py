@@ -51,8 +51,9 @@ def _unit_starts_nothing(request, monkeypatch):
     """Holds ``unit`` tests to their tier (``tests.tiers.refuse_processes``); session fixtures, set up before it,
     may start what they need."""
     if request.node.get_closest_marker("unit") is not None:
-        from tests.tiers import refuse_processes
+        from tests.tiers import refuse_processes, refuse_server_fixtures
 
+        refuse_server_fixtures(request.node.nodeid, request.fixturenames)
         refuse_processes(monkeypatch, request.node.nodeid)
     yield
 

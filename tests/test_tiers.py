@@ -57,3 +57,12 @@ def test_a_unit_tests_module_fixture_is_held_to_the_tier_too(module_server):
     assert isinstance(module_server, TierError)
     assert "test_a_unit_tests_module_fixture_is_held_to_the_tier_too (its fixture module_server) is a unit test " \
            "but listens on a socket" in str(module_server)
+
+
+def test_a_unit_test_using_a_running_servers_fixture_is_refused(monkeypatch):
+    from tests.tiers import refuse_server_fixtures
+
+    monkeypatch.delenv("WORKBENCH_TIER_SCAN", raising=False)
+    with pytest.raises(TierError, match="t.py::x is a unit test but uses the running server of fixture ray_cluster"):
+        refuse_server_fixtures("t.py::x", ["tmp_path", "ray_cluster"])
+    refuse_server_fixtures("t.py::y", ["tmp_path", "prepared"])

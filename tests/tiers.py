@@ -8,6 +8,26 @@ class TierError(AssertionError):
     """A test marked ``unit`` started a process or a server."""
 
 
+SERVER_FIXTURES = ("ray_cluster",)
+"""Session fixtures that hold a running server (started before any test's guard): a test using one is an
+integration test."""
+
+
+def refuse_server_fixtures(nodeid: str, fixturenames) -> None:
+    """Fail a unit test that uses one of :data:`SERVER_FIXTURES` (recorded instead under a scan)."""
+    used = [name for name in SERVER_FIXTURES if name in fixturenames]
+    if not used:
+        return
+    what = f"uses the running server of fixture {used[0]}"
+    scan = os.environ.get("WORKBENCH_TIER_SCAN")
+    if scan:
+        with open(scan, "a") as handle:
+            handle.write(f"{nodeid}\t{what}\n")
+        return
+    raise TierError(f"{nodeid} is a unit test but {what}: mark it @pytest.mark.integration "
+                    "(unit tests run in one process and start no server)")
+
+
 def refuse_processes(monkeypatch, nodeid: str) -> None:
     """Make starting a process (subprocess, multiprocessing, fork) or listening on a socket fail in this test,
     naming the test and what it tried. With ``WORKBENCH_TIER_SCAN=FILE`` set, the attempt is appended to FILE
