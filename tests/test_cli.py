@@ -15,6 +15,7 @@ def run_cli(*args, env=None):
                           timeout=300)             # a command that hangs fails the test
 
 
+@pytest.mark.integration
 def test_info_lists_models_tasks_mechanisms_and_device_profiles(prepared):
     out = run_cli("info", "--json")
     assert out.returncode == 0, out.stderr
@@ -31,6 +32,7 @@ def test_info_lists_models_tasks_mechanisms_and_device_profiles(prepared):
     assert f"elastic    bbc       full-model dev accuracy {100 * prepared['bbc'].accuracy_grid[-1, -1]:.1f}%" in text
 
 
+@pytest.mark.integration
 def test_unknown_task_gives_a_clear_error_and_exit_code():
     out = run_cli("prepare", "--tasks", "imdb", "--quiet")
     assert out.returncode == 2
@@ -38,6 +40,7 @@ def test_unknown_task_gives_a_clear_error_and_exit_code():
                                   "'sentiment', 'bbc') (see `workbench prepare --help`)")
 
 
+@pytest.mark.integration
 def test_unknown_benchmark_is_named():
     out = run_cli("bench", "warp-speed")
     assert out.returncode == 2 and "invalid choice: 'warp-speed'" in out.stderr
@@ -45,6 +48,7 @@ def test_unknown_benchmark_is_named():
         assert name in out.stderr
 
 
+@pytest.mark.integration
 def test_unwritable_cache_is_named(tmp_path):
     import os
 
@@ -62,6 +66,7 @@ def test_voila_command_binds_loopback_and_culls_kernels():
     assert "--MappingKernelManager.cull_idle_timeout=300" in cmd
 
 
+@pytest.mark.integration
 def test_device_profile_details_and_unknown_profile():
     out = run_cli("info", "--device", "odroid-n2")
     assert out.returncode == 0 and "95.00" in out.stdout and "32b 28.25" in out.stdout
@@ -70,6 +75,7 @@ def test_device_profile_details_and_unknown_profile():
     assert "argument --device: invalid choice: 'pixel9'" in out.stderr and "jetson-nano" in out.stderr
 
 
+@pytest.mark.integration
 def test_profile_importance_prints_the_cached_matrix(prepared):
     out = run_cli("profile", "importance", "--task", "bbc", "--preset", "quick", "--json", "--quiet")
     assert out.returncode == 0, out.stderr
@@ -80,6 +86,7 @@ def test_profile_importance_prints_the_cached_matrix(prepared):
     assert "all-2-bit accuracy" in text and "most important: (" in text
 
 
+@pytest.mark.integration
 def test_profile_importance_bad_input_is_named(prepared):
     out = run_cli("profile", "importance", "--task", "imdb", "--preset", "quick")
     assert out.returncode == 2 and "invalid choice: 'imdb'" in out.stderr
@@ -87,6 +94,7 @@ def test_profile_importance_bad_input_is_named(prepared):
     assert out.returncode == 2 and "argument --dev-size: must be at least 1 examples, got 0" in out.stderr
 
 
+@pytest.mark.integration
 def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
     out = run_cli("plan", "--preset", "quick", "--device", "odroid-n2", "--target-ms", "150", "--json")
     assert out.returncode == 0, out.stderr
@@ -114,6 +122,7 @@ def test_plan_and_run_an_elastic_configuration(prepared, tmp_path):
     assert out.returncode == 2 and "argument --preload-mb: must be at least 0 MB, got -1" in out.stderr
 
 
+@pytest.mark.integration
 def test_mechanism_commands_and_their_top_level_aliases(prepared):
     grouped = run_cli("elastic", "plan", "--preset", "quick", "--target-ms", "150", "--json")
     alias = run_cli("plan", "--preset", "quick", "--target-ms", "150", "--json")
@@ -127,12 +136,14 @@ def test_mechanism_commands_and_their_top_level_aliases(prepared):
     assert out.returncode == 0 and "t_comp(m) per layer" in out.stdout
 
 
+@pytest.mark.integration
 def test_trace_path_is_checked_before_any_work(prepared):
     out = run_cli("elastic", "run", "--preset", "quick", "--trace", "/proc/nope/t.json")
     assert out.returncode == 2 and "cannot write /proc/nope/t.json: folder /proc/nope does not exist" in out.stderr
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.integration
 def test_profile_device_saves_json(prepared, tmp_path):
     out = run_cli("profile", "device", "--task", "sentiment", "--device", "jetson-nano", "--preset", "quick",
                   "--out", str(tmp_path / "p.json"))
@@ -141,6 +152,7 @@ def test_profile_device_saves_json(prepared, tmp_path):
     assert saved["device"] == "jetson-nano" and sorted(map(int, saved["io_s"])) == [2, 3, 4, 5, 6, 32]
 
 
+@pytest.mark.integration
 def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
     import os
     import socket
@@ -182,6 +194,7 @@ def descendants(pid: int) -> set[int]:
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+@pytest.mark.integration
 def test_a_signal_stops_the_server_its_kernels_and_the_background_prepare(tmp_path, signum):
     import os
     import signal

@@ -174,6 +174,7 @@ def hostile_results():
 
 @pytest.mark.parametrize("path,parser,action,value", NUMERIC,
                          ids=[case_id(p, a, v) for p, _, a, v in NUMERIC])
+@pytest.mark.integration
 def test_a_hostile_number_is_refused_in_one_line_quickly_and_in_little_memory(path, parser, action, value,
                                                                                  hostile_results):
     got = hostile_results[tuple(argv_for(path, parser, action, value))]
@@ -214,6 +215,7 @@ def _limit_memory():
 
 
 @pytest.mark.parametrize("argv,said", SEEN, ids=[" ".join(a) for a, _ in SEEN])
+@pytest.mark.integration
 def test_the_cases_seen_in_the_issue_end_in_one_line_as_a_real_process(argv, said):
     done = subprocess.run([sys.executable, "-m", "workbench.cli", *argv], capture_output=True, text=True,
                           timeout=LIMIT_S + 10, preexec_fn=_limit_memory)

@@ -164,6 +164,7 @@ def test_engine_modules_are_found_by_walking_the_package():
     assert not any(m.startswith(("workbench.ui", "workbench.viz")) for m in modules)
 
 
+@pytest.mark.integration
 def test_engine_imports_load_no_ui_library():
     code = ("import sys\n" + "".join(f"import {m}\n" for m in engine_modules()) +
             f"bad = sorted(m for m in {UI_LIBRARIES!r} if m in sys.modules)\nprint(','.join(bad))")
@@ -200,6 +201,7 @@ def test_no_mechanism_reaches_another_through_shared_modules():
 
 
 @pytest.mark.parametrize("name", mechanism_packages())
+@pytest.mark.integration
 def test_importing_a_mechanism_loads_no_other(name):
     own = sorted(m for m in module_paths() if _in(f"workbench.{name}", m))
     others = [f"workbench.{o}" for o in mechanism_packages() if o != name]
@@ -230,6 +232,7 @@ def test_no_shared_module_reaches_a_mechanism():
     assert not bad, "\n".join(f"{m}: {' -> '.join(chain)}" for m, chain in bad.items())
 
 
+@pytest.mark.integration
 def test_importing_every_shared_module_loads_no_mechanism():
     mechanisms = mechanism_packages()
     shared = shared_modules(module_paths(), mechanisms, own_views())
@@ -360,6 +363,7 @@ PANELS = _panels()
 
 
 @pytest.mark.parametrize("panel", PANELS)
+@pytest.mark.integration
 def test_dashboards_draw_their_first_figures_without_torch(prepared, panel):
     code = (f"import sys\nfrom workbench.ui import {panel}\np = {panel}('quick')\n"
             "message = getattr(p, 'message', None)\n"

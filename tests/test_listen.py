@@ -49,6 +49,7 @@ def refused(args: list[str], cache: Path) -> str:
     return err.strip()
 
 
+@pytest.mark.integration
 def test_serve_llms_on_a_taken_port_names_it_and_how_to_get_a_free_one(tmp_path, taken):
     line = refused(["serve", "llms", "--address", f"tcp:127.0.0.1:{taken}", "--swap-dir", str(tmp_path / "swap")],
                    tmp_path / "cache")
@@ -56,6 +57,7 @@ def test_serve_llms_on_a_taken_port_names_it_and_how_to_get_a_free_one(tmp_path,
     assert not (tmp_path / "swap").exists()
 
 
+@pytest.mark.integration
 def test_serve_llms_refuses_a_socket_in_a_folder_it_cannot_make(tmp_path):
     line = refused(["serve", "llms", "--address", "unix:/proc/nope/s", "--swap-dir", str(tmp_path / "swap")],
                    tmp_path / "cache")
@@ -63,6 +65,7 @@ def test_serve_llms_refuses_a_socket_in_a_folder_it_cannot_make(tmp_path):
     assert not (tmp_path / "swap").exists()
 
 
+@pytest.mark.integration
 def test_serve_llms_refuses_a_swap_dir_it_cannot_make_and_removes_the_socket_it_bound(tmp_path):
     sock = tmp_path / "new" / "deeper" / "s"
     line = refused(["serve", "llms", "--address", f"unix:{sock}", "--swap-dir", "/proc/nope"], tmp_path / "cache")
@@ -70,6 +73,7 @@ def test_serve_llms_refuses_a_swap_dir_it_cannot_make_and_removes_the_socket_it_
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.integration
 def test_serve_llms_refuses_a_taken_metrics_port_before_the_model_loads(tmp_path, taken):
     line = refused(["serve", "llms", "--address", f"unix:{tmp_path / 's'}", "--swap-dir", str(tmp_path / "swap"),
                     "--metrics-port", str(taken)], tmp_path / "cache")
@@ -78,12 +82,14 @@ def test_serve_llms_refuses_a_taken_metrics_port_before_the_model_loads(tmp_path
 
 
 @pytest.mark.parametrize("command", ["dashboards", "lab"])
+@pytest.mark.integration
 def test_the_gallery_and_the_lab_on_a_taken_port_say_so_and_start_nothing(tmp_path, taken, command):
     line = refused([command, "--port", str(taken)], tmp_path / "cache")
     assert f"127.0.0.1:{taken}" in line and "--port 0" in line, line
     assert not (tmp_path / "cache" / "prepare-job").exists()
 
 
+@pytest.mark.integration
 def test_the_shared_binding_names_the_address_and_cleans_up_what_it_made(tmp_path, taken):
     with pytest.raises(AddressError, match=f"127.0.0.1:{taken}.*in use"):
         bind_tcp(taken, option="--address", free="tcp:127.0.0.1:0")

@@ -28,6 +28,7 @@ def test_every_declared_page_notebook_benchmark_and_required_step_exists():
             assert callable(importlib.import_module(module).run), name
 
 
+@pytest.mark.integration
 def test_declarations_are_cheap_to_import():
     code = ("import sys, workbench.mechanisms as r\nr.mechanisms()\n"
             "print(','.join(sorted(m for m in ('torch', 'plotly', 'ipywidgets', 'sklearn') if m in sys.modules)))")
@@ -81,6 +82,7 @@ def toy(monkeypatch):
     registry.mechanisms.cache_clear()
 
 
+@pytest.mark.integration
 def test_a_mechanism_declared_in_the_tests_reaches_every_shared_page_and_command(toy, tmp_cache, capsys):
     """Only the toy is prepared (an empty cache): every shared page and command shows it, and says what the
     others wait for."""

@@ -59,6 +59,7 @@ def wheel_env(tmp_path_factory):
     return wheel, bin_dir, root
 
 
+@pytest.mark.integration
 def test_wheel_holds_every_file_of_the_package_and_the_extension(wheel_env):
     wheel, _, root = wheel_env
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -73,6 +74,7 @@ def test_wheel_holds_every_file_of_the_package_and_the_extension(wheel_env):
     assert any(n.startswith("workbench/_ext.") and n.endswith(".so") for n in names)
 
 
+@pytest.mark.integration
 def test_installed_package_reads_its_own_files(wheel_env):
     _, bin_dir, cwd = wheel_env
     out = run(bin_dir / "python", "-c",
@@ -88,6 +90,7 @@ def test_installed_package_reads_its_own_files(wheel_env):
     assert int(table6_rows) > 0
 
 
+@pytest.mark.integration
 def test_installed_commands_run_outside_the_repository(wheel_env, prepared):
     _, bin_dir, cwd = wheel_env
     info = run(bin_dir / "workbench", "info", cwd=cwd).stdout

@@ -35,6 +35,7 @@ def test_the_lock_refuses_a_second_prepare_and_names_the_holder(tmp_cache):
     assert not prepare_module.lock_held()
 
 
+@pytest.mark.integration
 def test_the_lock_is_held_across_processes(tmp_cache):
     code = ("import time\nfrom workbench.prepare import prepare_lock\n"
             "with prepare_lock():\n    print('held', flush=True)\n    time.sleep(30)\n")

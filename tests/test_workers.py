@@ -34,6 +34,7 @@ def wait_gone(pids, timeout_s: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+@pytest.mark.integration
 def test_every_worker_sees_its_rank_and_the_rendezvous_and_its_clock_offset_is_measured(tmp_path):
     code = ("import os, time\nfrom workbench.workers import ready\n"
             "ready(clock=lambda: time.perf_counter() + 100.0 * int(os.environ['RANK']))\n"
@@ -50,6 +51,7 @@ def test_every_worker_sees_its_rank_and_the_rendezvous_and_its_clock_offset_is_m
 
 @pytest.mark.parametrize("death, why", [("sys.exit(3)", "exited with status 3"),
                                          ("os.kill(os.getpid(), signal.SIGKILL)", "was killed by SIGKILL")])
+@pytest.mark.integration
 def test_a_worker_that_dies_is_named_with_why_and_its_log(death, why):
     code = ("import os, signal, sys, time\nfrom workbench.workers import ready\nready()\n"
             "if os.environ['RANK'] == '1':\n    print('rank one gives up here', flush=True)\n"
@@ -66,6 +68,7 @@ def test_a_worker_that_dies_is_named_with_why_and_its_log(death, why):
     assert wait_gone(pids, 1) == []
 
 
+@pytest.mark.integration
 def test_a_worker_that_dies_before_it_is_ready_is_named():
     code = "import os, sys\nif os.environ['RANK'] == '2':\n    sys.exit('no model here')\nimport time; time.sleep(60)\n"
     with pytest.raises(WorkerFailed, match=r"(?s)early rank 2 of 3 .* exited with status 1 before it was ready.*"
@@ -74,6 +77,7 @@ def test_a_worker_that_dies_before_it_is_ready_is_named():
             pass
 
 
+@pytest.mark.integration
 def test_ready_timeout_names_the_rank_that_was_not_ready():
     code = ("import os, time\nfrom workbench.workers import ready\n"
             "if os.environ['RANK'] == '2':\n    print('stuck loading', flush=True)\n    time.sleep(60)\n"
@@ -88,6 +92,7 @@ def test_ready_timeout_names_the_rank_that_was_not_ready():
     assert wait_gone([w.pid for w in group.workers], 1) == []
 
 
+@pytest.mark.integration
 def test_a_ready_line_in_the_log_and_a_check_of_the_callers_both_wait():
     code = "import time\ntime.sleep(0.5)\nprint('serving on somewhere', flush=True)\ntime.sleep(60)\n"
     t0 = time.monotonic()
@@ -100,6 +105,7 @@ def test_a_ready_line_in_the_log_and_a_check_of_the_callers_both_wait():
     assert group.exits[0].stopped and group.exits[0].returncode == -signal.SIGTERM
 
 
+@pytest.mark.integration
 def test_cancel_from_a_page_ends_the_run_within_two_seconds():
     from workbench.ui.base import BackgroundRun, Panel
 
@@ -123,6 +129,7 @@ def test_cancel_from_a_page_ends_the_run_within_two_seconds():
     assert [p for p in pids if alive(p)] == []
 
 
+@pytest.mark.integration
 def test_cancel_from_another_thread_stops_workers_the_owner_is_not_waiting_for():
     group = WorkerGroup(python(DEAF + "import time\nfrom workbench.workers import ready\nready()\ntime.sleep(60)"), 2,
                         name="busy", ready="signal", grace_s=30)
@@ -147,6 +154,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.integration
 def test_sigkill_of_the_parent_leaves_no_worker_alive(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     workers, grandchildren = [], []

@@ -32,6 +32,7 @@ def toy_benchmark(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.mark.integration
 def test_a_quick_run_is_kept_apart_from_the_full_one_and_says_it_is_not_meaningful(toy_benchmark, capsys):
     bench.run_benchmark("toy", [])
     bench.run_benchmark("toy", ["--quick"])
@@ -50,6 +51,7 @@ def test_a_quick_run_is_kept_apart_from_the_full_one_and_says_it_is_not_meaningf
     assert f"commit {made['commit']}" in full.caption() and "`workbench bench toy` (full preset)" in full.caption()
 
 
+@pytest.mark.integration
 def test_results_without_their_label_are_not_read(toy_benchmark):
     bench.run_benchmark("toy", [])
     found = load_results("toy-speed")

@@ -50,6 +50,7 @@ def test_without_the_controller_or_its_children_enabled_it_says_why(tmp_path):
         cl.CpuGroup(controller=fake_v2(tmp_path, enabled="io"))
 
 
+@pytest.mark.integration
 def test_groups_left_by_dead_processes_are_swept(tmp_path):
     c = fake_v2(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -69,6 +70,7 @@ def real_controller():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
     """The group is calibrated to a sixth of what the probe computes unlimited (a device at a sixth of a core);
     then a fresh process, put in the group afterwards as a rank would be, computes within the tolerance (15 %)
@@ -104,6 +106,7 @@ def test_a_process_under_a_calibrated_quota_computes_at_its_target_speed():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_a_device_faster_than_this_host_stays_unlimited():
     real_controller()
     with cl.CpuGroup() as group:

@@ -69,6 +69,7 @@ def in_namespace(net: ShapedNetwork, rank: int, *command: str) -> str:
     return subprocess.run(net.prefix(rank) + list(command), capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.integration
 def test_network_is_built_in_namespaces_and_gone_after_the_block(shaping_available):
     before = host_links()
     with ShapedNetwork(3, 500 * MBIT) as net:
@@ -92,6 +93,7 @@ def test_network_is_built_in_namespaces_and_gone_after_the_block(shaping_availab
     assert processes_in(namespaces) == []
 
 
+@pytest.mark.integration
 def test_nothing_is_left_when_the_parent_is_killed(shaping_available):
     before = host_links()
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
@@ -119,6 +121,7 @@ def test_nothing_is_left_when_the_parent_is_killed(shaping_available):
     assert host_links() == before
 
 
+@pytest.mark.integration
 def test_a_failed_set_up_undoes_itself(shaping_available, monkeypatch):
     spawned = []
     real_spawn, real_batch = shaping._spawn, shaping._batch
@@ -142,6 +145,7 @@ def test_a_failed_set_up_undoes_itself(shaping_available, monkeypatch):
     assert host_links() == before
 
 
+@pytest.mark.integration
 def test_tbf_holds_each_link_to_its_rate(shaping_available):
     """Rank 2's link is set to half the others': its downlink limits 0 -> 2, its uplink 2 -> 1. TCP over
     1500-byte frames carries 1448 payload bytes in 1514 (95.6%), well inside the 15% allowed below."""
@@ -159,6 +163,7 @@ def test_tbf_holds_each_link_to_its_rate(shaping_available):
     (2, [100 * MBIT, math.inf], "rank 1's bandwidth must be 0.1 to 100000 Mbit/s, got inf Mbit/s"),
     (2, [100 * MBIT], "1 bandwidths for 2 ranks"),
 ])
+@pytest.mark.integration
 def test_bad_arguments_are_refused_before_anything_is_made(size, bandwidth, message):
     before_links, before_children = host_links(), children()
     with pytest.raises(WorkbenchError, match=message):
@@ -186,6 +191,7 @@ GLOO = textwrap.dedent("""
     """)
 
 
+@pytest.mark.integration
 def test_gloo_all_reduce_across_shaped_links(shaping_available, tmp_path):
     with ShapedNetwork(2, 200 * MBIT) as net:
         with WorkerGroup(lambda rank: net.prefix(rank) + [sys.executable, "-c", GLOO], size=2,
@@ -200,6 +206,7 @@ def test_gloo_all_reduce_across_shaped_links(shaping_available, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_bytes_read_off_the_wire_equal_the_counted_bytes_within_framing(shaping_available):
     """Every rank's veth, read before and after a run (switch end: what left the rank and what reached it),
     carries what the runtime counted plus TCP/IP and Ethernet framing, acknowledgements and gloo's own messages:

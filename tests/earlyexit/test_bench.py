@@ -1,7 +1,6 @@
 """`workbench bench e3` in quick mode without Ray: every table's invariants, whatever this host's speed."""
 from __future__ import annotations
 
-import math
 
 import pytest
 

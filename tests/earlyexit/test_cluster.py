@@ -245,6 +245,7 @@ def tokens():
     return ids, mask
 
 
+@pytest.mark.integration
 def test_two_machines_serve_a_two_type_plan_from_the_readme(cluster, tokens, tmp_path):
     from workbench.earlyexit.serve import ModelSpec
 
@@ -277,6 +278,7 @@ def test_two_machines_serve_a_two_type_plan_from_the_readme(cluster, tokens, tmp
     assert not out["controller_left"], f"a Serve controller outlived the run: {out['actors']}"
 
 
+@pytest.mark.integration
 def test_a_refused_token_is_named_in_one_line(cluster):
     """The worker machine's own stale token, without the head's: the CLI says so, in one line, before any model
     is loaded."""
@@ -289,6 +291,7 @@ def test_a_refused_token_is_named_in_one_line(cluster):
         got.stdout + got.stderr
 
 
+@pytest.mark.integration
 def test_the_readme_serve_command_runs_on_the_cluster(cluster, prepared):
     """`workbench earlyexit serve --address HEAD:6379` as the README writes it (fewer replicas and requests): the
     trained model's plan for CPU replicas, one on each machine (each holds one unit of gpu_type_host), served,

@@ -30,6 +30,7 @@ def said_once(stderr: str) -> bool:
     return stderr.splitlines().count(NOTICE) == 1
 
 
+@pytest.mark.integration
 def test_accuracy_prints_the_records_table(prepared):
     done = workbench("accuracy", "--task", "bbc", "--json")
     assert done.returncode == 0, done.stderr
@@ -41,6 +42,7 @@ def test_accuracy_prints_the_records_table(prepared):
     assert out["thresholds"][-1]["threshold"] > 1.609      # ln 5: up to where everyone leaves at once
 
 
+@pytest.mark.integration
 def test_plan_prints_the_scenarios_plan(prepared):
     done = workbench("plan", "--gpus", "v100=2,k80=3", "--slo-ms", "40", "--mix", "50:50", "--threshold", "0.6",
                      "--json")
@@ -52,6 +54,7 @@ def test_plan_prints_the_scenarios_plan(prepared):
     assert plan["goodput"] == expected.goodput
 
 
+@pytest.mark.integration
 def test_an_slo_no_plan_meets_prints_why_and_exits_2(prepared):
     done = workbench("plan", "--slo-ms", "0.01")
     assert done.returncode == 2
@@ -59,6 +62,7 @@ def test_an_slo_no_plan_meets_prints_why_and_exits_2(prepared):
     assert said_once(done.stderr), done.stderr       # the plan was made from quick artifacts all the same
 
 
+@pytest.mark.integration
 def test_simulate_writes_a_trace(prepared, tmp_path):
     trace = tmp_path / "sim.json"
     done = workbench("simulate", "--requests", "300", "--pattern", "bursty", "--trace", str(trace), "--json")
@@ -68,6 +72,7 @@ def test_simulate_writes_a_trace(prepared, tmp_path):
     assert json.loads(trace.read_text())["traceEvents"]
 
 
+@pytest.mark.integration
 def test_bad_input_is_one_line_before_anything_starts():
     for args, message in ((("plan", "--gpus", "v100=0"), "no GPUs"),
                           (("plan", "--gpus", "h100=2"), "unknown GPU type"),
@@ -81,6 +86,7 @@ def test_bad_input_is_one_line_before_anything_starts():
         assert message in done.stderr, (args, done.stderr)
 
 
+@pytest.mark.integration
 def test_a_ray_address_that_does_not_answer_is_named_within_seconds(prepared):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +99,7 @@ def test_a_ray_address_that_does_not_answer_is_named_within_seconds(prepared):
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.integration
 def test_the_quick_preset_from_the_environment_is_said_too(prepared):
     done = workbench("plan", "--json", preset=(), env={**os.environ, "WORKBENCH_PRESET": "quick"})
     assert done.returncode == 0, done.stderr
@@ -176,6 +183,7 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize("argv, line", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+@pytest.mark.integration
 def test_bad_input_is_one_usage_line_before_ray_or_torch_load(argv, line):
     got = refused(*argv)
     assert got["code"] == 2 and got["err"].strip() == line, got
@@ -189,6 +197,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("scheme, flag", [("", "--port"), ("ray://", "--ray-client-server-port")])
+@pytest.mark.integration
 def test_an_address_where_nothing_answers_is_one_usage_line_before_ray_or_torch_load(scheme, flag):
     port = _closed_port()
     address = f"{scheme}127.0.0.1:{port}"
@@ -200,6 +209,7 @@ def test_an_address_where_nothing_answers_is_one_usage_line_before_ray_or_torch_
     assert got["heavy"] == [], f"refused only after importing {got['heavy']}"
 
 
+@pytest.mark.integration
 def test_good_forms_pass_the_parse():
     from workbench.earlyexit.commands import _mix, ray_address_problem
     from workbench.earlyexit.scenario import parse_gpus

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.devices import LayerShape, PRESETS
 from workbench.earlyexit import profiles as lp
 from workbench.earlyexit.optimizer import optimize_splits
 from workbench.earlyexit.profiles import LayerProfile, gpu_profile, latency_by_type

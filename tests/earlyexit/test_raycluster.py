@@ -28,6 +28,7 @@ def test_a_malformed_address_is_named(address):
         split_address(address)
 
 
+@pytest.mark.integration
 def test_address_checks_load_neither_ray_nor_torch():
     code = ("import sys\nfrom workbench.errors import WorkbenchError\nfrom workbench.earlyexit.raycluster import "
             "check_head\nfor a in ('nowhere', '127.0.0.1:1'):\n    try:\n        check_head(a)\n    except "

@@ -5,6 +5,7 @@ from workbench.earlyexit.realrun import real_run
 from workbench.errors import WorkbenchError
 
 
+@pytest.mark.integration
 def test_a_real_run_serves_the_trained_model_and_equals_it_in_one_process(prepared, ray_cluster):
     rec = prepared["exit_ramps"]["sentiment"].record
     import numpy as np
@@ -52,6 +53,7 @@ def test_bad_input_is_refused_before_ray_is_touched(kwargs, message):
         real_run(preset="quick", **kwargs)
 
 
+@pytest.mark.integration
 def test_a_drifting_run_replans_in_place_and_still_equals_the_model(prepared, ray_cluster):
     """The trained model, the mix drifting halfway, a re-plan from the first window on: one redeploy in place
     (the same plan again is no re-plan), and every served request still answers as the model in one process."""

@@ -1,7 +1,7 @@
 """A scenario turns the page's and the commands' knobs into the optimizer's and simulator's inputs."""
 import pytest
 
-from workbench.earlyexit.artifacts import load_record, mix_profile
+from workbench.earlyexit.artifacts import load_record
 from workbench.earlyexit.profiles import gpu_profile
 from workbench.earlyexit.scenario import Scenario, inside_ramps, parse_gpus
 from workbench.errors import WorkbenchError

@@ -66,6 +66,7 @@ def assert_same_as_model(run: ServeRun, reference):
     torch.testing.assert_close(run.logits, reference.logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.integration
 def test_two_splits_serve_the_model_exits(two_split, reference):
     assert_same_as_model(two_split, reference)
     assert {r.exit_split for r in two_split.requests} == {0, 1}
@@ -79,6 +80,7 @@ def test_two_splits_serve_the_model_exits(two_split, reference):
     assert PROGRESS[-1] == (N, N) and len(PROGRESS) == N
 
 
+@pytest.mark.integration
 def test_survivors_are_reformed_into_full_batches(two_split, reference):
     counts = two_split.batch_counts
     survivors = int((reference.exit_layers >= 3).sum())
@@ -96,6 +98,7 @@ def test_survivors_are_reformed_into_full_batches(two_split, reference):
         "a full second-split batch should gather the survivors of several first-split batches"
 
 
+@pytest.mark.integration
 def test_timeline_has_a_lane_per_replica(two_split):
     tl = two_split.timeline
     assert tl.source == "measured"
@@ -111,6 +114,7 @@ def test_timeline_has_a_lane_per_replica(two_split):
     assert 0 <= min(s.start for s in tl.spans) and tl.end <= two_split.duration_s + 1e-3
 
 
+@pytest.mark.integration
 def test_three_splits_with_replicas(ray_cluster, spec, workload, reference):
     model = spec.build()        # a model object: its weights travel as a state dict through the object store
     run = serve_plan(model, plan([(0, 1), (1, 3), (3, 6)], [1, 2, 1], [4, 4, 2]), workload, slo_s=5.0,
@@ -192,6 +196,7 @@ def test_every_queue_is_bounded_and_never_means_unbounded():
     assert cfg["max_queued"] == -1 and all(s["max_queued"] == -1 for s in splits) and not cfg["drop"]
 
 
+@pytest.mark.integration
 def test_under_twice_its_capacity_a_run_drops_and_counts_instead_of_letting_latency_grow(ray_cluster, spec, tokens):
     """The served capacity first (a burst, nobody dropped), then about twice that offered: requests that cannot
     make the SLO are dropped and counted, the served ones meet it (or are counted late), and the p95 stays near the
@@ -224,6 +229,7 @@ def test_under_twice_its_capacity_a_run_drops_and_counts_instead_of_letting_late
     np.testing.assert_array_equal(run.exit_layers[served], np.asarray(ref.exit_layers)[served])
 
 
+@pytest.mark.integration
 def test_a_batch_leaves_when_full_or_when_its_first_request_runs_out_of_slack(ray_cluster, spec, tokens,
                                                                              reference):
     """Six requests at once, batches of four, two splits, every request past layer 0: at each split the full batch
@@ -256,6 +262,7 @@ def drifting(tokens, reference):
     return Workload(ids[rows], mask[rows], np.arange(rows.size) / 10.0), rows
 
 
+@pytest.mark.integration
 def test_a_drifting_mix_replans_in_place_and_still_answers_as_the_model(ray_cluster, spec, reference, drifting):
     work, rows = drifting
     easy_plan = plan([(0, 3), (3, 6)], [1, 1], [4, 4])
@@ -286,6 +293,7 @@ def test_a_drifting_mix_replans_in_place_and_still_answers_as_the_model(ray_clus
     torch.testing.assert_close(run.logits[keep], reference.logits[torch.as_tensor(rows)][keep], atol=1e-4, rtol=0)
 
 
+@pytest.mark.integration
 def test_a_straggling_replica_is_excluded_and_its_peers_serve_its_share(ray_cluster, spec, tokens):
     """E3 §3.3 as the simulator's exclude_stragglers_after: replica 0 of the only split runs 5x slower; after
     3 batches it is marked and gets no new work, replica 1 serves the rest."""
@@ -303,6 +311,7 @@ def test_a_straggling_replica_is_excluded_and_its_peers_serve_its_share(ray_clus
     assert run.dropped == 0
 
 
+@pytest.mark.integration
 def test_a_run_that_starts_its_own_ray_leaves_no_raylet_or_controller(tmp_path):
     """serve_plan starting Ray in a fresh process closes the session: no raylet, GCS, worker or Serve
     controller of that session is left once it returns."""

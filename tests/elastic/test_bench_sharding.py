@@ -12,6 +12,7 @@ def _blobs(bits=3, count=1000, shards=4):
     return [quantized_blob(q.select(i * count, (i + 1) * count)) for i in range(shards)]
 
 
+@pytest.mark.integration
 def test_throughput_row_decodes_every_part_and_reports_ratios():
     row = sharding._throughput("tiny", 3, _blobs(), repeats=1)
     assert row["MB_out"] == 4 * 4000 / 1e6 and row["bits"] == 3
@@ -34,6 +35,7 @@ def test_best_rounds_time_each_contender_its_own_number_of_times_after_a_warm_ru
     assert calls == {"a": 10, "b": 4} and set(best) == {"a", "b"} and min(best.values()) >= 0
 
 
+@pytest.mark.integration
 def test_competing_load_is_stopped_even_when_the_block_fails():
     with pytest.raises(KeyboardInterrupt):
         with sharding.competing_load(2) as workers:

@@ -56,6 +56,7 @@ def test_the_lp_devices_differ_and_the_short_case_solves_the_tiled_modes():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_quick_bench_writes_every_table_and_its_runs_equal_the_model(tmp_cache):
     from workbench.bench.results import results_root
 

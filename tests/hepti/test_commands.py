@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from workbench.models.shapes import SHAPES
 
 
@@ -13,6 +15,7 @@ def workbench(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_plan_prints_the_partitioners_decision_and_the_alias_the_same():
     from workbench.devices import get_cluster
     from workbench.hepti import hepti_partition
@@ -58,6 +61,7 @@ def one_line(done, message, args=()):
         (args, done.stderr)
 
 
+@pytest.mark.integration
 def test_bad_input_is_refused_in_one_line():
     for args, message in ((("run", "--memory-falls", "rpi3:x:5"), "expected DEVICE:LAYER:MB"),
                           (("run", "--kill", "rpi3"), "expected DEVICE:LAYER"),
@@ -74,6 +78,7 @@ def test_bad_input_is_refused_in_one_line():
     assert done.returncode != 0 and "best reachable is" in done.stderr
 
 
+@pytest.mark.integration
 def test_the_alias_refuses_run_options_without_run():
     for args, message in ((("--kill", "rpi4-b:2"), "--kill acts on a run: add --run"),
                           (("--memory-falls", "rpi4-b:2:10"), "--memory-falls acts on a run: add --run"),

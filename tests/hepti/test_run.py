@@ -53,6 +53,7 @@ def scheduled(run):
 
 
 @pytest.mark.parametrize("mode", ["ws", "1d", "2d"])
+@pytest.mark.integration
 def test_each_mode_equals_the_model_and_counts_its_schedules_bytes(mode, reference):
     run = run_hepti(devices(), seq_len=N, mode=mode, adapt=False)
     np.testing.assert_allclose(run.hidden, reference[0], atol=2e-4, rtol=0)
@@ -63,6 +64,7 @@ def test_each_mode_equals_the_model_and_counts_its_schedules_bytes(mode, referen
         assert run.partition.grid == (2, 2)
 
 
+@pytest.mark.integration
 def test_a_falling_memory_report_switches_the_mode_and_the_output_stays(reference):
     boards = devices()
     ws_needs = memory_bytes("ws", shape_of(ENC, N), 0.0, ENC.num_layers)
@@ -75,6 +77,7 @@ def test_a_falling_memory_report_switches_the_mode_and_the_output_stays(referenc
     assert any("1d" in m for m in marks)
 
 
+@pytest.mark.integration
 def test_a_killed_device_is_named_and_its_work_moves_to_the_rest(reference):
     started = time.monotonic()
     run = run_hepti(devices(), seq_len=N, kill_at=("d2", 3), adapt=False)
@@ -85,6 +88,7 @@ def test_a_killed_device_is_named_and_its_work_moves_to_the_rest(reference):
     assert run.decisions[-1].layer == 3 and len(run.decisions[-1].shares) == 3
 
 
+@pytest.mark.integration
 def test_the_primary_holds_the_request_and_its_death_fails_it():
     """Killing the primary ends the request with one clear error (a run that resumed from a copy the parent
     kept would pass here); no worker process is left."""
@@ -137,6 +141,7 @@ def test_the_speed_estimate_ignores_one_slow_layer_and_follows_two():
 
 
 @pytest.mark.parametrize("stalled, repartitions", [((1,), False), ((1, 2), True)])
+@pytest.mark.integration
 def test_one_stalled_layer_keeps_the_split_and_a_sustained_slowdown_repartitions(stalled, repartitions, reference):
     """d1 (the fastest) loses 0.15 s inside its compute at the stalled layers (many times its layer): one stall
     is smoothed away, two in a row re-partition at the next layer, away from d1; the output never changes.
@@ -152,6 +157,7 @@ def test_one_stalled_layer_keeps_the_split_and_a_sustained_slowdown_repartitions
     assert run.decisions[1].shares[1] < run.decisions[0].shares[1] / 2
 
 
+@pytest.mark.integration
 def test_a_run_that_misses_its_prediction_says_by_how_much_and_why(reference):
     """A 0.4 s stall on the primary (smoothed away: no re-partition) puts the run far above Eq. 7: the check
     says how far and names the stall, the compute it landed in and the report gathers Eq. 7 leaves out;
@@ -166,6 +172,7 @@ def test_a_run_that_misses_its_prediction_says_by_how_much_and_why(reference):
     assert "1 injected stall(s), 4" in note and "compute took" in note and "report gathers" in note
 
 
+@pytest.mark.integration
 def test_a_measured_run_computes_under_cpu_limits_and_is_labelled_so(reference):
     """measured=True: every rank under its device's CPU limit on a shaped link (or, where this host cannot,
     at its speed with the reason); the outputs still equal the model."""
@@ -190,6 +197,7 @@ def _slice_floats(split, rank, shape) -> int:
     return 3 * (h * dh * d + h * dh) + d * h * dh + d + 4 * d + (f * d + f) + d * f + d
 
 
+@pytest.mark.integration
 def test_each_rank_holds_only_its_slice_and_its_resident_memory_says_so(reference):
     """1D-tiled over four boards with 20 MB free each (the whole model's layers are 42 MB): every rank's weights
     are its slice, to the float, and the operating system's count of its anonymous memory grows by about that
@@ -210,6 +218,7 @@ def test_each_rank_holds_only_its_slice_and_its_resident_memory_says_so(referenc
         assert entry["resident"] <= boards[rank].memory_bytes and entry["held"] < 0.5 * whole
 
 
+@pytest.mark.integration
 def test_a_device_that_cannot_hold_its_slice_is_named(reference):
     """Fixed shares keep d1's 0.4 after its free memory falls to 5 MB at layer 2: the run fails naming d1, what
     its share needs and what it has."""

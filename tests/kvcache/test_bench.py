@@ -96,6 +96,7 @@ def test_switching_ratios_average_each_method_over_every_cell():
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_quick_bench_makes_every_table():
     tables = bench.run_benchmark("llms", ["--quick"])
     assert set(tables) == set(llms.TABLES)

@@ -4,11 +4,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from workbench.serving import free_port
 
 CLI = [sys.executable, "-m", "workbench.cli"]
 
 
+@pytest.mark.integration
 def test_serve_call_continue_and_stop(tmp_path):
     port = free_port()
     address = f"tcp:127.0.0.1:{port}"
@@ -44,6 +47,7 @@ def test_serve_call_continue_and_stop(tmp_path):
     assert stopped == "llms: stopped"
 
 
+@pytest.mark.integration
 def test_group_is_refused_in_one_line_when_unknown_or_on_tcp(tmp_path):
     """--group names a group this machine has and acts on a Unix socket's permissions: an unknown group, or a
     TCP address (no permissions; its apps bind with tokens), is refused before anything starts."""

@@ -22,6 +22,7 @@ def load(tmp_path_factory):
     return plans, result, reference, reports
 
 
+@pytest.mark.integration
 def test_eight_clients_lose_and_mix_up_nothing(load):
     plans, result, reference, reports = load
     assert check_replies(plans, result, reference) == []
@@ -35,6 +36,7 @@ def test_eight_clients_lose_and_mix_up_nothing(load):
     assert min(len(set(served_order[i:i + CLIENTS])) for i in range(len(served_order) - CLIENTS + 1)) >= CLIENTS // 2
 
 
+@pytest.mark.integration
 def test_the_check_catches_a_mixed_up_reply_and_a_lost_one(load):
     plans, result, reference, _ = load
     other = next(r for r in result.replies if r.client != 0 and r.text != reference[(0, 0)])

@@ -36,15 +36,18 @@ def test_an_unknown_name_is_an_attribute_error():
         kvcache.LLMServer
 
 
+@pytest.mark.integration
 def test_the_package_alone_loads_neither_torch_nor_scipy():
     assert _loaded_after("import workbench.kvcache") == []
     assert _loaded_after("from workbench.kvcache import assign_levels, information_density, LCTRUQueue") == []
 
 
+@pytest.mark.integration
 def test_torch_loads_when_the_service_is_asked_for():
     assert "torch" in _loaded_after("from workbench.kvcache import LLMService")
 
 
+@pytest.mark.integration
 def test_the_configuration_and_the_commands_load_neither_torch_nor_scipy():
     """`workbench serve llms --help` and `workbench kvcache ...` read the presets and devices from the
     torch-free configuration module, not from copies of their own."""

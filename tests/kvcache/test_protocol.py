@@ -10,6 +10,7 @@ from workbench.kvcache.errors import ProtocolError
 from workbench.kvcache.protocol import PROTOCOL_VERSION, CallStats, LineReader, check_version
 
 
+@pytest.mark.integration
 def test_the_client_imports_neither_torch_nor_scipy():
     code = ("import sys, workbench.kvcache.client\n"
             "from workbench.kvcache.client import CtxStub, CallStats, StubError, MemoryBudgetError, connect\n"

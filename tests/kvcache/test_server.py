@@ -90,6 +90,7 @@ def busy(session, swap) -> bool:
     return any(c["served"] for c in session.snapshot(operator_token=token)["contexts"])
 
 
+@pytest.mark.integration
 def test_a_killed_server_serves_every_returned_call_with_the_same_continuation(tmp_path):
     address, swap = f"unix:{tmp_path / 'llms.sock'}", tmp_path / "swap"
     history: dict[str, list[tuple[str, str | None]]] = {}        # stub token -> (prompt, output or None: unseen)
@@ -178,6 +179,7 @@ def served(tmp_path_factory, model):
     thread.join(10)
 
 
+@pytest.mark.integration
 def test_two_concurrent_clients_get_what_they_would_get_one_after_the_other(served):
     prompts = {"x": ["Name a fruit.", "Another one?"], "y": ["Name a planet.", "Is it big?"]}
     results, start = {}, threading.Barrier(2)
@@ -202,6 +204,7 @@ def test_two_concurrent_clients_get_what_they_would_get_one_after_the_other(serv
     assert served.service.metrics.registry.get_sample_value("llms_queue_wait_seconds_count") == 8
 
 
+@pytest.mark.integration
 def test_the_protocol_names_bad_requests_and_keeps_the_connection(served):
     kind, where = parse_address(served.address)
     assert kind == "tcp" and where[0] == "127.0.0.1"
@@ -225,6 +228,7 @@ def test_the_protocol_names_bad_requests_and_keeps_the_connection(served):
         parse_address("tcp:0.0.0.0:80")
 
 
+@pytest.mark.integration
 def test_a_reply_over_a_mebibyte_is_read_whole_and_the_next_reply_is_its_own(served, monkeypatch):
     big = {"notes": "x" * (3 << 20)}
     monkeypatch.setattr(served.service, "app_snapshot", lambda app: big)
@@ -233,6 +237,7 @@ def test_a_reply_over_a_mebibyte_is_read_whole_and_the_next_reply_is_its_own(ser
         assert session.contexts() == []
 
 
+@pytest.mark.integration
 def test_a_call_repeated_after_its_timeout_runs_once_and_later_replies_stay_in_step(served):
     with connect("retry", served.address, timeout=3.0) as session:
         stub = session.new_ctx("Be brief.")
@@ -248,6 +253,7 @@ def test_a_call_repeated_after_its_timeout_runs_once_and_later_replies_stay_in_s
         assert session.call(session.new_ctx("Be brief."), "Name a fruit.", NEW) == text
 
 
+@pytest.mark.integration
 def test_a_repeated_call_id_returns_the_first_reply_without_growing_the_context(served):
     with connect("repeat", served.address) as session, connect("repeat", served.address) as other_connection:
         stub = session.new_ctx()
@@ -262,6 +268,7 @@ def test_a_repeated_call_id_returns_the_first_reply_without_growing_the_context(
         assert (after["calls"], after["tokens"] > before["tokens"]) == (2, True)
 
 
+@pytest.mark.integration
 def test_streamed_pieces_arrive_one_by_one_and_make_the_plain_calls_answer(served):
     with connect("stream", served.address) as session:
         streamed, plain = session.new_ctx("Be brief."), session.new_ctx("Be brief.")
@@ -272,6 +279,7 @@ def test_streamed_pieces_arrive_one_by_one_and_make_the_plain_calls_answer(serve
         assert stream.stats.output_tokens == 8 and not stream.stats.cut_by_deadline
 
 
+@pytest.mark.integration
 def test_a_deadline_refuses_a_call_whose_turn_comes_late_and_cuts_one_that_runs_past_it(served):
     with connect("late", served.address) as session:
         stub = session.new_ctx()
@@ -299,6 +307,7 @@ def test_a_deadline_refuses_a_call_whose_turn_comes_late_and_cuts_one_that_runs_
         assert session.contexts()[0]["calls"] == 1
 
 
+@pytest.mark.integration
 def test_a_bind_of_another_major_version_is_refused_naming_both(served):
     with socket.create_connection(parse_address(served.address)[1], timeout=30) as sock:
         stream = sock.makefile("rwb")
@@ -315,6 +324,7 @@ def test_a_bind_of_another_major_version_is_refused_naming_both(served):
         assert bind(version="2.7")["ok"]
 
 
+@pytest.mark.integration
 def test_over_tcp_an_app_name_belongs_to_the_token_of_its_first_bind(served, tmp_path):
     mine, theirs = tmp_path / "mine.json", tmp_path / "theirs.json"
     with connect("held", served.address, token_file=mine) as session:
@@ -328,6 +338,7 @@ def test_over_tcp_an_app_name_belongs_to_the_token_of_its_first_bind(served, tmp
     assert mode(stored) == 0o600 and json.loads(mine.read_text()).popitem()[1] not in stored.read_text()
 
 
+@pytest.mark.integration
 def test_an_app_sees_its_own_snapshot_and_every_apps_needs_the_operators_token(served):
     with connect("x", served.address) as x, connect("y", served.address) as y:
         x.call(x.new_ctx(), "Hi.", NEW)
@@ -343,6 +354,7 @@ def test_an_app_sees_its_own_snapshot_and_every_apps_needs_the_operators_token(s
     assert served.operator_token_path.read_text() == served.operator_token
 
 
+@pytest.mark.integration
 def test_an_app_that_lost_its_stubs_lists_and_deletes_its_contexts_by_id(served):
     limit = served.service.max_contexts_per_app
     with connect("forgetful", served.address) as app, connect("neighbour", served.address) as other:
@@ -362,6 +374,7 @@ def test_an_app_that_lost_its_stubs_lists_and_deletes_its_contexts_by_id(served)
             app.delete_context(c["id"])
 
 
+@pytest.mark.integration
 def test_a_stub_never_begins_with_a_dash(served, monkeypatch):
     monkeypatch.setattr(secrets, "token_urlsafe", lambda n=None: "-" + "A" * 42)
     with connect("dash", served.address) as session:
@@ -370,6 +383,7 @@ def test_a_stub_never_begins_with_a_dash(served, monkeypatch):
         session.delete(stub)
 
 
+@pytest.mark.integration
 def test_the_app_is_a_name_within_the_connecting_uid(tmp_path, model):
     mail = {1001: app_identity("mail", Peer(uid=1001)), 1002: app_identity("mail", Peer(uid=1002))}
     assert len({mail[1001], mail[1002], app_identity("mail", Peer())}) == 3
@@ -429,6 +443,7 @@ def test_the_reply_memory_waits_for_a_running_first_attempt_and_forgets_a_failed
     assert memory.run_once(("app", "other"), "c2", "p", lambda: {"ok": True}) == {"ok": True}
 
 
+@pytest.mark.integration
 def test_verbose_logs_a_line_per_request_and_quiet_only_the_failed_ones(tmp_path, model):
     service = LLMService(model, tmp_path / "swap")
     logs = {False: [], True: []}
@@ -480,6 +495,7 @@ def _as_user(uid: int, gid: int, groups: list[int], work) -> dict:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root to switch to it")
+@pytest.mark.integration
 def test_a_group_lets_a_second_uid_in_and_keeps_its_apps_apart(model):
     """With ``group`` the socket is the group's (0660) and the swap directory only passable (0710): a member of
     another uid connects as its own app and sees none of the owner's contexts nor the swap files; a user outside

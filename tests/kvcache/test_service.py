@@ -268,6 +268,7 @@ def test_the_working_cache_of_a_call_counts_against_the_budget(tmp_path, model, 
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.integration
 def test_metrics_count_swaps_recomputes_evictions_and_memory_per_level(runs):
     svc, calls = runs["llms"]
     text = svc.metrics_text()

@@ -65,6 +65,7 @@ WRITER = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("point", ["chunk_files_written", "index_committed", "first_file_renamed"])
+@pytest.mark.integration
 def test_a_process_killed_while_committing_leaves_the_old_or_the_new_state_whole(tmp_path, point):
     with SwapStore(tmp_path, META) as store:
         store.add_app("a")

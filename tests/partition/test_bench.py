@@ -46,6 +46,7 @@ def test_quick_replaces_the_sizes_and_bad_combinations_stop_before_any_work(caps
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_quick_bench_writes_every_table_and_counts_the_papers_bytes(tmp_cache):
     from workbench.bench.results import results_root
 

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from workbench.partition.cost import SHAPES
 from workbench.partition.plan import devices_like, plan_partition
 
@@ -13,6 +15,7 @@ def workbench(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.integration
 def test_plan_prints_every_scheme_as_the_cost_model_predicts():
     done = workbench("partition", "plan", "--devices", "6", "--seq-len", "120", "--bandwidth-mbit", "200", "--json")
     assert done.returncode == 0, done.stderr
@@ -23,6 +26,7 @@ def test_plan_prints_every_scheme_as_the_cost_model_predicts():
     assert plans["tensor_parallel"]["sent_bytes_per_layer"][0] == 4 * plans["voltage"]["sent_bytes_per_layer"][0]
 
 
+@pytest.mark.integration
 def test_run_on_real_processes_matches_the_model_and_the_cost_models_bytes(tmp_path):
     trace = tmp_path / "trace.json"
     done = workbench("partition", "run", "--devices", "2", "--seq-len", "32", "--repeats", "1", "--mode", "unlimited",
@@ -34,6 +38,7 @@ def test_run_on_real_processes_matches_the_model_and_the_cost_models_bytes(tmp_p
     assert json.loads(trace.read_text())["traceEvents"]
 
 
+@pytest.mark.integration
 def test_bad_input_is_one_line_before_anything_starts():
     for args, message in ((("--devices", "0"), "must be at least 1 devices"),
                           (("--bandwidth-mbit", "0"), "must be more than 0 Mbit/s"),

@@ -38,6 +38,7 @@ def assert_equal_outputs(result, reference, atol=2e-4):
 
 
 @pytest.mark.parametrize("K", [2, 4])
+@pytest.mark.integration
 def test_every_scheme_equals_the_model_in_one_process_and_counts_the_cost_models_bytes(K, reference):
     devices = devices_like(K)
     results = {}
@@ -61,6 +62,7 @@ def test_every_scheme_equals_the_model_in_one_process_and_counts_the_cost_models
     assert results["torch_tp"].sent_by_kind() == tp                            # PyTorch's split moves the same
 
 
+@pytest.mark.integration
 def test_uneven_and_per_layer_shares_on_three_processes(reference):
     shares = [[0.5, 0.3, 0.2], [0.2, 0.3, 0.5], [1 / 3] * 3, [0.0, 0.5, 0.5], [0.9, 0.05, 0.05], [0.25, 0.25, 0.5]]
     plan = plan_partition("voltage", ENC, N, devices_like(3), shares=shares)
@@ -71,6 +73,7 @@ def test_uneven_and_per_layer_shares_on_three_processes(reference):
     assert result.traffic()[3][0].sent == 0                                    # layer 3: device 0 computes nothing
 
 
+@pytest.mark.integration
 def test_one_process(reference):
     with PartitionRuntime(1) as runtime:
         result = runtime.run(plan_partition("voltage", ENC, N, devices_like(1)), emulate=False)
@@ -78,6 +81,7 @@ def test_one_process(reference):
     assert result.sent_by_kind() == {}
 
 
+@pytest.mark.integration
 def test_decoder_prefill_on_three_processes():
     model = PartitionModel("decoder")
     hidden, logits = model.reference(model.inputs(model.token_ids(30, 0)))
@@ -89,6 +93,7 @@ def test_decoder_prefill_on_three_processes():
     assert int(np.argmax(result.logits)) == int(logits.argmax())
 
 
+@pytest.mark.integration
 def test_an_emulated_run_follows_its_prediction_and_draws_every_device():
     plan = plan_partition("voltage", ENC, 64, devices_like(2, bandwidth_mbit=200))
     with PartitionRuntime(2) as runtime:
@@ -128,6 +133,7 @@ def _gone(pids, within_s=10.0):
     return False
 
 
+@pytest.mark.integration
 def test_a_rank_killed_mid_run_is_named_and_nothing_is_left():
     plan = plan_partition("voltage", ENC, N, devices_like(3, bandwidth_mbit=1))     # the input 1.2 s, 0.4 s a layer
     runtime = PartitionRuntime(3).start()
@@ -141,6 +147,7 @@ def test_a_rank_killed_mid_run_is_named_and_nothing_is_left():
     assert runtime.group is None and _gone(pids)
 
 
+@pytest.mark.integration
 def test_a_hung_rank_is_named_when_the_deadline_passes():
     plan = plan_partition("voltage", ENC, N, devices_like(2))
     runtime = PartitionRuntime(2).start()
@@ -167,6 +174,7 @@ def test_bad_input_is_refused_before_any_process_starts():
     assert runtime.group is None
 
 
+@pytest.mark.integration
 def test_the_worker_runs_unchanged_under_torchrun(tmp_path):
     out = tmp_path / "run.json"
     trace = tmp_path / "trace.json"
@@ -190,6 +198,7 @@ def test_the_worker_runs_unchanged_under_torchrun(tmp_path):
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"},
      "MASTER_PORT must be a TCP port, 1 to 65535"),
 ])
+@pytest.mark.integration
 def test_a_worker_without_a_usable_rendezvous_says_so_before_waiting(env, message):
     clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     done = subprocess.run([sys.executable, "-m", "workbench.partition.worker"], env={**clean, **env},
@@ -197,6 +206,7 @@ def test_a_worker_without_a_usable_rendezvous_says_so_before_waiting(env, messag
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_a_measured_run_holds_every_rank_in_its_own_cpu_limit(reference):
     """Each rank's process sits in a CPU group of its own, calibrated to its device (a device twice as fast gets
     about twice the share); the run is labelled measured, nothing is padded to the schedule, the outputs are
@@ -222,6 +232,7 @@ def test_a_measured_run_holds_every_rank_in_its_own_cpu_limit(reference):
         PartitionRuntime(2, cpu=[10e9])
 
 
+@pytest.mark.integration
 def test_a_run_asked_to_be_measured_without_limits_says_why_and_is_labelled_unlimited(monkeypatch, reference):
     import workbench.partition.runtime as rt
 
@@ -248,6 +259,7 @@ def readme_torchrun() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_the_readmes_torchrun_command_runs_across_two_network_namespaces(tmp_path):
     """Two machines as two network namespaces made here (addresses only inside them; gone afterwards), each
     running the README's command as written with its own R, HEAD, THIS and IFACE: both nodes end with 0, node 0

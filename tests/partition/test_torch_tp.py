@@ -118,6 +118,7 @@ def ring_all_reduce_bytes(world_size: int, tensor_bytes: int) -> int:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("case", ["padding", "causal", "none"])
+@pytest.mark.integration
 def test_the_tp_layer_computes_the_plain_layer_on_every_rank(ranks, world_size, case):
     results = [r[case] for r in ranks[world_size]]
     assert all(r["is_plain"] for r in results)
@@ -126,6 +127,7 @@ def test_the_tp_layer_computes_the_plain_layer_on_every_rank(ranks, world_size, 
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.integration
 def test_each_layer_issues_two_all_reduces_of_the_activations(ranks, world_size):
     tensor_bytes = B * T * SMALL["hidden"] * 4
     for r in ranks[world_size]:
@@ -138,6 +140,7 @@ def test_each_layer_issues_two_all_reduces_of_the_activations(ranks, world_size)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.integration
 def test_comm_debug_mode_agrees_and_names_the_row_wise_modules(ranks, world_size):
     for r in ranks[world_size]:
         assert r["comm_debug_counts"] == {"c10d_functional.all_reduce": 2}
@@ -146,6 +149,7 @@ def test_comm_debug_mode_agrees_and_names_the_row_wise_modules(ranks, world_size
         assert r["setup_collectives"] == 0       # each rank cuts its shards from its own copy: nothing is sent
 
 
+@pytest.mark.integration
 def test_a_minilm_shaped_layer_matches_on_two_ranks(ranks):
     results = [r["minilm"] for r in ranks[2]]
     assert max(r["max_abs_diff"] for r in results) < 1e-5
@@ -156,6 +160,7 @@ def test_a_minilm_shaped_layer_matches_on_two_ranks(ranks):
             [("all_reduce", tensor_bytes, ring_all_reduce_bytes(2, tensor_bytes))] * 2
 
 
+@pytest.mark.integration
 def test_sizes_that_do_not_divide_are_refused_before_any_collective(ranks):
     for r in ranks[2]:
         heads, ffn = r["bad"]

@@ -231,6 +231,7 @@ def test_more_idle_than_a_replay_may_sit_is_refused_beside_the_button():
     assert panel.message.value == "" and panel.results is shown
 
 
+@pytest.mark.integration
 def test_the_page_opens_with_every_figure_and_no_torch():
     """The page says which settings apply to which method from the replay module, which must stay light:
     torch comes only with the first Replay."""

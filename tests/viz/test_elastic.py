@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-import workbench.viz
 from workbench.devices import DISTILBERT, get_profile
 from workbench.elastic.evaluate import CellResult
 from workbench.elastic.planner import plan_elastic, plan_io
