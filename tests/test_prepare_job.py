@@ -135,3 +135,18 @@ def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypat
         log.append("two")
         status.refresh()
     assert built == [1] and page.children[0].value == "the page"
+
+
+def test_a_running_steps_bar_detail_and_time_left_agree():
+    """Catches: "12%" shown beside "llms replays: 81 of 150" (the bar from elapsed time against the estimate),
+    and "99 %, 0 s left" for minutes once the estimate ran out."""
+    from workbench.ui.preparing import running_progress
+
+    report = {"desc": "llms replays", "done": 81, "total": 150, "elapsed_s": 162.0}
+    fraction, left, detail = running_progress(report, elapsed_s=70.0, estimate_s=550.0)
+    assert detail == "llms replays: 81 of 150" and fraction == pytest.approx(0.54)
+    assert left == pytest.approx(2.0 * 69)                                # 2 s a replay, 69 to go
+    fraction, left, _ = running_progress({**report, "done": 149}, elapsed_s=900.0, estimate_s=200.0)
+    assert fraction == pytest.approx(149 / 150) and left == pytest.approx(162.0 / 149)
+    assert running_progress({}, elapsed_s=50.0, estimate_s=200.0) == (0.25, 150.0, "")
+    assert running_progress({}, elapsed_s=500.0, estimate_s=200.0) == (0.99, 0.0, "")

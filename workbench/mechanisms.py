@@ -1,6 +1,6 @@
 """How a mechanism plugs into the workbench: one declaration per package, one line here.
 
-Each mechanism package (``workbench.elastic``, later ``workbench.kvcache``, ...) has a
+Each mechanism package (``workbench.elastic``, ``workbench.kvcache``, ...) has a
 module ``mechanism.py`` whose ``MECHANISM`` says what it brings: prepare steps, CLI
 commands (``workbench <name> ...``), services (``workbench serve <name>``), benchmarks
 (``workbench bench NAME``), its dashboard (a gallery card and the Voila page), its notebooks
@@ -10,6 +10,24 @@ mechanism adds its package and one line to :data:`REGISTERED`.
 
 Declarations stay cheap to import (no torch, no plotly): everything heavy is imported
 inside the functions they point to.
+
+The roles a mechanism package's modules play (the names differ where the papers' words do; a
+package has the roles it needs):
+
+- declaration: ``mechanism.py`` (its ``MECHANISM``); commands: ``commands.py`` (argument parsing and
+  printing only; arguments checked in the user's units by ``workbench.argtypes`` and the package's limits);
+- limits: ``limits.py`` or the engine's own checks: the allowed range of every number, said with the range;
+- artifacts: ``artifacts.py``, what ``workbench prepare`` builds for it and how it is read back;
+- cost model: ``costmodel.py`` / ``cost.py`` / ``profiles.py``; planner: ``planner.py`` / ``plan.py`` /
+  ``optimizer.py``; runtime: ``pipeline.py`` / ``service.py`` / ``runtime.py`` / ``run.py`` / ``serve.py``
+  (with its worker processes in ``worker.py``);
+- baselines: ``baselines.py`` (the paper's baselines on the same engine);
+- evaluation: ``evaluate.py`` / ``evaluation.py``, beside ``reference.py`` (the paper's published figures from
+  ``data/reference``); bench: ``bench.py`` (``workbench bench NAME``, tables written as results files);
+- lab: ``lab.py`` (the teaching lab's expected answers and their checks);
+- views, outside the package: ``workbench.ui.<name>`` (the page's panel: controls wired to engine calls) and
+  ``workbench.viz.<name>`` (pure figure builders). No mechanism imports another, and no shared module imports
+  a mechanism or its views (``tests/test_import_hygiene.py``).
 """
 from __future__ import annotations
 

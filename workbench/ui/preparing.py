@@ -29,6 +29,20 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def running_progress(progress: dict, elapsed_s: float, estimate_s: float) -> tuple[float, float, str]:
+    """A running step's (fraction done, seconds left, detail). With a progress report ("replays: 81 of 150"),
+    the fraction is the report's own and the time left comes from the rate it was done at, so the bar, the
+    detail and the time agree; without one, the elapsed time against the step's estimate (never 100 %)."""
+    done, total = progress.get("done", 0), progress.get("total") or 0
+    if total:
+        detail = f"{progress['desc']}: {done} of {total}"
+        spent = progress.get("elapsed_s") or 0.0
+        left = spent * (total - done) / done if done and spent > 0 else max(0.0, estimate_s - elapsed_s)
+        return done / total, left, detail
+    fraction = min(0.99, elapsed_s / estimate_s) if estimate_s else 0.0
+    return fraction, max(0.0, estimate_s - elapsed_s), ""
+
+
 def describe_steps(preset: str, names: list[str] | None, ready: dict[str, bool], status: dict | None) -> list[dict]:
     """One row per step: name, state, percent (running step), seconds left (running or waiting)."""
     from workbench.prepare import steps
@@ -45,13 +59,9 @@ def describe_steps(preset: str, names: list[str] | None, ready: dict[str, bool],
             rows.append({"name": step.name, "state": "ready", "percent": 100.0, "left_s": 0.0})
         elif entry.get("state") == "running" and job_state == "running":
             elapsed = time.time() - entry.get("started", time.time())
-            progress = entry.get("progress") or {}
-            fraction = min(0.99, elapsed / estimate) if estimate else 0.0     # 100% only once done
-            detail = ""
-            if progress.get("total"):
-                detail = f"{progress['desc']}: {progress['done']} of {progress['total']}"
+            fraction, left, detail = running_progress(entry.get("progress") or {}, elapsed, estimate)
             rows.append({"name": step.name, "state": "running", "percent": 100 * fraction, "detail": detail,
-                         "left_s": max(0.0, estimate - elapsed)})
+                         "left_s": left})
         elif entry.get("state") in ("failed", "stopped") or job_state in ("failed", "stopped", "dead"):
             rows.append({"name": step.name, "state": "not ready", "percent": 0.0, "left_s": estimate})
         else:
