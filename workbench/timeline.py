@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 from pathlib import Path
 
-SPAN_KINDS = ("io", "compute", "decompress", "comm", "stall", "recompute", "swap_in", "swap_out", "queue")
+SPAN_KINDS = ("io", "compute", "decompress", "comm", "stall", "recompute", "swap_in", "swap_out", "queue", "idle")
+"""What a span is; ``stall``: waiting on another lane or device, ``idle``: taking no part (a dropped device)."""
 SOURCES = ("predicted", "measured")
 
 

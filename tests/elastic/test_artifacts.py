@@ -12,8 +12,13 @@ TINY = dict(batch_size=4, full_steps=2, importance_batches=1, elastic_steps=2, m
 
 
 def test_damaged_cached_model_is_detected_and_rebuilt(prepared, tmp_path, monkeypatch, capsys):
+    from workbench.assets import movie_reviews_path
+
     source = artifacts.model_dir("sentiment", PRESET)
+    reviews = movie_reviews_path()                   # the task's sentences, taken once with pip: not again here
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    movie_reviews_path().parent.mkdir(parents=True)
+    shutil.copy(reviews, movie_reviews_path())
     monkeypatch.setitem(finetune.PRESET_CONFIGS, "quick", {**finetune.PRESET_CONFIGS["quick"], "sentiment": TINY})
     target = artifacts.model_dir("sentiment", "quick")
     assert target != source                          # the training settings are part of the key

@@ -330,3 +330,23 @@ def test_cancel_stops_the_worker_processes_and_says_so(monkeypatch):
     assert panel.runner.message.value == "" and panel.runs == {}
     assert "cancelled" in panel.runner.status.value
     assert not math.isnan(panel.figures["breakdown"].data[0].y[0])
+
+
+def test_the_timeline_says_why_its_prediction_is_not_the_decisions_and_draws_no_dropped_device():
+    """Catches: 119.9 ms in the decision and 122.7 ms in the timeline with nothing said, and the dropped rpi3
+    drawn waiting for rows it takes no part in."""
+    from workbench.viz.hepti import predicted_s
+
+    panel = HeptiPanel(deadline_ms=None)
+    first = panel.layers[0].partition
+    dropped = [d.name for d, share in zip(first.devices, first.shares) if share == 0]
+    assert dropped and {s.kind for s in panel.predicted.spans if s.device in dropped} == {"idle"}
+    decided, timed = predicted_s(panel.layers), panel.predicted.end
+    latency = sum(st.latency_s for st in panel.predicted_steps(panel.settings, panel.layers) if st.kind != "compute")
+    title = html.unescape(panel.figures["timeline"].layout.title.text)
+    said = re.search(r"([\d.]+) ms, not the decision's ([\d.]+) ms: the links' latency ([\d.]+) ms and whole heads "
+                     r"per device ([+-][\d.]+) ms", title)
+    assert said, title
+    assert [float(x) for x in said.groups()] == [round(1e3 * timed, 1), round(1e3 * decided, 1),
+                                                 round(1e3 * latency, 1), round(1e3 * (timed - decided - latency), 1)]
+    assert latency > 0 and timed > decided

@@ -31,16 +31,23 @@ class Step:
 
 def steps_timeline(steps: Sequence[Step], names: Sequence[str], name: str = "predicted") -> Timeline:
     """A schedule drawn per device: compute spans, then each collective after the last device is ready
-    (a stall until then), one lane per device; a collective's span only on the devices that move bytes."""
+    (a stall until then, on the devices that take part in it), one lane per device; a collective's span only
+    on the devices that move bytes. A device that takes no part in a step and its collective (dropped by the
+    partitioner) is ``idle`` through both, not stalled."""
     K, spans, t = len(names), [], 0.0
     for k, step in enumerate(steps):
         if step.kind == "compute":
             longest = max(step.seconds)
-            waits = k + 1 < len(steps) and steps[k + 1].kind in ("all_gather", "all_reduce", "gather")
+            after = steps[k + 1] if k + 1 < len(steps) else None
+            joins = after is not None and after.kind in ("all_gather", "all_reduce", "gather")
             for i, s in enumerate(step.seconds):
                 if s > 0:
                     spans.append(Span(f"device {i}", "compute", t, t + s, step.label, device=names[i],
                                       layer=step.layer, rank=i))
+                waits = joins and bool(after.traffic[i].sent or after.traffic[i].received)
+                if joins and not waits and s == 0:          # dropped: no work, no bytes, no waiting
+                    spans.append(Span(f"device {i}", "idle", t, t + longest + after.seconds[0],
+                                      f"takes no part in {step.label}", device=names[i], layer=step.layer, rank=i))
                 if waits and s < longest:
                     spans.append(Span(f"device {i}", "stall", t + s, t + longest, f"waits for {step.label}",
                                       device=names[i], layer=step.layer, rank=i))

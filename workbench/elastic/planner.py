@@ -422,15 +422,19 @@ def simulate(cost_model: CostModel, bits: np.ndarray, preloaded: np.ndarray, seq
              name: str = "") -> Timeline:
     """Predicted timeline: one IO lane reading layer after layer, one compute lane; stalls where compute waits.
 
-    ``sequential`` loads everything before computing (Load&Exec).
+    ``sequential`` loads everything before computing (Load&Exec). The spans are on the device a run of the
+    plan is measured on ("<preset> emulated on this host", or "host"), so prediction and measurement share rows.
     """
+    from workbench.devices import emulated_name
+
+    device = "host" if cost_model.device == "host" else emulated_name(cost_model.device)
     n, m = bits.shape
     spans, t_io, io_end = [], 0.0, []
     for k in range(n):
         loads = [int(b) for b, p in zip(bits[k], preloaded[k]) if not p]
         dur = sum(cost_model.t_io(b) for b in loads)
         if dur > 0:
-            spans.append(Span("io", "io", t_io, t_io + dur, f"layer {k}", {"shards": len(loads)},
+            spans.append(Span("io", "io", t_io, t_io + dur, f"layer {k}", {"shards": len(loads)}, device,
                               nbytes=sum(cost_model.shard_bytes[b] for b in loads), layer=k))
         t_io += dur
         io_end.append(t_io)
@@ -440,9 +444,9 @@ def simulate(cost_model: CostModel, bits: np.ndarray, preloaded: np.ndarray, seq
     tc = cost_model.t_comp(m)
     for k in range(n):
         if io_end[k] > t + EPS:
-            spans.append(Span("compute", "stall", t, io_end[k], f"wait for layer {k}", layer=k))
+            spans.append(Span("compute", "stall", t, io_end[k], f"wait for layer {k}", device=device, layer=k))
             t = io_end[k]
-        spans.append(Span("compute", "compute", t, t + tc, f"layer {k}", {"shards": m}, layer=k))
+        spans.append(Span("compute", "compute", t, t + tc, f"layer {k}", {"shards": m}, device, layer=k))
         t += tc
     return Timeline(tuple(spans), "predicted", name=name)
 

@@ -363,14 +363,33 @@ class HeptiPanel(Panel):
             return out
         return self._cached(("schedule", s), make)
 
-    def predicted_timeline(self, s: Settings, layers: list[LayerDecision]):
-        """The predicted schedule of every layer with its own partition (the executed split's steps)."""
+    def predicted_steps(self, s: Settings, layers: list[LayerDecision]):
+        """Every layer's steps with its own partition, as the split executes them."""
         def make():
             shape, K = s.shape, len(s.devices)
-            steps = [step for n, ld in enumerate(layers)
-                     for step in layer_steps(split_of(ld.partition, list(range(K)), shape), n, shape, s.devices)]
-            return steps_timeline(steps, s.names, "hepti predicted")
-        return self._cached(("timeline", s), make)
+            return [step for n, ld in enumerate(layers)
+                    for step in layer_steps(split_of(ld.partition, list(range(K)), shape), n, shape, s.devices)]
+        return self._cached(("steps", s), make)
+
+    def predicted_timeline(self, s: Settings, layers: list[LayerDecision]):
+        """The predicted schedule of every layer with its own partition (the executed split's steps)."""
+        return self._cached(("timeline", s), lambda: steps_timeline(self.predicted_steps(s, layers), s.names,
+                                                                   "hepti predicted"))
+
+    def timeline_note(self, s: Settings, layers: list[LayerDecision], predicted) -> str:
+        """Why the timeline's prediction differs from the decision's (the latency figure's), when it does: the
+        decision's model leaves out the links' latency and computes shares of heads, where the split executes
+        whole heads."""
+        decided, timed = predicted_s(layers), predicted.end
+        if abs(timed - decided) < 5e-5:
+            return ""
+        latency = sum(step.latency_s for step in self.predicted_steps(s, layers) if step.kind != "compute")
+        heads = timed - decided - latency
+        parts = [f"the links' latency {1e3 * latency:.1f} ms"] if latency >= 5e-5 else []
+        if abs(heads) >= 5e-5:
+            parts.append(f"whole heads per device {1e3 * heads:+.1f} ms")
+        return (f"<br><sub>{1e3 * timed:.1f} ms, not the decision's {1e3 * decided:.1f} ms: "
+                f"{' and '.join(parts)}, which the decision's model leaves out</sub>")
 
     def compare(self, s: Settings) -> dict[str, Partition | str]:
         """Hepti's MILP, even and proportional shares (in the mode Hepti picks or the one forced) and each mode
@@ -484,7 +503,8 @@ class HeptiPanel(Panel):
             marks = [("predicted", predicted_marks(layers, predicted))]
             head = (f"Hepti timeline on {len(s.devices)} devices ({s.model}, T = {s.seq_len}): ")
             if result is None:
-                return timeline_figure(predicted, s.names, None, marks, head + f"predicted {1e3 * predicted.end:.1f} ms")
+                return timeline_figure(predicted, s.names, None, marks, head + f"predicted {1e3 * predicted.end:.1f} ms"
+                                       + self.timeline_note(s, layers, predicted))
             measured = result.timeline
             shift = measured_shift(measured, predicted)
             shifted = replace(measured, spans=tuple(replace(x, start=x.start - shift, end=x.end - shift)

@@ -9,7 +9,7 @@ from workbench.viz.style import INK, MARGIN, TEMPLATE
 
 KIND_COLORS = {"io": "#F58518", "swap_in": "#F58518", "decompress": "#B279A2", "compute": "#4C78A8",
                "recompute": "#54A24B", "stall": "#E45756", "comm": "#72B7B2", "queue": "#BAB0AC",
-               "swap_out": "#9D755D"}
+               "swap_out": "#9D755D", "idle": "#E5E7EB"}
 FALLBACK_COLOR = "#79706E"
 MEASURED_PATTERN = {"shape": "/", "solidity": 0.2, "size": 8, "bgcolor": "white"}
 BAR_HALF = 0.4
