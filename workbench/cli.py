@@ -47,15 +47,13 @@ def _cmd_info(args) -> int:
     return 0
 
 
-def _interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _stop_on_signals() -> None:
     """Ctrl-C and SIGTERM stop a server whatever its parent left them as (a script run in the background
     starts its children with SIGINT ignored)."""
+    from workbench.workers import raise_interrupt
+
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGTERM, raise_interrupt)
 
 
 def _cmd_dashboards(args) -> int:

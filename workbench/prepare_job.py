@@ -3,10 +3,10 @@
 ``workbench dashboards`` serves at once and starts the full prepare in the background
 (:func:`start_background`): a detached ``workbench prepare --job`` process whose output
 goes to a log and whose state (each step pending, running, done, failed or stopped; the running
-step's progress; when it started; the job stopped by a signal, or dead when its process vanished) is rewritten atomically in ``status.json`` at most
-twice a second. Every prepare, in a terminal or in the background, holds the cache's
-lock (:func:`workbench.prepare.prepare_lock`) for its whole run, so two servers (or a server and a
-terminal) never prepare into one cache at once. An interrupted job resumes where it
+step's progress; when it started; the job stopped by a signal, or dead when its process vanished) is
+rewritten atomically in ``status.json`` at most twice a second. Every prepare, in a terminal or in
+the background, holds the cache's lock (:func:`workbench.prepare.prepare_lock`) for its whole run, so
+two servers (or a server and a terminal) never prepare into one cache at once. An interrupted job resumes where it
 stopped: finished steps are cached, the importance ablation resumes per layer, and a
 fine-tuning that was cut short resumes from its last save (at most a minute of work is redone;
 :mod:`workbench.train.resume`).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from workbench.cache import cache_dir, write_json
 from workbench import prepare as preparation
-from workbench.workers import WorkerGroup
+from workbench.workers import WorkerGroup, raise_interrupt
 
 WRITE_EVERY_S = 0.5
 
@@ -103,17 +103,13 @@ def read_status(preset: str) -> dict | None:
     return status
 
 
-def _stop(signum, frame):
-    raise KeyboardInterrupt
-
-
 def run_job(preset: str, *, own_process: bool = False) -> int:
     """The body of ``workbench prepare --job``: the full prepare, reporting to the status file. In the job's
     ``own_process``, SIGTERM (how its server stops it) ends it as Ctrl-C would, so its status says stopped."""
     from workbench.progress import listen
 
     if own_process and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGTERM, raise_interrupt)
     with preparation.prepare_lock():             # before any status is written: a second job changes nothing
         writer = StatusWriter(preset, preparation.steps(preset))
         try:

@@ -361,7 +361,7 @@ class WorkerGroup:
     def _catch_sigterm(self) -> None:
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            self._old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+            self._old_sigterm = signal.signal(signal.SIGTERM, raise_interrupt)
 
     def _is_ready(self, worker: Worker) -> bool:
         if self.ready is None:
@@ -553,7 +553,8 @@ class WorkerGroup:
                 self._tmp = None
 
 
-def _interrupt(signum, frame):
+def raise_interrupt(signum, frame):
+    """A signal handler that ends the program as Ctrl-C does (``finally`` blocks and cleanup run)."""
     raise KeyboardInterrupt
 
 

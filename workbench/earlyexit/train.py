@@ -77,7 +77,7 @@ def train_ramps(cfg: RampTrainConfig, progress: bool = True, resume_path=None,
     from workbench.train.batching import length_bucketed_batches
     from workbench.train.checkpoints import training_key
     from workbench.train.loop import adamw, start_training, train_steps
-    from workbench.train.resume import SAVE_EVERY_S, TrainingProgress
+    from workbench.train.resume import TrainingProgress
 
     run = start_training(cfg)
     spec, train, dev, rng = run.spec, run.train, run.dev, run.rng
@@ -87,7 +87,7 @@ def train_ramps(cfg: RampTrainConfig, progress: bool = True, resume_path=None,
     model.encoder.word.weight.requires_grad_(False)
     batches = length_bucketed_batches(train, cfg.batch_size, rng, spec.max_length)
     kept = TrainingProgress(resume_path, training_key(cfg, FORMAT_VERSION), ["encoder", "ramps"], model, rng,
-                            batches, every_s=SAVE_EVERY_S if resume_every_s is None else resume_every_s)
+                            batches, every_s=resume_every_s)
     start = time.perf_counter()
 
     for ramp in model.ramps[:-1]:

@@ -134,7 +134,7 @@ def train_elastic(cfg: ElasticTrainConfig, progress: bool = True, resume_path=No
     """Run the three stages of elastic fine-tuning and measure the accuracy grid. With ``resume_path``, the
     run's progress is kept there and a run stopped earlier continues from it (:mod:`workbench.train.resume`)."""
     from workbench.train.checkpoints import training_key
-    from workbench.train.resume import SAVE_EVERY_S, TrainingProgress
+    from workbench.train.resume import TrainingProgress
 
     run = start_training(cfg)
     spec, train, dev, rng = run.spec, run.train, run.dev, run.rng
@@ -142,7 +142,7 @@ def train_elastic(cfg: ElasticTrainConfig, progress: bool = True, resume_path=No
     model.word.weight.requires_grad_(False)   # the large embedding table stays as pretrained
     batches = length_bucketed_batches(train, cfg.batch_size, rng, spec.max_length)
     kept = TrainingProgress(resume_path, training_key(cfg, FORMAT_VERSION), ["full", "elastic"], model, rng, batches,
-                            every_s=SAVE_EVERY_S if resume_every_s is None else resume_every_s)
+                            every_s=resume_every_s)
     start = time.perf_counter()
 
     losses = train_steps(model, batches, cfg.full_steps, adamw(model, cfg.lr, cfg.head_lr), full_model_loss,

@@ -29,13 +29,14 @@ class TrainingProgress:
     """The progress file of one training run (``path``; None keeps nothing), bound to what it restores."""
 
     def __init__(self, path: Path | None, key: str, phases: list[str], model: torch.nn.Module, rng, batches,
-                 every_s: float = SAVE_EVERY_S):
-        self.path, self.key, self.phases, self.every_s = (Path(path) if path is not None else None), key, phases, every_s
+                 every_s: float | None = None):
+        self.path = Path(path) if path is not None else None
+        self.key, self.phases = key, phases
+        self.every_s = SAVE_EVERY_S if every_s is None else every_s
         self.model, self.rng, self.batches = model, rng, batches
         self.losses: dict[str, list[float]] = {}          # each phase's losses, finished or not
         self.extras: dict = {}
         self.phase, self.step = "", 0                     # where the saved state is
-        self.resumed_from: tuple[str, int] | None = None
         self._saved_at = time.monotonic()
         self._optimizer_state = None
         saved = self._read()
@@ -59,7 +60,6 @@ class TrainingProgress:
         self.losses, self.extras = saved["losses"], saved["extras"]
         self.phase, self.step = saved["phase"], saved["step"]
         self._optimizer_state = saved["optimizer"]
-        self.resumed_from = (self.phase, self.step)
 
     def start(self, phase: str, optimizer: torch.optim.Optimizer) -> int | None:
         """The step ``phase`` starts at: 0, the saved step (its optimizer restored), or None when a later
