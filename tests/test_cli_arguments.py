@@ -30,6 +30,7 @@ BAD = {
     "GPUs per type": "v100=-1",
     "ramps": "1,x",
     "group": "no-such-group-here",
+    "loopback address": "0.0.0.0:8080",
 }
 """A value each argument type other than a number must refuse, by the type's name."""
 
@@ -37,7 +38,7 @@ BAD = {
 def leaf_parsers(parser: argparse.ArgumentParser, path=()):
     """(command path, parser) of every runnable command under ``parser``."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs:
+    if not subs or parser.get_default("func") is not None:      # runnable itself (`serve llms`, beside `keys`)
         yield path, parser
     for action in subs:
         for name, child in action.choices.items():

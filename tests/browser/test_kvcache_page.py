@@ -142,3 +142,54 @@ def test_every_control_off_its_value_replays_with_it(replays, voila_server, page
     page.locator(".wb-figure[data-name='chunks'][data-title*='after call 1 (LLMS)']").wait_for(timeout=30_000)
     assert re.search(r"served at [0-9.]+ min after [0-9.]+ s idle", chunks.get_attribute("data-title"))
     assert page.locator(".wb-error").count() == 0
+
+
+def test_the_live_view_attaches_to_a_service_that_a_client_is_calling(voila_server, page, tmp_path):
+    """A real `workbench serve llms` on a socket of its own; the page attaches with the operator's token (each
+    control moved off its value) and its chunk map, queue and counters follow a client's calls."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from workbench.kvcache.client import connect
+
+    sock, swap = tmp_path / "llms.sock", tmp_path / "swap"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("workbench")), "serve", "llms", "--address",
+                             f"unix:{sock}", "--swap-dir", str(swap), "--memory-mb", "40",
+                             "--max-context-tokens", "512"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "llms: serving on" in line:
+                break
+        else:
+            raise AssertionError("the service never started")
+        page.goto(f"{voila_server}/voila/render/{PAGE}", timeout=PAGE_TIMEOUT_MS)
+        page.locator(".wb-kv-live-status", has_text="not attached").wait_for(timeout=PAGE_TIMEOUT_MS)
+        assert_figures_visible(page, ["live_chunks", "live_queue"])
+        control(page, "widget-inline-hbox", "Service address").locator("input").fill(f"unix:{sock}")
+        control(page, "widget-inline-hbox", "Operator token").locator("input").fill(
+            (swap / "operator.token").read_text().strip())
+        set_number(page, "Refresh (s)", 0.5)
+        page.get_by_role("button", name="Attach").click()
+        page.locator(".wb-kv-live-status", has_text=f"attached to unix:{sock}: 0 contexts").wait_for(timeout=60_000)
+        page.locator(".wb-kv-live-status", has_text="every 0.5 s").wait_for(timeout=10_000)
+        with connect("notes", f"unix:{sock}") as notes, connect("mail", f"unix:{sock}") as mail:
+            a, b = notes.new_ctx(), mail.new_ctx()
+            notes.call(a, "Name a colour.", 4)
+            mail.call(b, "Name a bird.", 4)
+            notes.call(a, "Another one?", 4)
+            ids = [c["id"] for c in notes.contexts()] + [c["id"] for c in mail.contexts()]
+        chunks = page.locator(".wb-figure[data-name='live_chunks'][data-title*='2 contexts']")
+        chunks.wait_for(timeout=30_000)
+        assert "last call: uid" in chunks.get_attribute("data-title")
+        page.locator(".wb-kv-live-counters td[data-counter='calls']", has_text="3").wait_for(timeout=30_000)
+        text = page.locator(".wb-figure[data-name='live_chunks']").inner_text()
+        assert all(f"· {i[:6]}" in text for i in ids)                   # each context is a labelled row
+        page.locator(".wb-figure[data-name='live_queue'][data-title*='chunks in memory may leave']").wait_for(
+            timeout=30_000)
+        page.get_by_role("button", name="Detach").click()
+        page.locator(".wb-kv-live-status", has_text="detached from").wait_for(timeout=10_000)
+        assert page.locator(".wb-error").count() == 0
+    finally:
+        proc.terminate()
+        proc.wait(60)

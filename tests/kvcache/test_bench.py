@@ -112,6 +112,15 @@ def test_quick_bench_makes_every_table():
         assert "not measured" in row["source"]
     for row in tables["switching"]:
         assert row["mean_switch_ms"] >= 0 and row["calls"] == llms.QUICK["calls"] * row["contexts"]
+    http = {(r["scenario"], r["server"]): r for r in tables["http"]}
+    assert set(http) == {(s, v) for s in ("conversation", "interleaved") for v in ("llms", "reprocess")}
+    for scenario in ("conversation", "interleaved"):
+        reuse, whole = http[(scenario, "llms")], http[(scenario, "reprocess")]
+        assert whole["processed_tokens"] == whole["prompt_tokens"]           # nothing reused without context reuse
+        assert reuse["processed_tokens"] < reuse["prompt_tokens"]            # later turns continue their context
+        assert reuse["turns"] == whole["turns"]
+        assert reuse["ttft_mean_ms"] > 0 and whole["ttft_mean_ms"] > 0
+    assert http[("interleaved", "llms")]["conversations"] == llms.QUICK["http_conversations"]
     load = tables["load"]
     assert len(load) == 1 and load[0]["problems"] == 0
     assert load[0]["answered"] == llms.QUICK["load_clients"] * llms.QUICK["load_calls"] and load[0]["calls_per_s"] > 0

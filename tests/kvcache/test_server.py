@@ -1,10 +1,8 @@
 import json
 import os
-import queue
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -21,6 +19,7 @@ from workbench.kvcache.server import LLMServer, Peer, ReplyMemory, app_identity,
 from workbench.kvcache.service import CtxStub, LLMService, ServiceConfig, StubError
 from workbench.kvcache.store import FAILPOINT_ENV, SwapStore
 from workbench.models.decoder import load_decoder
+from tests.kvcache.printing import Printing
 
 NEW = 4
 SERVE = ("import sys\nfrom workbench.kvcache.server import serve\nfrom workbench.kvcache.config import ServiceConfig\n"
@@ -30,37 +29,15 @@ RESERVE = 256 * 2 * 30 * 3 * 64 * 2                 # the working cache of a 256
 BUDGET = RESERVE + 1_500_000                        # and a few contexts: calls evict and reload chunks
 
 
-class Served:
+class Served(Printing):
     """A server in a subprocess; ``lines`` collects what it prints."""
 
     def __init__(self, address: str, swap_dir, failpoint: str | None = None):
         env = {k: v for k, v in os.environ.items() if k != FAILPOINT_ENV}
         if failpoint:
             env[FAILPOINT_ENV] = failpoint
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, address, str(swap_dir), str(BUDGET)], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__([sys.executable, "-c", SERVE, address, str(swap_dir), str(BUDGET)], env=env)
         self.wait_for("llms: serving on", 180)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
-
-    def wait_for(self, text: str, timeout: float) -> str:
-        seen, end = [], time.monotonic() + timeout
-        while time.monotonic() < end:
-            try:
-                line = self.lines.get(timeout=max(0.0, end - time.monotonic()))
-            except queue.Empty:
-                break
-            seen.append(line)
-            if text in line:
-                return line
-            if line == "":
-                break
-        raise AssertionError(f"the server never printed {text!r}; it printed:\n{''.join(seen)}")
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -32,6 +32,10 @@ Tables:
   `workbench serve llms` process against ``--load-contexts`` contexts, under ``--load-memory-mb``;
   wall time, calls per second and call latency, then every reply checked against one process making
   the same calls in the order the service served them (:mod:`workbench.kvcache.loadtest`).
+- ``http``: time to first token and decode rate through the OpenAI-compatible endpoint, for one
+  conversation of ``--http-turns`` turns and for ``--http-conversations`` interleaved ones under
+  ``--http-memory-mb``, with context reuse and with every turn's prompt processed whole
+  (:mod:`workbench.kvcache.bench_http`).
 
 The replay tables, perplexity and memory (about 1,750 calls, 27 windows, two long contexts) took 43
 minutes on this project's 2-core host, shared; the load (1,600 calls, 1.55 a second with 8 clients, then its single-process check making
@@ -62,7 +66,7 @@ PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_
                     "llms_without_pipeline": 1.62}
 """Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
 THRESHOLDS_MS = (10.0, 25.0)
-TABLES = ("kernel", "switching", "active_contexts", "ablation", "paper_scale", "perplexity", "memory", "load")
+TABLES = ("kernel", "switching", "active_contexts", "ablation", "paper_scale", "perplexity", "memory", "load", "http")
 REFERENCE_CONTEXTS = 8
 TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
 PPL_SETTINGS = ("plain", 32, 8, 4, 2, "tolerance", "shuffled")
@@ -71,7 +75,9 @@ tolerance-aware level counts placed at random (what ranking chunks by density is
 
 QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12, "budgets": [0.5, 0.75, 1.0],
          "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2,
-         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128, 256], "kernel_chunks": 8}
+         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128, 256], "kernel_chunks": 8,
+         "http_turns": 3, "http_conversations": 3, "http_rounds": 2, "http_new_tokens": 4, "http_prompt_words": 6,
+         "http_memory_mb": 2.0}
 """--quick: tiny sizes so every table is made in a minute or two (the tests)."""
 
 
@@ -91,6 +97,8 @@ MEMORY_TOKENS = count(16, unit="tokens", at_most=Bound(
 
 KERNEL_CHUNKS = count(1, unit="chunks", at_most=Bound(limits.CONTEXT_TOKENS // 16, "the decoder's context in "
                                                                                    "16-token chunks"))
+HTTP_TURNS = count(1, unit="turns", at_most=Bound(limits.CONTEXT_TOKENS // 32, "the decoder's context in turns of "
+                                                                              "32 tokens or more"))
 KERNEL_TARGET = 1.5
 """The fused kernel's aim: within 1.5x of a plain copy of the bytes it writes."""
 
@@ -194,6 +202,14 @@ def parser() -> Parser:
                    help="memory: context lengths whose call's peak RSS is measured")
     p.add_argument("--kernel-chunks", type=KERNEL_CHUNKS, default=256,
                    help="kernel: chunks written into one float16 cache per timed pass")
+    p.add_argument("--http-turns", type=HTTP_TURNS, default=10, help="http: turns of the one conversation")
+    p.add_argument("--http-conversations", type=limits.contexts, default=8,
+                   help="http: conversations taking turns under the memory budget")
+    p.add_argument("--http-rounds", type=HTTP_TURNS, default=4, help="http: turns of each interleaved conversation")
+    p.add_argument("--http-memory-mb", type=limits.memory_mb, default=6.0,
+                   help="http: chunk budget of the interleaved conversations, beside the working cache of a call")
+    p.add_argument("--http-new-tokens", type=limits.new_tokens, default=16, help="http: max_tokens of each turn")
+    p.add_argument("--http-prompt-words", type=limits.prompt_words, default=12, help="http: words in each user turn")
     p.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to make")
     add_quick_argument(p, QUICK, "tiny sizes (tests)")
     return p
@@ -206,6 +222,14 @@ def options(args: list[str]):
     if opts.prefix + opts.target + 1 > limits.CONTEXT_TOKENS:
         parser().error(f"--prefix and --target: a window of {opts.prefix} + {opts.target} + 1 tokens is longer than "
                        f"the decoder's context of {limits.CONTEXT_TOKENS}")
+    from workbench.kvcache.bench_http import CONTEXT_TOKENS, tokens_per_turn
+
+    for name, turns in (("--http-turns", opts.http_turns), ("--http-rounds", opts.http_rounds)):
+        need = turns * tokens_per_turn(opts.http_prompt_words, opts.http_new_tokens)
+        if need > CONTEXT_TOKENS:
+            parser().error(f"{name}: {turns} turns of {opts.http_prompt_words} words and {opts.http_new_tokens} new "
+                           f"tokens take about {need} tokens, beyond the bench services' context of {CONTEXT_TOKENS}; "
+                           f"lower {name}, --http-prompt-words or --http-new-tokens")
     if opts.load_contexts < opts.load_clients:
         parser().error(f"--load-contexts must be at least --load-clients (every client holds a context of its own), "
                        f"got {opts.load_contexts} for {opts.load_clients}")
@@ -714,6 +738,14 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         tables["memory"] = memory_table(opts)
     if "load" in opts.tables:
         tables["load"] = load_table(opts, model)
+    if "http" in opts.tables:
+        from workbench.kvcache.bench_http import http_table, report
+
+        print(f"http: one conversation of {opts.http_turns} turns; {opts.http_conversations} conversations of "
+              f"{opts.http_rounds} turns under {opts.http_memory_mb:g} MB; {opts.http_new_tokens} new tokens a turn; "
+              f"with context reuse and reprocessing every prompt", flush=True)
+        tables["http"] = rows = http_table(opts, model)
+        report(rows)
     replayed = f"replays of traces of {replays.calls_run} calls, " if replays.calls_run else ""
     print(f"bench llms: {replayed}{time.perf_counter() - t0:.0f} s", flush=True)
     return tables

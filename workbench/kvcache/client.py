@@ -99,7 +99,7 @@ class RemoteSession:
     """One app's connection to a served LLM service; safe to share between threads (requests take turns).
     ``timeout``: seconds to wait for each reply (or the next streamed piece)."""
 
-    def __init__(self, app: str, address: str | None = None, timeout: float | None = None, *,
+    def __init__(self, app: str | None, address: str | None = None, timeout: float | None = None, *,
                  token_file: Path | str | None = None):
         self.app = app
         self.address = address or default_address()
@@ -124,7 +124,8 @@ class RemoteSession:
         self._lock = threading.Lock()
         self._last_id = 0
         try:
-            self.identity = self._bind(kind, Path(token_file) if token_file else default_token_file())
+            self.identity = None if app is None else self._bind(kind, Path(token_file) if token_file
+                                                                else default_token_file())
         except BaseException:
             self._sock.close()
             raise
@@ -246,6 +247,13 @@ class RemoteSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def operator_snapshot(address: str | None, operator_token: str, timeout: float = 10.0) -> dict:
+    """Every app's snapshot of the service at ``address`` (its operator's token, from ``operator.token`` in
+    its swap directory), over a connection that binds no app: what a monitor polls."""
+    with RemoteSession(None, address, timeout) as session:
+        return session.snapshot(operator_token)
 
 
 def connect(app: str, address: str | None = None, timeout: float | None = None, *,

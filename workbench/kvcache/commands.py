@@ -23,8 +23,23 @@ def _serve(args) -> int:
     config = replace(ServiceConfig.preset(args.method), max_context_tokens=args.max_context_tokens)
     serve(args.address, swap_dir=args.swap_dir, memory_budget_bytes=round(args.memory_mb * 1e6),
           max_contexts_per_app=args.max_contexts_per_app, config=config,
-          metrics_port=args.metrics_port, device=args.device, verbose=args.verbose, group=args.group)
+          metrics_port=args.metrics_port, device=args.device, verbose=args.verbose, group=args.group,
+          http=args.http)
     return 0
+
+
+def _http_address(text: str) -> str:
+    from workbench.errors import WorkbenchError
+    from workbench.kvcache.endpoint import parse_http_address
+
+    try:
+        parse_http_address(text)
+    except WorkbenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--http ")) from None
+    return text
+
+
+_http_address.__name__ = "loopback address"
 
 
 def configure_serve(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +64,55 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", type=_group, metavar="NAME",
                         help="let this group's members connect too (the socket 0660, the swap directory 0710, "
                              "both the group's); each member's apps stay its own uid's")
+    parser.add_argument("--http", type=_http_address, metavar="127.0.0.1:PORT",
+                        help="also serve an OpenAI-compatible chat endpoint (POST /v1/chat/completions, GET "
+                             "/v1/models) on this loopback address (port 0 picks a free one); apps authenticate "
+                             "with keys from `workbench serve llms keys add NAME`")
     parser.set_defaults(func=_serve)
+    keys = parser.add_subparsers(dest="keys_command", metavar="keys", title="API keys of the HTTP endpoint")
+    manage = keys.add_parser("keys", help="add, list or remove the bearer keys of the HTTP endpoint (--http)",
+                             description="Each key names one app; it is printed once and stored only as its "
+                                         "SHA-256 digest in the swap directory (0600). A running service sees a "
+                                         "new key at once.")
+    action = manage.add_subparsers(dest="keys_action", required=True, metavar="{add,list,remove}")
+    for name, helptext in (("add", "issue a key for app NAME and print it"), ("list", "list the apps with keys"),
+                           ("remove", "remove app NAME's key (its clients get 401 from then on)")):
+        sub = action.add_parser(name, help=helptext)
+        if name != "list":
+            sub.add_argument("name", type=_key_name, help="the app's name")
+        sub.add_argument("--swap-dir", type=writable_folder, help="the service's swap directory (default: in the "
+                                                                  "cache)")
+        sub.set_defaults(func=_keys)
+
+
+def _key_name(text: str) -> str:
+    from workbench.errors import WorkbenchError
+    from workbench.kvcache.endpoint import APIKeys
+
+    try:
+        return APIKeys.check_name(text)
+    except WorkbenchError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_key_name.__name__ = "name"
+
+
+def _keys(args) -> int:
+    from workbench.kvcache.endpoint import APIKeys
+    from workbench.kvcache.server import private_dir
+    from workbench.kvcache.service import default_swap_dir
+
+    keys = APIKeys(private_dir(args.swap_dir if args.swap_dir is not None else default_swap_dir()))
+    if args.keys_action == "add":
+        print(keys.add(args.name))
+    elif args.keys_action == "remove":
+        keys.remove(args.name)
+        print(f"removed the key of {args.name}")
+    else:
+        for name in keys.names():
+            print(name)
+    return 0
 
 
 def _group(name: str) -> str:

@@ -1,5 +1,6 @@
 """One LLM call on a chunked context: the chunks become the decoder's KV cache, the prompt and the
-greedy continuation run on it, and the tokens the call added go back into chunks.
+continuation (greedy, or sampled by ``Sampling``) run on it, and the tokens the call added go back
+into chunks.
 
 The last generated token has no K/V yet (it was never fed back): it waits in ``ctx.pending`` and
 goes first into the next call, as it would in one uninterrupted conversation.
@@ -17,6 +18,7 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.kvcache.chunks import ChunkedKV
+from workbench.kvcache.protocol import GREEDY, Sampling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,9 +31,11 @@ class CallResult:
 @torch.no_grad()
 def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int = 16,
              stop_ids: tuple[int, ...] = (), bits: int = 8, max_context: int | None = None,
-             on_token: Callable[[int], bool] | None = None, cache=None) -> CallResult:
-    """Append ``prompt_ids`` to ``ctx``, decode greedily up to ``max_new_tokens``, store the new tokens'
-    K/V as chunks at ``bits``. Every chunk of ``ctx`` must be in memory.
+             on_token: Callable[[int], bool] | None = None, cache=None,
+             sampling: Sampling = GREEDY) -> CallResult:
+    """Append ``prompt_ids`` to ``ctx``, decode up to ``max_new_tokens`` (greedily unless ``sampling``
+    says otherwise), store the new tokens' K/V as chunks at ``bits``. Every chunk of ``ctx`` must be in
+    memory.
 
     ``cache``: the context already dequantized into a decoder cache (``ctx.to_cache``) with room for the
     call, when the caller built it (the service does, and books that time to the switch).
@@ -57,8 +61,9 @@ def run_call(model, ctx: ChunkedKV, prompt_ids: list[int], max_new_tokens: int =
     logits = model.forward_tokens(torch.tensor(first), cache, attn_columns=columns)
     out: list[int] = []
     added = first
+    generator = sampling.generator()
     for _ in range(max_new_tokens):
-        nxt = int(logits[-1].argmax())
+        nxt = sampling.pick(logits[-1], generator)
         out.append(nxt)
         stop = on_token is not None and on_token(nxt)
         if stop or nxt in stop_ids or len(out) == max_new_tokens:

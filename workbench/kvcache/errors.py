@@ -12,6 +12,13 @@ class ContextLimitError(WorkbenchError):
     """The app already holds as many contexts as one app may."""
 
 
+class ContextLengthError(WorkbenchError):
+    """A call whose prompt and answer would take the context beyond its token limit; nothing was run.
+    ``room``, when known: the most new tokens the call could have asked for (below 1: the prompt alone is
+    too long)."""
+    room: int | None = None
+
+
 class MemoryBudgetError(WorkbenchError):
     """The context being served does not fit in the memory budget by itself."""
 

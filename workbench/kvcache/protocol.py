@@ -12,7 +12,7 @@ import socket
 from dataclasses import asdict, dataclass, fields
 
 from workbench.errors import WorkbenchError
-from workbench.kvcache.errors import (CallFailedError, ContextLimitError, DeadlineError, IdentityError,
+from workbench.kvcache.errors import (CallFailedError, ContextLengthError, ContextLimitError, DeadlineError, IdentityError,
                                       MemoryBudgetError, ProtocolError, ServiceClosedError, StubError, SwapStoreError)
 
 PROTOCOL_VERSION = "2.0"
@@ -22,7 +22,7 @@ LOOPBACK = ("127.0.0.1", "localhost")
 
 ERRORS = {cls.__name__: cls for cls in (StubError, ContextLimitError, MemoryBudgetError, SwapStoreError,
                                         CallFailedError, ServiceClosedError, DeadlineError, ProtocolError,
-                                        IdentityError)}
+                                        IdentityError, ContextLengthError)}
 """The error classes a client raises again from a reply's ``type``."""
 
 
@@ -98,6 +98,55 @@ class LineReader:
 
 
 # ----------------------------------------------------------------------------- stubs and stats
+
+@dataclass(frozen=True, kw_only=True)
+class Sampling:
+    """How the next token is chosen: ``temperature`` 0 is greedy (argmax); above 0 the logits are divided
+    by it and a token is drawn, from the smallest set of tokens whose probability reaches ``top_p``,
+    with a generator seeded by ``seed`` (a fresh random seed when None)."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2):
+            raise WorkbenchError(f"temperature is 0 to 2, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise WorkbenchError(f"top_p is above 0 and at most 1, got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self):
+        """The torch generator of one call's draws (None when greedy)."""
+        if self.greedy:
+            return None
+        import torch
+
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()
+        else:
+            g.manual_seed(int(self.seed))
+        return g
+
+    def pick(self, logits, generator) -> int:
+        """The next token from one row of logits."""
+        if self.greedy:
+            return int(logits.argmax())
+        import torch
+
+        probs = torch.softmax(logits.double() / self.temperature, dim=-1)
+        if self.top_p < 1:
+            ordered, order = probs.sort(descending=True)
+            keep = int((ordered.cumsum(0) < self.top_p).sum()) + 1
+            probs = torch.zeros_like(probs).scatter_(0, order[:keep], ordered[:keep])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+
+GREEDY = Sampling()
+
 
 @dataclass(frozen=True)
 class CtxStub:

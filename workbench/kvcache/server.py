@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from workbench.errors import WorkbenchError
-from workbench.listen import AddressError, bind_tcp, check_tcp_port, make_folder, remove_made
+from workbench.listen import AddressError, bind_tcp, check_tcp_port, make_folder, remove_made  # noqa: F401
 from workbench.kvcache.costmodel import host_costs_cached
 from workbench.kvcache.errors import IdentityError, ProtocolError
 from workbench.kvcache.protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, LineReader, check_version,  # noqa: F401
@@ -555,7 +555,7 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
           memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET, max_contexts_per_app: int = DEFAULT_MAX_CONTEXTS_PER_APP,
           config: ServiceConfig | None = None, metrics_port: int | None = None, model=None,
           device: str = "host", out: Callable[[str], None] | None = None, verbose: bool = False,
-          group: str | None = None) -> None:
+          group: str | None = None, http: str | None = None) -> None:
     """Run an LLM service on ``address`` until SIGTERM or SIGINT (the ``workbench serve llms`` command).
 
     The address, swap directory and metrics port are checked (the address bound) before the model
@@ -565,14 +565,25 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
     ``verbose`` adds one per request. Must run in the main thread.
     ``device``: the cost model the swapping-recompute pipeline plans on (``"host"``, measured once and
     cached, or an emulated preset whose loads are padded to its speed); resolved before serving. ``group``: a
-    group whose members may connect too (a Unix socket only; each is still its own uid's apps)."""
+    group whose members may connect too (a Unix socket only; each is still its own uid's apps). ``http``:
+    also serve the OpenAI-compatible endpoint (``endpoint``) on ``127.0.0.1:PORT``."""
     out = out or (lambda line: print(line, flush=True))
     gid = group_id(group) if group is not None else None
     if gid is not None and parse_address(address or default_address())[0] != "unix":
         raise WorkbenchError("--group lets a group in through a Unix socket's permissions; a TCP address has "
                              "none (its apps bind with tokens): drop --group or serve on unix:PATH")
     made: list[Path] = []
-    bound = listen(address, made, group=gid)
+    http_sock = None
+    if http is not None:
+        from workbench.kvcache.endpoint import parse_http_address
+
+        http_sock = bind_tcp(parse_http_address(http)[1], option="--http", free="--http 127.0.0.1:0")
+    try:
+        bound = listen(address, made, group=gid)
+    except BaseException:
+        if http_sock is not None:
+            http_sock.close()
+        raise
     service = None
     try:
         swap_dir = private_dir(swap_dir if swap_dir is not None else default_swap_dir(), made, group=gid)
@@ -585,6 +596,8 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
         costs = service.loader.costs_for(service.model, chunk_size)
         server = LLMServer(service, bound=bound, log=out, verbose=verbose, group=gid)
     except BaseException:
+        if http_sock is not None:
+            http_sock.close()
         bound[2].server_close()
         if bound[1] is not None:
             bound[1].unlink(missing_ok=True)
@@ -597,12 +610,19 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    http = None
+    metrics = api = None
     try:
         extra = ""
         if metrics_port is not None:
-            http, _ = service.start_metrics_server(metrics_port)
-            extra = f", metrics on http://127.0.0.1:{http.server_port}/metrics"
+            metrics, _ = service.start_metrics_server(metrics_port)
+            extra = f", metrics on http://127.0.0.1:{metrics.server_port}/metrics"
+        if http_sock is not None:
+            from workbench.kvcache.endpoint import ChatEndpoint, HTTPServer
+
+            api = HTTPServer(ChatEndpoint(service), http_sock, log=out if verbose else None).start()
+            keys = len(api.endpoint.keys.names())
+            extra += (f", OpenAI-compatible endpoint on {api.url} ({keys} API key{'' if keys == 1 else 's'}; add "
+                      f"one with `workbench serve llms keys add NAME`)")
         contexts = len(service.snapshot()["contexts"])
         pipeline = costs.device + (" (emulated)" if costs.source == "emulated" else "")
         out(f"llms: serving on {server.address} (swap dir {service.swap_dir}, {contexts} contexts restored, "
@@ -611,7 +631,9 @@ def serve(address: str | None = None, *, swap_dir: Path | str | None = None,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if api is not None:
+            api.stop()
         server.close()
-        if http is not None:
-            http.shutdown()
+        if metrics is not None:
+            metrics.shutdown()
         out("llms: stopped")

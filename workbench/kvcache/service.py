@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 
 from workbench.errors import WorkbenchError
@@ -44,11 +44,11 @@ from workbench.kvcache.config import (DEFAULT_MAX_CONTEXTS_PER_APP, DEFAULT_MEMO
                                       MAX_CHUNK_SIZE, PRESETS, ServiceConfig, check_whole)
 from workbench.kvcache.loader import (ChunkSpec, Loader, LoadReport, LoadRequest, PipelineLoader,  # noqa: F401
                                       loader_name)
-from workbench.kvcache.errors import (CallFailedError, ContextLimitError, DeadlineError,  # noqa: F401
+from workbench.kvcache.errors import (CallFailedError, ContextLengthError, ContextLimitError, DeadlineError,  # noqa: F401
                                       MemoryBudgetError, ServiceClosedError, StubError, SwapStoreError)
 from workbench.kvcache.lifecycle import EvictionRecord, LCTRUQueue, QueueEntry
 from workbench.kvcache.metrics import ServiceMetrics
-from workbench.kvcache.protocol import CallStats, CtxStub
+from workbench.kvcache.protocol import GREEDY, CallStats, CtxStub, Sampling
 from workbench.kvcache.swapfile import DamagedChunkFileError
 from workbench.kvcache.working import WorkingCache
 from workbench.kvcache.statistics import ChunkState, ContextState, ServiceState, app_snapshot, queue_dicts
@@ -56,6 +56,8 @@ from workbench.kvcache.store import (BASE_BITS, BOTH, DROPPED, HAS_FILE, IN_MEMO
                                      ServedContext, SwapStore)
 
 log = logging.getLogger("workbench.kvcache")
+
+CHAT_ROLES = ("system", "user", "assistant")
 
 
 def default_swap_dir() -> Path:
@@ -306,22 +308,48 @@ class LLMService:
 
     # ------------------------------------------------------------------ a call
 
-    def _prompt_ids(self, ctx: ServedContext, prompt: str) -> list[int]:
-        """SmolLM2's chat format: the first turn with the system prompt; later turns close the last
-        answer (``<|im_end|>`` when it was cut short) and open a user and an assistant turn."""
+    def _prompt_ids(self, ctx: ServedContext, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """SmolLM2's chat format: a new context opens with its system prompt; a later call first closes
+        the last answer (``<|im_end|>`` when it was cut short); then each message is a turn of its role and
+        an assistant turn is opened for the answer."""
         tok = self.tokenizer
         kv = ctx.kv
         if not kv.tokens and not kv.pending:
-            system = ctx.row.system_prompt
-            return tok.chat(prompt) if system is None else tok.chat(prompt, system=system)
-        close = "\n" if kv.pending == [tok.im_end_id] else "<|im_end|>\n"
-        return tok.encode(f"{close}<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
+            from workbench.models.decoder import DEFAULT_SYSTEM
+
+            system = ctx.row.system_prompt if ctx.row.system_prompt is not None else DEFAULT_SYSTEM
+            parts = [f"<|im_start|>system\n{system}<|im_end|>\n"]
+        else:
+            parts = ["\n" if kv.pending == [tok.im_end_id] else "<|im_end|>\n"]
+        parts += [f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages]
+        return tok.encode("".join(parts) + "<|im_start|>assistant\n")
+
+    @staticmethod
+    def _checked_messages(messages) -> list[tuple[str, str]]:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise WorkbenchError("messages is a non-empty list of (role, text) pairs")
+        out = []
+        for i, m in enumerate(messages):
+            if not (isinstance(m, (list, tuple)) and len(m) == 2 and m[0] in CHAT_ROLES and isinstance(m[1], str)):
+                raise WorkbenchError(f"message {i} is not a (role, text) pair with a role of "
+                                     f"{', '.join(CHAT_ROLES)}: {m!r}"[:300])
+            out.append((m[0], m[1]))
+        if out[-1][0] != "user" or not out[-1][1].strip():
+            raise WorkbenchError("the last message is the user's, with some text: the answer follows it")
+        return out
 
     def _call(self, app: str, stub: CtxStub, prompt: str, max_new_tokens: int,
               on_token: Callable[[int], bool] | None = None, deadline: float | None = None,
-              call_id: str | None = None) -> tuple[str, CallStats]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise WorkbenchError("the prompt is empty; send some text")
+              call_id: str | None = None, *, messages: Sequence[tuple[str, str]] | None = None,
+              sampling: Sampling = GREEDY) -> tuple[str, CallStats]:
+        if messages is None:
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise WorkbenchError("the prompt is empty; send some text")
+            messages = [("user", prompt)]
+        else:
+            messages = self._checked_messages(messages)
+        if not isinstance(sampling, Sampling):
+            raise WorkbenchError(f"sampling is a Sampling, got {type(sampling).__name__}")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise WorkbenchError(f"max_new_tokens must be a whole number of at least 1, got {max_new_tokens!r}")
         with self._my_turn() as wait:
@@ -329,17 +357,20 @@ class LLMService:
                 raise DeadlineError(f"the call's deadline passed while it waited {wait:.2f} s for its turn; it was "
                                     f"not run and the context is as it was")
             ctx = self._resolve(app, stub)
-            request = json.dumps([prompt, max_new_tokens])
+            request = json.dumps([prompt, max_new_tokens] if len(messages) == 1 and prompt is not None
+                                 and sampling == GREEDY else [messages, max_new_tokens, repr(sampling)])
             if call_id is not None and call_id == ctx.row.last_call_id:
                 return self._repeated(ctx, call_id, request)
             kv = ctx.kv
-            ids = self._prompt_ids(ctx, prompt)
+            ids = self._prompt_ids(ctx, messages)
             t_start = time.perf_counter()
             limit = self.config.max_context_tokens or self.model.cfg.max_positions
             adding = len(kv.pending) + len(ids) + max_new_tokens
             if len(kv.tokens) + adding > limit:
-                raise WorkbenchError(f"the context would grow to {len(kv.tokens) + adding} tokens, beyond its "
-                                     f"limit of {limit}; start a new context or delete this one")
+                exc = ContextLengthError(f"the context would grow to {len(kv.tokens) + adding} tokens, beyond its "
+                                         f"limit of {limit}; start a new context or delete this one")
+                exc.room = limit - (len(kv.tokens) + adding - max_new_tokens)
+                raise exc
             self._tick += 1
             with self._state:
                 self.queue.lock(ctx.row.id)
@@ -358,7 +389,7 @@ class LLMService:
                 try:                                     # nothing of the call stays unless the index commits it
                     result = run_call(self.model, kv, ids, max_new_tokens, stop_ids=(self.tokenizer.im_end_id,),
                                       bits=self.config.base_bits, max_context=limit, on_token=on_token,
-                                      cache=cache)
+                                      cache=cache, sampling=sampling)
                     del cache
                     t_compress = time.perf_counter()
                     releveled, bases = self._compress(ctx)

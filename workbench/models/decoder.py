@@ -304,6 +304,9 @@ def load_decoder() -> Decoder:
     return model.eval()
 
 
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
 @dataclass
 class DecoderTokenizer:
     """Byte-level BPE tokenizer of the decoder, with the chat format SmolLM2-Instruct expects."""
@@ -320,7 +323,7 @@ class DecoderTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def chat(self, user: str, system: str = "You are a helpful AI assistant named SmolLM, trained by Hugging Face") -> list[int]:
+    def chat(self, user: str, system: str = DEFAULT_SYSTEM) -> list[int]:
         text = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
                 f"<|im_start|>assistant\n")
         return self.encode(text)

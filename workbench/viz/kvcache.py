@@ -134,8 +134,7 @@ def queue_figure(result, call: int, policy: str | None = None, title: str | None
     last = _last_uses(result, call)
     whole = recorded_setting(result, "granularity", "context" if result.method in ("swapping", "lmk") else
                              "chunk") == "context"
-    levels = [b for b in LEVEL_ORDER if any(q[2] == b for q in queue)]
-    levels += sorted({q[2] for q in queue} - set(levels), reverse=True)
+    levels = _queue_levels(q[2] for q in queue)
     fig = go.Figure()
     for row, bits in enumerate(levels):
         items = [(pos, c, k) for pos, (c, k, b) in enumerate(queue, start=1) if b == bits]
@@ -146,12 +145,22 @@ def queue_figure(result, call: int, policy: str | None = None, title: str | None
                STATE_COLORS.get(str(bits), INK), hover, [f"{c}/{k}" for _, c, k in items])
     order = ("sub-queues per level, heaviest first, each least recently used first" if policy == "lctru" else
              "one order by recency" if policy == "lru" else "one order by information density")
+    return _queue_layout(fig, levels, len(queue), f"{title}<br><sub>{len(queue)} chunks in memory may leave "
+                                                   f"({order}); labels are context/chunk</sub>")
+
+
+def _queue_levels(bits) -> list[int]:
+    """The levels present, heaviest first (the known ones in ``LEVEL_ORDER``, then any others)."""
+    present = set(bits)
+    return [b for b in LEVEL_ORDER if b in present] + sorted(present - set(LEVEL_ORDER), reverse=True)
+
+
+def _queue_layout(fig: go.Figure, levels: list[int], count: int, title: str) -> go.Figure:
+    """An eviction-order figure's axes: positions 1..``count`` across, one row per level."""
     fig.update_layout(
         template=TEMPLATE, barmode="overlay", height=max(300, 220 + 40 * len(levels)),
-        margin={**MARGIN, "t": 80}, uniformtext={"minsize": 9, "mode": "hide"},
-        title=f"{title}<br><sub>{len(queue)} chunks in memory may leave ({order}); labels are "
-              f"context/chunk</sub>",
-        xaxis={"title": "position in the eviction order (1 = first to leave)", "range": [0.5, len(queue) + 0.5]},
+        margin={**MARGIN, "t": 80}, uniformtext={"minsize": 9, "mode": "hide"}, title=title,
+        xaxis={"title": "position in the eviction order (1 = first to leave)", "range": [0.5, count + 0.5]},
         yaxis={"tickvals": list(range(len(levels))), "ticktext": [f"{b}-bit" for b in levels],
                "range": [len(levels) - 0.5, -0.5], "title": "sub-queue (level)"})
     return fig
@@ -253,3 +262,76 @@ def load_gantt_figure(result, call: int, title: str | None = None) -> go.Figure:
         return message_figure(title, why, height=300)
     return gantt_figure(record.predicted, record.measured, title=title)
 
+
+
+# ----------------------------------------------------------------------------- a running service, live
+
+LIVE_STATES = {"memory": None, "memory+file": None, "file": "swapped", "dropped": "killed"}
+"""A served chunk's state -> its colour key (None: in memory, keyed by its level)."""
+
+
+def live_state(chunk: dict) -> str:
+    """The colour key of one chunk of a service's snapshot: its level in memory, swapped, or dropped."""
+    key = LIVE_STATES.get(chunk["state"], "killed")
+    return str(chunk["bits"]) if key is None else key
+
+
+def live_context_label(ctx: dict) -> str:
+    return f"{ctx['app']} · {ctx['id'][:6]}" + (" (being served)" if ctx.get("served") else "")
+
+
+def _live_contexts(snapshot: dict) -> list[dict]:
+    """Contexts by app, then most recently used first within an app."""
+    return sorted(snapshot["contexts"], key=lambda c: (c["app"], -c["last_tick"], c["id"]))
+
+
+def live_chunk_map_figure(snapshot: dict, title: str = "KV chunks of the running service") -> go.Figure:
+    """A running service's contexts (rows, named by app and id) x chunks (columns), one colour per level
+    or state, from its snapshot (``LLMService.snapshot``)."""
+    contexts = _live_contexts(snapshot)
+    if not contexts:
+        return message_figure(title, "the service holds no context yet: apps' contexts appear here as they call it",
+                              height=300, wrap=70)
+    width = max([len(c["chunks"]) for c in contexts] + [1])
+    fig = go.Figure()
+    for state in STATE_COLORS:
+        cells = [(row, k) for row, c in enumerate(contexts) for k, ch in enumerate(c["chunks"]) if live_state(ch) == state]
+        if cells:
+            _cells(fig, [r for r, _ in cells], [k for _, k in cells], STATE_LABELS[state], STATE_COLORS[state],
+                   [f"{live_context_label(contexts[r])}, chunk {k}: {STATE_LABELS[state]}" for r, k in cells])
+    used, budget = snapshot["memory"]["used_bytes"], snapshot["chunk_budget_bytes"]
+    last = snapshot.get("last_call")
+    said = (f"; last call: {last['app']} on {last['ctx'][:6]}, switch {format_ms(last['switch_s'])}"
+            if last else "")
+    fig.update_layout(
+        template=TEMPLATE, barmode="overlay", height=max(320, 190 + 28 * len(contexts)), margin={**MARGIN, "t": 80},
+        title=f"{title}<br><sub>{len(contexts)} contexts; {used / 1e6:.2f} of {budget / 1e6:.2f} MB of KV in "
+              f"memory{said}</sub>",
+        xaxis={"title": "chunk (position in the context)", "range": [-0.5, width - 0.5], "tick0": 0,
+               "dtick": max(1, width // 16)},
+        yaxis={"tickvals": list(range(len(contexts))), "ticktext": [live_context_label(c) for c in contexts],
+               "range": [len(contexts) - 0.5, -0.5], "title": "context (app · id)", "automargin": True})
+    return fig
+
+
+def live_queue_figure(snapshot: dict, title: str = "Eviction queue of the running service") -> go.Figure:
+    """The running service's eviction order (first out on the left), one row per level, each chunk
+    labelled by its context's short id and its index."""
+    queue = snapshot["queue"]
+    order = queue["order"]
+    policy = queue["policy"]
+    if not order:
+        return message_figure(title, "nothing is in the queue: no chunk in memory can leave (the context being "
+                                     "served is locked)", height=300, wrap=70)
+    apps = {c["id"]: c["app"] for c in snapshot["contexts"]}
+    levels = _queue_levels(e["bits"] for e in order)
+    fig = go.Figure()
+    for row, bits in enumerate(levels):
+        items = [(pos, e) for pos, e in enumerate(order, start=1) if e["bits"] == bits]
+        _cells(fig, [row] * len(items), [pos for pos, _ in items], f"{bits}-bit chunks",
+               STATE_COLORS.get(str(bits), INK),
+               [f"#{pos} to leave: {apps.get(e['ctx'], '?')} · {e['ctx'][:6]}, chunk {e['chunk']} ({bits}-bit, "
+                f"last used at call {e['last_used']})" for pos, e in items],
+               [f"{e['ctx'][:4]}/{e['chunk']}" for _, e in items])
+    return _queue_layout(fig, levels, len(order), f"{title} ({policy.upper()})<br><sub>{len(order)} chunks in "
+                                                   f"memory may leave; labels are context id/chunk</sub>")
