@@ -55,32 +55,35 @@ def _ready_at(preset: str) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("preset", ["full", "quick"])
-def test_the_registered_page_needing_least_time_is_ready_first(preset):
+def test_the_flagship_page_is_ready_first_then_the_page_needing_least_time(preset):
     ready = _ready_at(preset)
     assert set(ready) == {d.title for d in registry.dashboards()}
-    waiting = [d for d in registry.dashboards() if d.requires]        # a page that needs nothing serves at once
     assert all(ready[d.title] == 0.0 for d in registry.dashboards() if not d.requires)
-    needs = {d.title: sum(s.estimate_s.get(preset, 0.0) for s in prepare.steps(preset) if s.name in d.requires)
-             for d in waiting}
-    first = min(needs, key=needs.get)
-    assert min(needs, key=lambda title: ready[title]) == first
+    (flagship,) = [d for d in registry.dashboards() if d.first]
     shared_s = sum(s.estimate_s.get(preset, 0.0) for s in prepare.SHARED_STEPS)
-    assert ready[first] == pytest.approx(shared_s + needs[first]), "the first page waits for nothing it does not need"
+    needs = {d.title: sum(s.estimate_s.get(preset, 0.0) for s in prepare.steps(preset) if s.name in d.requires)
+             for d in registry.dashboards() if d.requires}
+    assert ready[flagship.title] == pytest.approx(shared_s + needs[flagship.title]), \
+        "the flagship waits for nothing it does not need"
+    rest = {title: need for title, need in needs.items() if title != flagship.title}
+    assert min(rest, key=lambda title: ready[title]) == min(rest, key=rest.get)
 
 
-def test_the_llms_page_does_not_wait_for_elastic_fine_tuning():
+def test_the_llms_page_waits_for_the_flagship_and_its_own_steps_only():
     names = [s.name for s in prepare.steps("full")]
     llms = next(d for d in registry.dashboards() if d.page == "kvcache.ipynb")
-    assert max(names.index(n) for n in llms.requires) < min(i for i, n in enumerate(names)
-                                                             if n.startswith("elastic fine-tuning"))
+    (flagship,) = [d for d in registry.dashboards() if d.first]
+    before = set(names[:max(names.index(n) for n in llms.requires)])
+    assert before <= {s.name for s in prepare.SHARED_STEPS} | set(flagship.requires) | set(llms.requires)
 
 
-def test_a_mechanism_registered_later_still_goes_first_when_quicker(monkeypatch):
+def test_a_mechanism_registered_later_still_goes_first_after_the_flagship_when_quicker(monkeypatch):
     tiny = Mechanism(name="tiny", title="Tiny", paper="a test", prepare_steps=lambda preset: [_step("tiny step", 1)],
                      dashboard=_page("tiny", "tiny step"))
     monkeypatch.setattr(registry, "mechanisms", lambda: (*registry.load_registered(registry.REGISTERED), tiny))
     names = [s.name for s in prepare.steps("full")]
-    assert names[len(prepare.SHARED_STEPS)] == "tiny step"
+    (flagship,) = [d for d in registry.dashboards() if d.first]
+    assert names[len(prepare.SHARED_STEPS) + len(flagship.requires)] == "tiny step"
 
 
 def test_one_figure_for_the_full_prepare_in_the_notice_and_the_readme():

@@ -116,9 +116,9 @@ def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypat
     log = []
     monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: fake_steps(log))
     built = []
-    page = prepared_page(lambda: built.append(1) or __import__("ipywidgets").Label("the page"), ("one", "two"),
-                         "A page", "quick")
-    status = page.children[1]
+    page = prepared_page(lambda preset: built.append(1) or __import__("ipywidgets").Label("the page"),
+                         ("one", "two"), "A page", "quick")
+    status = page.children[2]
     assert isinstance(status, PrepareStatus) and built == []
     assert "2 prepare step(s) missing" in status.view.value and "workbench prepare --preset quick" in status.view.value
     with prepare_module.prepare_lock():
@@ -150,3 +150,98 @@ def test_a_running_steps_bar_detail_and_time_left_agree():
     assert fraction == pytest.approx(149 / 150) and left == pytest.approx(162.0 / 149)
     assert running_progress({}, elapsed_s=50.0, estimate_s=200.0) == (0.25, 150.0, "")
     assert running_progress({}, elapsed_s=500.0, estimate_s=200.0) == (0.99, 0.0, "")
+
+
+def preset_steps(log, ready=()):
+    """Fake steps "one" and "two" per preset, ready once made (``log`` holds (preset, name)) or in ``ready``."""
+    def run(name):
+        def step(preset, progress, force):
+            log.append((preset, name))
+        return step
+    return lambda preset, tasks=None, measure_host=True: [
+        PrepareStep(name=n, run=run(n), ready=lambda p, n=n: (p, n) in log or (p, n) in ready,
+                    estimate_s={"quick": 1.0, "full": 10.0}) for n in ("one", "two")]
+
+
+def test_a_full_job_makes_the_quick_versions_first(tmp_cache, monkeypatch):
+    log, seen = [], []
+    monkeypatch.setattr(prepare_module, "steps", preset_steps(log))
+    written = prepare_job.StatusWriter.write
+
+    def spy(self, force=False):
+        if self.status["preset"] == "full":
+            seen.append((self.status["state"], (self.status.get("phase") or {}).get("preset")))
+        written(self, force)
+
+    monkeypatch.setattr(prepare_job.StatusWriter, "write", spy)
+    prepare_job.run_job("full")
+    assert log == [("quick", "one"), ("quick", "two"), ("full", "one"), ("full", "two")]
+    assert ("running", "quick") in seen and seen[-1] == ("done", None)
+    assert prepare_job.read_status("quick")["state"] == prepare_job.read_status("full")["state"] == "done"
+    log.clear()
+    log += [("quick", "one"), ("quick", "two")]                     # made before: straight to the full steps
+    prepare_job.run_job("full")
+    assert log[2:] == [("full", "one"), ("full", "two")]
+
+
+def test_a_waiting_page_offers_its_quick_version_and_the_full_one_behind_a_button(tmp_cache, monkeypatch):
+    import ipywidgets as widgets
+
+    from workbench.ui.preparing import prepared_page
+
+    log = []
+    monkeypatch.setattr(prepare_module, "steps", preset_steps(log))
+    built = []
+    page = prepared_page(lambda preset: built.append(preset) or widgets.Label(f"the {preset} page"), ("one", "two"),
+                         "A page", "full")
+    intro, offer, status = page.children
+    assert offer.children == () and built == []                        # no quick version yet: nothing offered
+    log += [("quick", "one"), ("quick", "two")]
+    status.refresh()
+    text, button = offer.children
+    assert "the quick artifacts: every prepare step run on a few batches" in text.value
+    button.click()
+    banner, shown = page.children
+    assert built == ["quick"] and shown.value == "the quick page" and "Quick version." in banner.value
+    log += [("full", "one"), ("full", "two")]
+    status.refresh()
+    assert built == ["quick"] and page.children[-1].value == "the quick page"   # not swept away under the user
+    note, switch = page.children[:2]
+    assert "The full artifacts are ready" in note.value and switch.description == "Switch to the full version"
+    switch.click()
+    assert built == ["quick", "full"] and [w.value for w in page.children] == ["the full page"]
+
+
+def test_a_waiting_page_nobody_opened_early_becomes_the_full_page_by_itself(tmp_cache, monkeypatch):
+    import ipywidgets as widgets
+
+    from workbench.ui.preparing import prepared_page
+
+    log = [("quick", "one"), ("quick", "two")]
+    monkeypatch.setattr(prepare_module, "steps", preset_steps(log))
+    page = prepared_page(lambda preset: widgets.Label(f"the {preset} page"), ("one", "two"), "A page", "full")
+    log += [("full", "one"), ("full", "two")]
+    page.children[2].refresh()
+    assert [w.value for w in page.children] == ["the full page"]
+
+
+def test_the_flagship_pages_steps_are_prepared_before_any_other_pages():
+    from workbench.mechanisms import dashboards
+
+    flagship = [d for d in dashboards() if d.first]
+    assert [d.page for d in flagship] == ["elastic.ipynb"]
+    for preset in ("full", "quick"):
+        names = [s.name for s in prepare_module.steps(preset)]
+        shared = len(prepare_module.SHARED_STEPS)
+        assert set(names[shared:shared + len(flagship[0].requires)]) == set(flagship[0].requires), preset
+
+
+@pytest.mark.parametrize("query, preset", [("preset=quick", "quick"), ("x=1&preset=full", "full"),
+                                           ("preset=nonsense", "full"), ("", "full")])
+def test_a_page_address_may_ask_for_a_preset(monkeypatch, query, preset):
+    from workbench.presets import page_preset
+
+    monkeypatch.setenv("QUERY_STRING", query)
+    monkeypatch.delenv("WORKBENCH_PRESET", raising=False)
+    monkeypatch.delenv("WORKBENCH_PROFILE", raising=False)
+    assert page_preset() == preset

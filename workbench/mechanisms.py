@@ -77,6 +77,7 @@ class Dashboard:
     probe_control: str = ""                     # label of a slider `workbench bench browser` moves ...
     probe_figure: str = ""                      # ... and the figure slot whose redraw it times
     panel: str = ""                             # "module:Class" of the page's Panel (`bench ui`, `workbench.ui`)
+    first: bool = False                         # the flagship: its steps are prepared before any other page's
 
 
 OVERVIEW = Dashboard(

@@ -130,14 +130,16 @@ def steps(preset: str, tasks: list[str] | None = None, measure_host: bool = True
 def page_order(declared: list[PrepareStep], pages, preset: str) -> list[PrepareStep]:
     """``declared`` reordered so that pages become ready as early as they can.
 
-    The page with the least estimated time still to prepare goes first, its missing steps in declared
+    The flagship page (``Dashboard.first``: the elastic page, which the first tutorial is about) goes
+    first; then the page with the least estimated time still to prepare, its missing steps in declared
     order; then the next such page, counting only what is still missing (a step two pages share runs
     once, with the first). A tie keeps gallery order; steps no page needs come last. A step builds what
     it needs itself, so no order of steps is wrong, only slower for someone.
     """
     left, ordered, waiting = list(declared), [], list(pages)
     while waiting:
-        page = min(waiting, key=lambda d: sum(s.estimate_s.get(preset, 0.0) for s in left if s.name in d.requires))
+        page = min(waiting, key=lambda d: (not d.first,
+                                           sum(s.estimate_s.get(preset, 0.0) for s in left if s.name in d.requires)))
         waiting.remove(page)
         ordered += [s for s in left if s.name in page.requires]
         left = [s for s in left if s.name not in page.requires]

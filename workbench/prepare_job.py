@@ -1,7 +1,8 @@
 """`workbench prepare` as a background job: one per cache, its state in a status file the gallery reads.
 
 ``workbench dashboards`` serves at once and starts the full prepare in the background
-(:func:`start_background`): a detached ``workbench prepare --job`` process whose output
+(:func:`start_background`): a detached ``workbench prepare --job`` process (the quick preset's steps
+first, a few minutes, so every page has a labelled version to open while the full ones are made) whose output
 goes to a log and whose state (each step pending, running, done, failed or stopped; the running
 step's progress; when it started; the job stopped by a signal, or dead when its process vanished) is
 rewritten atomically in ``status.json`` at most twice a second. Every prepare, in a terminal or in
@@ -103,22 +104,48 @@ def read_status(preset: str) -> dict | None:
     return status
 
 
-def run_job(preset: str, *, own_process: bool = False) -> int:
-    """The body of ``workbench prepare --job``: the full prepare, reporting to the status file. In the job's
-    ``own_process``, SIGTERM (how its server stops it) ends it as Ctrl-C would, so its status says stopped."""
+STOP_GAP = "quick"
+"""The preset a full job makes first, in minutes, so every page has a version to open while the full one
+is made (each waiting page and the gallery offer it, labelled)."""
+
+
+def _prepare_reporting(preset: str, writer: StatusWriter):
     from workbench.progress import listen
 
+    try:
+        with listen(writer.on_progress):
+            report = preparation.prepare(preset, progress=True, on_step=writer.on_step, hold_lock=False)
+    except BaseException as exc:
+        writer.finish(exc)
+        raise
+    writer.finish(None)
+    return report
+
+
+def run_job(preset: str, *, own_process: bool = False) -> int:
+    """The body of ``workbench prepare --job``: the prepare of ``preset``, reporting to its status file; a
+    job for another preset than ``STOP_GAP`` first makes ``STOP_GAP``'s steps (reporting to that preset's
+    status file; the main status says so in ``phase``). In the job's ``own_process``, SIGTERM (how its
+    server stops it) ends it as Ctrl-C would, so its status says stopped."""
     if own_process and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, raise_interrupt)
     with preparation.prepare_lock():             # before any status is written: a second job changes nothing
         writer = StatusWriter(preset, preparation.steps(preset))
-        try:
-            with listen(writer.on_progress):
-                report = preparation.prepare(preset, progress=True, on_step=writer.on_step, hold_lock=False)
-        except BaseException as exc:
-            writer.finish(exc)
-            raise
-        writer.finish(None)
+        stop_gap = [s for s in preparation.steps(STOP_GAP) if not s.ready(STOP_GAP)] if preset != STOP_GAP else []
+        if stop_gap:
+            left = sum(s.estimate_s.get(STOP_GAP, 0.0) for s in stop_gap)
+            writer.status["phase"] = {"preset": STOP_GAP, "estimate_s": left, "started": time.time()}
+            writer.write(force=True)
+            print(f"[prepare] the {STOP_GAP} versions first ({len(stop_gap)} steps, about {left / 60:.0f} min), so "
+                  f"every page can open one while the {preset} ones are made", flush=True)
+            try:
+                _prepare_reporting(STOP_GAP, StatusWriter(STOP_GAP, preparation.steps(STOP_GAP)))
+            except BaseException as exc:
+                writer.finish(exc)
+                raise
+            writer.status["phase"] = None
+            writer.write(force=True)
+        report = _prepare_reporting(preset, writer)
     print(report.summary(), flush=True)
     return 0
 

@@ -33,6 +33,16 @@ def default_preset() -> Preset:
     return check_preset(os.environ.get(ENV_VAR) or os.environ.get(LEGACY_ENV_VAR) or "full")
 
 
+def page_preset() -> Preset:
+    """The preset a served page uses: ``?preset=quick`` (or ``full``) in its address, which Voila hands the
+    page's kernel as ``$QUERY_STRING`` (the gallery's links to a page's quick version), else
+    :func:`default_preset`."""
+    from urllib.parse import parse_qs
+
+    asked = parse_qs(os.environ.get("QUERY_STRING", "")).get("preset", [""])[-1]
+    return check_preset(asked) if asked in PRESETS else default_preset()
+
+
 def prepare_hint(preset: str) -> str:
     """The command that prepares ``preset``'s artifacts."""
     return "workbench prepare" if preset == "full" else f"workbench prepare --preset {preset}"

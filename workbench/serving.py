@@ -144,14 +144,14 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 20) -> None:
 
 @contextmanager
 def voila_server(port: int | None = None, log_path: Path | None = None, preheat: bool = True,
-                 env: dict | None = None) -> Iterator[str]:
-    """Serve the dashboards on 127.0.0.1 for the block's duration (a :class:`~workbench.workers.WorkerGroup`
-    of one, its log at ``log_path``); yields the base URL."""
+                 env: dict | None = None, directory: Path = DASHBOARDS_DIR) -> Iterator[str]:
+    """Serve the dashboards (or the pages in ``directory``) on 127.0.0.1 for the block's duration (a
+    :class:`~workbench.workers.WorkerGroup` of one, its log at ``log_path``); yields the base URL."""
     from workbench.workers import WorkerGroup
 
     port = port or free_port()
     base = f"http://127.0.0.1:{port}"
-    with WorkerGroup(voila_command(port, preheat=preheat), name="voila", cwd=DASHBOARDS_DIR, env=voila_env(env),
+    with WorkerGroup(voila_command(port, directory, preheat=preheat), name="voila", cwd=directory, env=voila_env(env),
                      logs=[log_path] if log_path else None, grace_s=20, ready_timeout_s=90,
                      ready=lambda worker: answers(f"{base}/voila/render/index.ipynb")):
         yield base

@@ -50,3 +50,50 @@ def test_page_as_a_visitor_meets_it(voila_server, page, name):
         assert notice.count() == 0
     assert not page.get_by_text("Executing", exact=False).is_visible(), f"{name}: a spinner is still showing"
     assert page.locator(".wb-error").count() == 0
+
+
+@pytest.fixture(scope="module")
+def full_server(prepared, tmp_path_factory):
+    """The gallery and the flagship page served for the full preset, as `workbench dashboards` does on a fresh
+    machine (preheated kernels), from a folder holding only those two pages."""
+    import os
+    import shutil
+
+    from tests.browser.conftest import ARTIFACTS
+    from workbench.prepare import steps
+    from workbench.serving import DASHBOARDS_DIR, free_port, voila_server
+
+    board = next(d for d in dashboards() if d.first)
+    full = {s.name: s for s in steps("full")}
+    if all(full[n].ready("full") for n in board.requires):
+        pytest.skip("the full preset is prepared in this cache, so no page waits for it (CI's fresh cache has none)")
+    pages = tmp_path_factory.mktemp("full-pages")
+    for name in ("index.ipynb", board.page):
+        shutil.copy(DASHBOARDS_DIR / name, pages / name)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with voila_server(free_port(), log_path=ARTIFACTS / "voila-full.log", directory=pages,
+                      env={"WORKBENCH_PRESET": "full", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}) as base:
+        yield base, board
+
+
+def test_a_page_waiting_for_the_full_preset_opens_its_quick_version_in_one_click(full_server, page):
+    """While the full preset is prepared, the gallery links the flagship's quick version (a preheated kernel
+    learns the link's ``?preset=quick`` when the page is asked for), and the waiting page opens it with one
+    button; both say it is the quick version."""
+    base, board = full_server
+    page.goto(f"{base}/voila/render/index.ipynb", timeout=PAGE_TIMEOUT_MS)
+    page.locator(".wb-serving", has_text="Serving the full preset").wait_for(timeout=PAGE_TIMEOUT_MS)
+    link = page.locator(f"a.wb-quick-link[href='{board.page}?preset=quick']")
+    assert link.inner_text() == "open its quick version now"
+    link.click()
+    page.wait_for_url(f"**/{board.page}?preset=quick", timeout=PAGE_TIMEOUT_MS)
+    page.locator(".wb-quick-version", has_text="Quick version.").wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, [board.probe_figure])
+    assert page.locator(".wb-error").count() == 0
+
+    page.goto(f"{base}/voila/render/{board.page}", timeout=PAGE_TIMEOUT_MS)
+    page.get_by_text("needs artifacts that are still being prepared").wait_for(timeout=PAGE_TIMEOUT_MS)
+    page.get_by_role("button", name="Open the quick version now").click()
+    page.locator(".wb-quick-version", has_text="Quick version.").wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, [board.probe_figure])
+    assert page.locator(".wb-error").count() == 0

@@ -187,7 +187,8 @@ def test_run_for_real_overlays_measured_bubbles(ray_cluster):
     (outcome,) = panel.runs.values()
     real = outcome["run"]
     names = lambda: {t.name for t in panel.figures["hostrun"].data}      # noqa: E731
-    assert {"busy (measured)", "bubble (measured)", "busy (simulated)"} <= names()
+    assert {"busy (measured)", "busy (simulated)"} <= names()
+    assert any(n.endswith("(measured)") and n.startswith(("bubble", "idle")) for n in names())
     measured = next(t for t in panel.figures["hostrun"].data if t.name == "busy (measured)")
     served = [s for s in real.served.timeline.spans if s.kind == "compute"]
     assert sorted(measured.base) == pytest.approx(sorted(1e3 * s.start for s in served))

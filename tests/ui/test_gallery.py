@@ -38,3 +38,17 @@ def test_the_hint_names_the_preset_that_serves_now_and_only_when_one_does(only_q
         PrepareStep(name=f"step {i}", run=lambda preset, progress, force: "made", ready=lambda preset: False)
         for i in range(2)])
     assert prepare.serve_now_hint("full") == ""
+
+
+def test_a_waiting_page_links_its_quick_version_once_the_quick_preset_has_it(only_quick_ready, monkeypatch):
+    from workbench.ui.gallery import Gallery
+
+    cards = Gallery("full").cards.value
+    for page in PAGES:
+        assert f"<a class='wb-quick-link' href='{page.page}?preset=quick'>open its quick version now</a>" in cards
+    assert "real figures, rough numbers" in cards
+    assert "wb-quick-link" not in Gallery("quick").cards.value          # the quick gallery serves them already
+    monkeypatch.setattr(prepare, "steps", lambda preset, tasks=None, measure_host=True: [
+        PrepareStep(name=f"step {i}", run=lambda preset, progress, force: "made", ready=lambda preset: False)
+        for i in range(2)])
+    assert "wb-quick-link" not in Gallery("full").cards.value            # nothing to offer yet

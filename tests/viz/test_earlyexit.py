@@ -8,7 +8,7 @@ from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.optimizer import optimize_splits
 from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 from workbench.timeline import Span, Timeline
-from workbench.viz.earlyexit import (BUBBLE, DRAIN, HALF_WRAP, SYSTEMS, bubble_timeline, bubbles_figure,
+from workbench.viz.earlyexit import (BUBBLE, DRAIN, HALF_WRAP, IDLE, idle_text, SYSTEMS, bubble_timeline, bubbles_figure,
                                      goodput_figure, idle_shares, no_plan_text, one_based, plan_figure, profile_figure)
 
 PROFILE = [1.0, 0.9, 0.5, 0.45, 0.4, 0.0]          # half the batch leaves by the third ramp
@@ -66,21 +66,27 @@ def test_no_plan_text_keeps_other_reasons():
     assert no_plan_text("something else") == "Something else"
 
 
-def test_bubbles_are_the_gaps_between_a_replicas_batches():
+def test_gaps_are_bubbles_while_upstream_works_and_idle_while_nothing_arrived():
     """Catches: bubbles taken from another lane, gaps before the first batch or after the last one dropped,
-    queue lanes drawn as replicas, a measured run not overlaid."""
+    queue lanes drawn as replicas, a measured run not overlaid, and every gap called a bubble (the first split
+    idle at light load drawn as a pipeline waiting on itself)."""
     spans = [Span("split 0 · replica 0", "compute", 0.001, 0.003), Span("split 0 · replica 0", "compute", 0.005, 0.006),
              Span("split 1 · replica 0", "compute", 0.004, 0.008), Span("split 0 queue", "queue", 0.0, 0.001)]
     bubbles = bubble_timeline(Timeline(tuple(spans)), end_s=0.01)
-    gaps = {(s.lane, round(s.start, 6), round(s.end, 6)) for s in bubbles.spans if s.kind == "stall"}
-    assert gaps == {("split 1 · replica 1", 0.0, 0.001), ("split 1 · replica 1", 0.003, 0.005),
-                    ("split 1 · replica 1", 0.006, 0.01), ("split 2 · replica 1", 0.0, 0.004),
-                    ("split 2 · replica 1", 0.008, 0.01)}                   # lanes numbered from 1, as the plan
-    assert all(s.label == BUBBLE for s in bubbles.spans if s.kind == "stall")
-    assert idle_shares(bubbles) == pytest.approx({"split 1 · replica 1": 0.7, "split 2 · replica 1": 0.6})
+    gaps = {(s.kind, s.label, s.lane, round(s.start, 6), round(s.end, 6)) for s in bubbles.spans if s.kind != "compute"}
+    assert gaps == {("idle", IDLE, "split 1 · replica 1", 0.0, 0.001), ("idle", IDLE, "split 1 · replica 1", 0.003, 0.005),
+                    ("idle", IDLE, "split 1 · replica 1", 0.006, 0.01),    # the first split waits for arrivals only
+                    ("idle", IDLE, "split 2 · replica 1", 0.0, 0.001),     # nothing upstream yet
+                    ("stall", BUBBLE, "split 2 · replica 1", 0.001, 0.003),  # split 1 is making its work
+                    ("idle", IDLE, "split 2 · replica 1", 0.003, 0.004),
+                    ("idle", IDLE, "split 2 · replica 1", 0.008, 0.01)}    # lanes numbered from 1, as the plan
+    assert idle_shares(bubbles) == pytest.approx({"split 1 · replica 1": 0.0, "split 2 · replica 1": 0.2})
+    assert idle_shares(bubbles, "idle") == pytest.approx({"split 1 · replica 1": 0.7, "split 2 · replica 1": 0.4})
+    assert idle_text(bubbles) == "bubbles 10% on average (0% to 20% per replica), idle 55% with nothing arrived"
     fig = bubbles_figure(bubbles, bubble_timeline(Timeline(tuple(spans[:2]), "measured"), 0.01), title="t")
     names = {t.name for t in fig.data}
-    assert {"busy (simulated)", "bubble (simulated)", "busy (measured)", "bubble (measured)"} <= names
+    assert {"busy (simulated)", "bubble, waiting for upstream (simulated)", "idle, nothing arrived (simulated)",
+            "busy (measured)", "idle, nothing arrived (measured)"} <= names
     assert not any("stall" in n or "predicted" in n for n in names)
     compute = next(t for t in fig.data if t.name == "busy (simulated)")
     assert sorted(compute.base) == pytest.approx([1.0, 4.0, 5.0])           # ms
@@ -102,8 +108,8 @@ def test_idle_time_after_the_last_arrival_is_the_drain_not_a_bubble():
     spans = [Span("split 0 · replica 0", "compute", 0.0, 0.002), Span("split 0 · replica 0", "compute", 0.003, 0.004)]
     bubbles = bubble_timeline(Timeline(tuple(spans)), end_s=0.01, last_arrival_s=0.005)
     kinds = {(s.label, round(s.start, 6), round(s.end, 6)) for s in bubbles.spans if s.kind != "compute"}
-    assert kinds == {(BUBBLE, 0.002, 0.003), (BUBBLE, 0.004, 0.005), (DRAIN, 0.005, 0.01)}
-    assert idle_shares(bubbles) == pytest.approx({"split 1 · replica 1": 0.4})
+    assert kinds == {(IDLE, 0.002, 0.003), (IDLE, 0.004, 0.005), (DRAIN, 0.005, 0.01)}
+    assert idle_shares(bubbles, "idle") == pytest.approx({"split 1 · replica 1": 0.4})
     assert "drain, no more arrivals (simulated)" in {t.name for t in bubbles_figure(bubbles).data}
 
 
@@ -117,7 +123,7 @@ def test_simulated_bubbles_follow_the_simulators_busy_periods():
         lane = one_based(replica.lane)
         drawn = [(s.start, s.end) for s in bubbles.spans if s.lane == lane and s.kind == "compute"]
         assert drawn == [(b.start_s, b.end_s) for b in replica.busy]
-        idle = sum(s.duration for s in bubbles.spans if s.lane == lane and s.kind == "stall")
+        idle = sum(s.duration for s in bubbles.spans if s.lane == lane and s.kind in ("stall", "idle"))
         assert idle == pytest.approx(bubbles.end - replica.busy_s, abs=1e-9)
 
 

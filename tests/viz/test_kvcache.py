@@ -5,7 +5,8 @@ import pytest
 
 from workbench.kvcache.records import CallRecord, EvictionEvent, ReplayResult
 from workbench.timeline import Span, Timeline
-from workbench.viz.kvcache import chunk_map_figure, events_figure, latency_figure, load_gantt_figure, queue_figure
+from workbench.viz.kvcache import (chunk_map_figure, events_figure, latency_figure, live_chunk_map_figure,
+                                   live_queue_figure, load_gantt_figure, queue_figure)
 from workbench.viz.kvcache import ACTION_LABELS, STATE_COLORS, STATE_LABELS, format_ms, method_label
 from tests.viz.test_elastic import unexplained
 
@@ -160,11 +161,51 @@ def test_load_gantt_overlays_the_measured_load_on_the_prediction():
     assert "its 6.00 ms switch went to making room (2 chunk(s) evicted)" in nothing.layout.annotations[0].text
 
 
+def sample_snapshot() -> dict:
+    """A service's snapshot (``LLMService.snapshot``'s shape) with two apps: a served context with chunks at
+    8, 4 and 2 bits, and one swapped out in part and dropped in part."""
+    def chunk(i, bits, state):
+        return {"index": i, "bits": bits, "state": state, "bytes": 1000 * bits, "last_tick": 3, "density": 0.1}
+
+    contexts = [{"id": "aaaaaaaa11", "app": "uid0:notes", "tokens": 40, "calls": 2, "last_used": 0.0, "last_tick": 3,
+                 "served": True, "bytes_in_memory": 14000,
+                 "chunks": [chunk(0, 8, "memory+file"), chunk(1, 4, "memory"), chunk(2, 2, "memory")]},
+                {"id": "bbbbbbbb22", "app": "key:mail", "tokens": 30, "calls": 1, "last_used": 0.0, "last_tick": 1,
+                 "served": False, "bytes_in_memory": 8000,
+                 "chunks": [chunk(0, 8, "file"), chunk(1, 8, "memory+file"), chunk(2, 4, "dropped")]}]
+    order = [{"ctx": "bbbbbbbb22", "chunk": 1, "bits": 8, "nbytes": 8000, "last_used": 1, "density": 0.1}]
+    return {"contexts": contexts, "memory": {"used_bytes": 22000, "by_level": {"8": 16000, "4": 4000, "2": 2000}},
+            "chunk_budget_bytes": 50000, "queue": {"policy": "lctru", "order": order},
+            "last_call": {"app": "uid0:notes", "ctx": "aaaaaaaa11", "switch_s": 0.0123, "tick": 3},
+            "metrics": {}, "waiting_calls": 0, "swap_dir": "/tmp/swap"}
+
+
+def test_the_live_chunk_map_draws_each_chunk_in_its_state_and_each_context_by_app():
+    """Catches: a swapped or dropped chunk drawn as in memory, contexts of one app mixed with another's, the
+    budget or the last call misquoted."""
+    snap = sample_snapshot()
+    fig = live_chunk_map_figure(snap)
+    assert list(fig.layout.yaxis.ticktext) == ["key:mail · bbbbbb", "uid0:notes · aaaaaa (being served)"]
+    cells = {(int(y), round(b + 0.5)): t.name for t in fig.data for y, b in zip(t.y, t.base)}
+    assert cells == {(0, 0): STATE_LABELS["swapped"], (0, 1): STATE_LABELS["8"], (0, 2): STATE_LABELS["killed"],
+                     (1, 0): STATE_LABELS["8"], (1, 1): STATE_LABELS["4"], (1, 2): STATE_LABELS["2"]}
+    assert "2 contexts; 0.02 of 0.05 MB of KV in memory; last call: uid0:notes on aaaaaa, switch 12.3 ms" in \
+        fig.layout.title.text
+    queue = live_queue_figure(snap)
+    assert [list(t.text) for t in queue.data] == [["bbbb/1"]] and "(LCTRU)" in queue.layout.title.text
+    empty = {**snap, "contexts": [], "queue": {"policy": "lru", "order": []}}
+    assert "no context yet" in live_chunk_map_figure(empty).layout.annotations[0].text
+    assert "nothing is in the queue" in live_queue_figure(empty).layout.annotations[0].text
+
+
 def kvcache_figures() -> dict:
     """Each builder of this module in the states the page shows (for the every-mark rule)."""
     results = sample_replays()
     llms, lmk = results["llms"], results["lmk"]
+    snap = sample_snapshot()
     return {
+        "live_chunk_map_figure": [live_chunk_map_figure(snap)],
+        "live_queue_figure": [live_queue_figure(snap)],
         "chunk_map_figure": [chunk_map_figure(llms, i) for i in range(5)],
         "queue_figure": [queue_figure(llms, 3), queue_figure(results["vllm_sq"], 4), queue_figure(lmk, 0)],
         "events_figure": [events_figure(llms, 2), events_figure(lmk), events_figure(results["vllm_sq"], 4)],

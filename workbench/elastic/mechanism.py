@@ -93,6 +93,7 @@ MECHANISM = Mechanism(
     ),
     benchmarks={"elastic": "workbench.elastic.bench", "sharding": "workbench.elastic.bench_sharding"},
     dashboard=Dashboard(
+        first=True,
         page="elastic.ipynb", title="Elastic pipelining (WRX)",
         summary="target latency, preload buffer and device -> the chosen submodel, per-shard bitwidths, AIBs through "
                 "every allocation step, the IO/compute pipeline predicted and measured, accuracy vs memory",

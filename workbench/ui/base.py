@@ -99,10 +99,12 @@ class Panel(widgets.VBox):
     def page(cls, preset: str | None = None, **kwargs) -> widgets.Widget:
         """The panel as its dashboard shows it: the prepare progress of what it needs until that is ready."""
         from workbench.mechanisms import dashboards
+        from workbench.presets import page_preset
         from workbench.ui.preparing import prepared_page
 
+        preset = preset or page_preset()
         board = next(d for d in dashboards() if d.page == cls.dashboard_page)
-        page = prepared_page(lambda: cls(preset, **kwargs), board.requires, board.title, preset)
+        page = prepared_page(lambda chosen: cls(chosen, **kwargs), board.requires, board.title, preset)
         notice = preset_notice_widget(preset)
         return page if notice is None else widgets.VBox([notice, page])
 

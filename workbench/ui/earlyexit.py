@@ -462,8 +462,8 @@ class EarlyExitPanel(Panel):
         bubbles = bubble_timeline(sim.timeline, last_arrival_s=last)
         title = (f"Pipeline bubbles per replica, simulated: {offered}<br><sub>{len(plan.splits)} split(s) on "
                  f"{sum(plan.replicas)} GPUs, {n:,} {self.pattern.value} requests over {1e3 * sim.duration_s:,.0f} "
-                 f"ms, the first {1e3 * bubbles.end:.1f} ms drawn; {idle_text(bubbles)}; idle time after the last "
-                 "arrival is the drain, not a bubble</sub>")
+                 f"ms, the first {1e3 * bubbles.end:.1f} ms drawn; {idle_text(bubbles)}; the time after the last "
+                 "arrival is the drain</sub>")
         self.show_if_changed("bubbles", ("sim", id(sim)), lambda: bubbles_figure(bubbles, title=title))
 
     def _show_host_run(self) -> None:

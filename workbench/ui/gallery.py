@@ -1,14 +1,14 @@
 """The gallery page: a card per dashboard (from the mechanism registry) and whether each page's prepared
-artifacts are ready."""
+artifacts are ready; a page still waiting links its quick version once the quick preset has what it needs."""
 from __future__ import annotations
 
 import html
 
 import ipywidgets as widgets
 
-from workbench.presets import default_preset, prepare_hint
+from workbench.presets import page_preset, prepare_hint
 from workbench.ui.base import preset_notice_widget
-from workbench.ui.preparing import PrepareStatus
+from workbench.ui.preparing import QUICK, PrepareStatus, quick_ready
 
 CARD_STYLE = ("border:1px solid #d0d7e2;border-radius:6px;padding:8px 12px;margin:6px 0;background:#fbfcfe")
 
@@ -18,7 +18,7 @@ class Gallery(widgets.VBox):
 
     def __init__(self, preset: str | None = None):
         super().__init__()
-        self.preset = preset or default_preset()
+        self.preset = preset or page_preset()
         self.cards = widgets.HTML()
         self.status = PrepareStatus(self.preset, on_ready=self.refresh)
         self.refresh()
@@ -45,6 +45,10 @@ class Gallery(widgets.VBox):
             missing = waiting[d.title]
             state = ("<span class='wb-ready'>ready</span>" if not missing else
                      f"<span class='wb-not-ready'>waiting for {html.escape(', '.join(missing))} ({how})</span>")
+            if missing and self.preset != QUICK and quick_ready(d.requires):
+                state += (f" &middot; <a class='wb-quick-link' href='{html.escape(d.page)}?preset={QUICK}'>open its "
+                          f"quick version now</a> <small>(every step on a few batches: real figures, rough "
+                          f"numbers)</small>")
             parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
                          f"{html.escape(d.title)}</b></a> &middot; {state}<br><small>{html.escape(d.summary)}</small>"
                          f"</div>")

@@ -6,7 +6,9 @@ and from the steps' own readiness checks, and reads them again every second whil
 anything is missing. :func:`prepared_page` shows that list in place of a dashboard
 whose artifacts are not ready, and builds the dashboard in the same place as soon as
 they are: a page opened during the prepare works without a reload (and a reload works
-too).
+too). While the full artifacts are made, a waiting page offers its quick version in one
+click, under a banner that says so, once the quick preset has what it needs (the
+background job makes those first).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 from workbench.presets import default_preset, prepare_hint
+from workbench.ui.base import NOTICE_STYLE
 from workbench.ui.messages import error_html
 
 POLL_S = 1.0
@@ -83,6 +86,7 @@ class PrepareStatus(widgets.VBox):
         self.ready: dict[str, bool] = {}          # step -> ready (checked until true: artifacts do not vanish)
         self.status: dict | None = None           # the job's last status, as read_status gives it
         self.all_ready = False
+        self.on_refresh: Callable[[], None] | None = None   # told after every refresh (the quick-version offer)
         self.refresh()
         self.on_ready = on_ready
         if not self.all_ready:
@@ -118,6 +122,8 @@ class PrepareStatus(widgets.VBox):
         rows = describe_steps(self.preset, self.names, self.ready, self.status)
         was_ready, self.all_ready = self.all_ready, all(r["state"] == "ready" for r in rows)
         self.view.value = self._html(rows, self.status)
+        if self.on_refresh is not None:
+            self.on_refresh()
         if self.all_ready and not was_ready and self.on_ready is not None:
             self.on_ready()
         return self.all_ready
@@ -130,8 +136,15 @@ class PrepareStatus(widgets.VBox):
         state = (status or {}).get("state")
         left = sum(r["left_s"] for r in missing)
         if state == "running":
+            phase = status.get("phase") or None
+            first = ""
+            if phase:
+                first_left = max(0.0, phase["estimate_s"] - (time.time() - phase["started"]))
+                left += first_left
+                first = (f" It makes the {html.escape(phase['preset'])} versions first (about {_minutes(first_left)} "
+                         f"left of those), so each page can open one meanwhile.")
             head = (f"Preparing the {html.escape(self.preset)} preset in the background: {len(rows) - len(missing)} "
-                    f"of {len(rows)} steps ready, about {_minutes(left)} left. Log: "
+                    f"of {len(rows)} steps ready, about {_minutes(left)} left.{first} Log: "
                     f"<code>{html.escape(str(status.get('log', '')))}</code>")
         elif state in ("failed", "stopped", "dead"):
             reason = html.escape(status.get("error") or "the job was stopped")
@@ -155,16 +168,100 @@ class PrepareStatus(widgets.VBox):
                 f"<th style='{CELL}'>time left</th><th style='{CELL}'></th></tr>{''.join(cells)}</table></div>")
 
 
-def prepared_page(build: Callable[[], widgets.Widget], requires: tuple[str, ...], title: str,
+QUICK = "quick"
+QUICK_NOTE = ("the quick artifacts: every prepare step run on a few batches, in minutes. The engine and figures are "
+              "real, but the models are barely trained, so accuracies and speed-ups are rough")
+
+
+def quick_ready(requires: tuple[str, ...]) -> bool:
+    """Whether the quick preset has every step in ``requires`` ready."""
+    from workbench.prepare import steps
+
+    return all(s.ready(QUICK) for s in steps(QUICK) if s.name in requires)
+
+
+def when_requested(callback: Callable[[], None]) -> bool:
+    """In a kernel Voila preheated (run before anyone asked for the page), call ``callback`` on the kernel's
+    event loop once the page is requested, when the request's query string is in ``$QUERY_STRING`` (a
+    preheated kernel learns it only then); returns whether it will. Elsewhere the query string, if any, was
+    there from the start and nothing is scheduled."""
+    import os
+    import threading
+
+    if os.environ.get("VOILA_PREHEAT") != "True" or not os.environ.get("VOILA_KERNEL_ID"):
+        return False
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+
+    def wait() -> None:
+        from voila.utils import wait_for_request
+
+        wait_for_request()
+        loop.call_soon_threadsafe(callback)
+
+    threading.Thread(target=wait, daemon=True, name="voila-request").start()
+    return True
+
+
+def quick_banner(extra: str = "") -> widgets.HTML:
+    return widgets.HTML(f"<div class='wb-quick-version' style='{NOTICE_STYLE}'><b>Quick version.</b> This page shows "
+                        f"{html.escape(QUICK_NOTE)}.{extra}</div>")
+
+
+def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, ...], title: str,
                   preset: str | None = None) -> widgets.Widget:
-    """``build()`` if every step in ``requires`` is ready; else the steps' progress, replaced by ``build()``
-    in place once they are."""
+    """``build(preset)`` if every step in ``requires`` is ready; else the steps' progress, replaced by
+    ``build(preset)`` in place once they are. Meanwhile, once the quick preset has the steps, a button opens
+    the page on them (``build("quick")``, under a banner saying so); the full page then waits behind a
+    button of its own, so nobody's controls are swept away."""
+    preset = preset or default_preset()
     page = widgets.VBox()
-    status = PrepareStatus(preset, list(requires), on_ready=lambda: setattr(page, "children", [build()]))
+    showing: dict[str, bool] = {"quick": False}
+
+    def full_ready() -> None:
+        if not showing["quick"]:
+            page.children = [build(preset)]
+            return
+        switch = widgets.Button(description=f"Switch to the {preset} version", icon="check",
+                                button_style="success", layout=widgets.Layout(width="auto"))
+        switch.on_click(lambda _b: setattr(page, "children", [build(preset)]))
+        page.children = [widgets.HTML(f"<div class='wb-full-ready' style='{NOTICE_STYLE}'>The {html.escape(preset)} "
+                                      f"artifacts are ready.</div>"), switch, *page.children[1:]]
+
+    status = PrepareStatus(preset, list(requires), on_ready=full_ready)
     if status.all_ready:
-        return build()
+        return build(preset)
     intro = widgets.HTML(f"<h2 style='margin:4px 0'>{html.escape(title)}</h2><p style='margin:2px 0'>This page "
                          "needs artifacts that are still being prepared; it appears here by itself when they "
                          "are ready.</p>")
-    page.children = [intro, status]
+    offer = widgets.VBox()
+
+    def open_quick(_button=None) -> None:
+        showing["quick"] = True
+        status.on_refresh = None
+        page.children = [quick_banner(f" The {html.escape(preset)} version is still being prepared; a button here "
+                                      f"switches to it when it is ready."), build(QUICK)]
+
+    def check_quick() -> None:
+        if offer.children or preset == QUICK or not quick_ready(requires):
+            return
+        button = widgets.Button(description="Open the quick version now", icon="bolt", button_style="info",
+                                layout=widgets.Layout(width="auto"))
+        button.on_click(open_quick)
+        offer.children = [widgets.HTML(f"<p style='margin:6px 0 2px 0'>Meanwhile, this page can open on "
+                                       f"{html.escape(QUICK_NOTE)}.</p>"), button]
+
+    def requested() -> None:
+        from workbench.presets import page_preset
+
+        if page_preset() == QUICK and not showing["quick"] and not status.all_ready and quick_ready(requires):
+            open_quick()
+
+    page.children = [intro, offer, status]
+    status.on_refresh = check_quick
+    check_quick()
+    if preset != QUICK:
+        when_requested(requested)
     return page

@@ -28,7 +28,11 @@ SYSTEMS = {"e3": ("E3 (split, replicated)", "#E45756", "solid"),
            "early_exit": ("early-exit model as is (data parallel)", "#4C78A8", "dash"),
            "stock": ("stock model, no exits (data parallel)", "#7f7f7f", "dot")}
 BUBBLE = "bubble"
-"""The label of an idle gap between two batches of one replica (a ``stall`` span in the Gantt)."""
+"""The label of a gap between two batches of one replica while an upstream split is busy: the replica waits
+for work the pipeline is still making for it (a ``stall`` span in the Gantt)."""
+IDLE = "idle"
+"""The label of a gap while no upstream split is busy (the first split: always): nothing is on its way to the
+replica, because no request arrived (an ``idle`` span)."""
 DRAIN = "drain"
 """The label of a replica's idle time after the last request arrived (the pipeline emptying), not a bubble."""
 DRAIN_KIND = "queue"
@@ -179,12 +183,35 @@ def one_based(lane: str) -> str:
     return f"split {int(m[1]) + 1} · replica {int(m[2]) + 1}" if m else lane
 
 
+def split_of(lane: str) -> int | None:
+    """The 0-based split of an engine lane "split 2 · replica 0"; None for other lanes."""
+    m = re.fullmatch(r"split (\d+) · replica \d+", lane)
+    return int(m[1]) if m else None
+
+
+def _covered(a: float, b: float, busy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of [a, b] inside the (sorted, merged) ``busy`` intervals."""
+    return [(max(a, s), min(b, e)) for s, e in busy if s < b and e > a]
+
+
+def _merged(intervals) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
 def bubble_timeline(timeline: Timeline, end_s: float | None = None, max_spans: int = BUBBLE_SPANS,
                     last_arrival_s: float | None = None) -> Timeline:
-    """Each replica's batches (``compute`` spans of its lane) from 0 to ``end_s`` and the gaps between them as
-    ``stall`` spans labelled :data:`BUBBLE`, on lanes numbered from 1 (:func:`one_based`). Without ``end_s``:
-    up to the end of the ``max_spans``-th batch (all of them when fewer). With ``last_arrival_s``, idle time
-    after the last arrival is the pipeline draining, not a bubble: a :data:`DRAIN_KIND` span labelled :data:`DRAIN`."""
+    """Each replica's batches (``compute`` spans of its lane) from 0 to ``end_s`` and the gaps between them,
+    on lanes numbered from 1 (:func:`one_based`). A gap is a bubble (``stall``, :data:`BUBBLE`) while some
+    replica of an earlier split is busy (work is on its way), else idle (``idle``, :data:`IDLE`: nothing
+    arrived to serve; the first split's gaps are all idle). Without ``end_s``: up to the end of the
+    ``max_spans``-th batch (all of them when fewer). With ``last_arrival_s``, the time after the last arrival
+    is the pipeline draining: a :data:`DRAIN_KIND` span labelled :data:`DRAIN`, neither bubble nor idle."""
     compute = sorted((s for s in timeline.spans if s.kind == "compute" and is_replica_lane(s.lane)),
                      key=lambda s: s.start)
     if end_s is None:
@@ -196,20 +223,30 @@ def bubble_timeline(timeline: Timeline, end_s: float | None = None, max_spans: i
         mine = [s for s in kept if s.lane == lane]
         device = next(s.device for s in compute if s.lane == lane)
         name = one_based(lane)
+        split = split_of(lane)
+        upstream = _merged((s.start, s.end) for s in kept if split is not None and (split_of(s.lane) or 0) < split
+                           and split_of(s.lane) is not None)
 
-        def idle(a: float, b: float) -> None:
-            if a < min(b, drain_from):
-                spans.append(Span(name, "stall", a, min(b, drain_from), BUBBLE, {}, device))
+        def gap(a: float, b: float) -> None:
+            waiting_end = min(b, drain_from)
+            t = a
+            for s, e in _covered(a, waiting_end, upstream):
+                if s > t:
+                    spans.append(Span(name, "idle", t, s, IDLE, {}, device))
+                spans.append(Span(name, "stall", s, e, BUBBLE, {}, device))
+                t = e
+            if t < waiting_end:
+                spans.append(Span(name, "idle", t, waiting_end, IDLE, {}, device))
             if max(a, drain_from) < b:
                 spans.append(Span(name, DRAIN_KIND, max(a, drain_from), b, DRAIN, {}, device))
 
         t = 0.0
         for s in mine:
             if s.start > t:
-                idle(t, s.start)
+                gap(t, s.start)
             t = max(t, s.end)
         if t < end_s:
-            idle(t, end_s)
+            gap(t, end_s)
     spans.sort(key=lambda s: (s.start, lane_order(s.lane)))
     return Timeline(tuple(spans), timeline.source, name=timeline.name)
 
@@ -219,18 +256,19 @@ def lane_order(lane: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", lane))
 
 
-def idle_shares(bubbles: Timeline) -> dict[str, float]:
-    """Per replica lane of a :func:`bubble_timeline`: the share of its time spent in bubbles (the drain after
-    the last arrival counts neither as a bubble nor as time)."""
+def idle_shares(bubbles: Timeline, kind: str = "stall") -> dict[str, float]:
+    """Per replica lane of a :func:`bubble_timeline`: the share of its time spent in gaps of ``kind`` (``stall``:
+    bubbles; ``idle``: nothing to serve); the drain after the last arrival counts neither as a gap nor as time."""
     out = {}
     for lane in bubbles.lanes:
         spans = [s for s in bubbles.spans if s.lane == lane and s.kind != DRAIN_KIND]
         total = sum(s.duration for s in spans)
-        out[lane] = sum(s.duration for s in spans if s.kind == "stall") / total if total > 0 else 0.0
+        out[lane] = sum(s.duration for s in spans if s.kind == kind) / total if total > 0 else 0.0
     return out
 
 
-TRACE_WORDS = {"compute": "busy", "stall": BUBBLE, DRAIN_KIND: "drain, no more arrivals", "predicted": "simulated"}
+TRACE_WORDS = {"compute": "busy", "stall": "bubble, waiting for upstream", "idle": "idle, nothing arrived",
+               DRAIN_KIND: "drain, no more arrivals", "predicted": "simulated"}
 """The shared Gantt's trace names ("stall (predicted)") in this page's words ("bubble (simulated)")."""
 
 
@@ -256,13 +294,14 @@ def bubbles_figure(predicted: Timeline, measured: Timeline | None = None, title:
 
 
 def idle_text(bubbles: Timeline) -> str:
-    """Mean idle share over the replicas, and the least and most idle one, as a title says it."""
-    shares = idle_shares(bubbles)
+    """Mean bubble and idle shares over the replicas, and the range of the bubbles, as a title says them."""
+    shares, idle = idle_shares(bubbles), idle_shares(bubbles, "idle")
     if not shares:
         return "no batches"
     low, high = min(shares.values()), max(shares.values())
-    mean = sum(shares.values()) / len(shares)
-    return f"idle {100 * mean:.0f}% on average ({100 * low:.0f}% to {100 * high:.0f}% per replica)"
+    mean, idle_mean = sum(shares.values()) / len(shares), sum(idle.values()) / len(idle)
+    return (f"bubbles {100 * mean:.0f}% on average ({100 * low:.0f}% to {100 * high:.0f}% per replica), idle "
+            f"{100 * idle_mean:.0f}% with nothing arrived")
 
 
 # -- goodput against the batch size
