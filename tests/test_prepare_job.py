@@ -245,3 +245,85 @@ def test_a_page_address_may_ask_for_a_preset(monkeypatch, query, preset):
     monkeypatch.delenv("WORKBENCH_PRESET", raising=False)
     monkeypatch.delenv("WORKBENCH_PROFILE", raising=False)
     assert page_preset() == preset
+
+
+def _row_states(html_text: str) -> dict[str, str]:
+    import re
+
+    return {name: state for state, name in re.findall(r"<tr class='wb-step' data-state='([^']+)'><td[^>]*>([^<]+)</td>",
+                                                       html_text)}
+
+
+def test_every_surface_tells_the_same_step_states_at_each_change(tmp_cache, monkeypatch):
+    """The gallery's cards, the gallery's step table and a waiting page's table, read after each change of a
+    toy page's two steps (waiting, one running, one ready, both ready): they never disagree."""
+    import ipywidgets as widgets
+
+    from workbench import mechanisms as registry
+    from workbench.mechanisms import Dashboard
+    from workbench.ui.gallery import Gallery
+    from workbench.ui.preparing import prepared_page
+
+    log = []
+    monkeypatch.setattr(prepare_module, "steps", preset_steps(log))
+    monkeypatch.setattr(registry, "dashboards", lambda: (Dashboard(page="toy.ipynb", title="Toy", summary="s",
+                                                                   requires=("one", "two")),))
+    page = prepared_page(lambda preset: widgets.Label("built"), ("one", "two"), "Toy", "full")
+    page_status = page.children[2]
+
+    def surfaces():
+        gallery = Gallery("full")
+        gallery.status.refresh()
+        gallery.refresh()
+        page_status.refresh()
+        card = gallery.cards.value
+        return (_row_states(gallery.status.view.value), _row_states(page_status.view.value), card)
+
+    table, banner, card = surfaces()
+    assert table == banner == {"one": "waiting", "two": "waiting"} and "waiting for one, two" in card
+    with prepare_module.prepare_lock():
+        writer = prepare_job.StatusWriter("full", prepare_module.steps("full"))
+        writer.on_step("one", "running")
+        table, banner, card = surfaces()
+        assert table == banner == {"one": "running", "two": "waiting"} and "waiting for one, two" in card
+        log.append(("full", "one"))
+        writer.on_step("one", "done")
+        table, banner, card = surfaces()
+        assert table == banner == {"one": "ready", "two": "waiting"} and "waiting for two (" in card
+        writer.on_step("two", "running")
+        log.append(("full", "two"))
+        writer.on_step("two", "done")
+        writer.finish(None)
+    gallery = Gallery("full")
+    assert "wb-ready'>ready</span>" in gallery.cards.value and "All 2 prepare steps" in gallery.status.view.value
+    page_status.refresh()
+    assert [w.value for w in page.children] == ["built"]
+
+
+def test_time_left_comes_from_what_a_step_took_on_this_host(tmp_cache, monkeypatch):
+    """Catches: the registry's 2-core figure kept after this host measured the step (estimates off 2x both
+    ways on a new machine)."""
+    import time as clock
+
+    from workbench.ui.preparing import describe_steps
+
+    made = []
+
+    def slow(preset, progress, force):
+        if made and not force:                                                      # cached: as real steps do
+            return
+        clock.sleep(0.2)
+        made.append(preset)
+
+    step = PrepareStep(name="slow", run=slow, ready=lambda preset: bool(made), estimate_s={"quick": 10.0})
+    monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: [step])
+    assert describe_steps("quick", None, {}, None)[0]["left_s"] == 10.0           # nothing measured yet
+    prepare_module.prepare("quick", progress=False)
+    measured = prepare_module.host_step_times()["quick"]["slow"]
+    assert 0.2 <= measured < 5
+    made.clear()                                                                    # the artifact is gone again
+    assert describe_steps("quick", None, {}, None)[0]["left_s"] == pytest.approx(measured)
+    prepare_module.prepare("quick", progress=False)
+    prepare_module.prepare("quick", progress=False)                                 # ready: skipped, not timed
+    assert prepare_module.host_step_times()["quick"]["slow"] >= 0.2
+    assert list(prepare_module._step_times()) == [prepare_module.host_key()]

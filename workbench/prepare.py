@@ -8,7 +8,9 @@ first (:func:`page_order`), so on a fresh machine each dashboard opens as early 
 Each step is skipped when its cached result is intact; a damaged one is rebuilt with a
 message. The ``quick`` preset runs every step on a few batches (the test suite uses it).
 The steps' estimates give the one figure for how long the full prepare takes
-(:func:`estimate_s`), quoted by the quick-preset line (:func:`preset_notice`).
+(:func:`estimate_s`), quoted by the quick-preset line (:func:`preset_notice`). Each step that
+really runs records how long it took on this host (``step-times.json`` in the cache), and the
+time left shown while preparing uses that measurement where there is one (:func:`step_estimate`).
 
 Every prepare holds the cache's lock (:func:`prepare_lock`); the background job
 (:mod:`workbench.prepare_job`) builds on this module, not the other way round.
@@ -146,6 +148,48 @@ def page_order(declared: list[PrepareStep], pages, preset: str) -> list[PrepareS
     return ordered + left
 
 
+STEP_TIMES = "step-times.json"
+"""In the cache: how long each step took here, by host and preset, measured each time a step really ran."""
+
+
+def host_key() -> str:
+    """This machine as step times are kept for it: its name and its processor count."""
+    import platform
+
+    return f"{platform.node()} ({os.cpu_count()} CPUs)"
+
+
+def _step_times() -> dict:
+    import json
+
+    try:
+        data = json.loads((cache_dir() / STEP_TIMES).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record_step_time(step: str, preset: str, seconds: float) -> None:
+    """Keep ``seconds`` as this host's time for ``step`` of ``preset`` (the latest run replaces the last)."""
+    data = _step_times()
+    data.setdefault(host_key(), {}).setdefault(preset, {})[step] = round(float(seconds), 3)
+    write_json(cache_dir() / STEP_TIMES, data)
+
+
+def step_estimate(step: PrepareStep, preset: str, measured: dict | None = None) -> float:
+    """Seconds ``step`` of ``preset`` is expected to take here: what it took the last time it ran on this host,
+    else the registry's figure for 2 cores. ``measured``: this host's times (read once by a caller that asks
+    for many steps)."""
+    mine = (measured if measured is not None else host_step_times()).get(preset, {})
+    value = mine.get(step.name)
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else float(step.estimate_s.get(preset, 0.0))
+
+
+def host_step_times() -> dict:
+    """This host's measured step times, by preset."""
+    return _step_times().get(host_key(), {})
+
+
 def estimate_s(preset: str) -> float:
     """Seconds the whole prepare of ``preset`` takes on 2 cores from an empty cache: the sum of the registered
     steps' measured estimates, so the figure every message gives follows the registry."""
@@ -274,9 +318,12 @@ def _run_steps(preset, tasks, force, progress, measure_host, on_step) -> Prepare
             print(f"[prepare] {step.name} ...", flush=True)
         if on_step:
             on_step(step.name, "running")
+        was_ready = not force and step.ready(preset)
         started = time.perf_counter()
         report.summaries[step.name] = step.run(preset, progress, force)
         report.seconds[step.name] = time.perf_counter() - started
+        if not was_ready:
+            record_step_time(step.name, preset, report.seconds[step.name])
         if on_step:
             on_step(step.name, "done")
     write_json(cache_dir() / f"prepared-{preset}.json",

@@ -46,10 +46,12 @@ class StatusWriter:
 
     def __init__(self, preset: str, steps):
         self.path = status_path(preset)
+        measured = preparation.host_step_times()
         self.status = {"preset": preset, "pid": os.getpid(), "state": "running", "started": time.time(),
                        "updated": time.time(), "error": None, "log": str(log_path(preset)),
                        "steps": [{"name": s.name, "state": "ready" if s.ready(preset) else "pending",
-                                  "estimate_s": s.estimate_s.get(preset), "seconds": None, "progress": None}
+                                  "estimate_s": preparation.step_estimate(s, preset, measured), "seconds": None,
+                                  "progress": None}
                                  for s in steps]}
         self._written = 0.0
         self.write(force=True)
@@ -133,7 +135,8 @@ def run_job(preset: str, *, own_process: bool = False) -> int:
         writer = StatusWriter(preset, preparation.steps(preset))
         stop_gap = [s for s in preparation.steps(STOP_GAP) if not s.ready(STOP_GAP)] if preset != STOP_GAP else []
         if stop_gap:
-            left = sum(s.estimate_s.get(STOP_GAP, 0.0) for s in stop_gap)
+            measured = preparation.host_step_times()
+            left = sum(preparation.step_estimate(s, STOP_GAP, measured) for s in stop_gap)
             writer.status["phase"] = {"preset": STOP_GAP, "estimate_s": left, "started": time.time()}
             writer.write(force=True)
             print(f"[prepare] the {STOP_GAP} versions first ({len(stop_gap)} steps, about {left / 60:.0f} min), so "

@@ -48,16 +48,17 @@ def running_progress(progress: dict, elapsed_s: float, estimate_s: float) -> tup
 
 def describe_steps(preset: str, names: list[str] | None, ready: dict[str, bool], status: dict | None) -> list[dict]:
     """One row per step: name, state, percent (running step), seconds left (running or waiting)."""
-    from workbench.prepare import steps
+    from workbench.prepare import host_step_times, step_estimate, steps
 
     by_name = {s["name"]: s for s in (status or {}).get("steps", [])}
     job_state = (status or {}).get("state")
+    measured = host_step_times()
     rows = []
     for step in steps(preset):
         if names is not None and step.name not in names:
             continue
         entry = by_name.get(step.name, {})
-        estimate = step.estimate_s.get(preset) or 0.0
+        estimate = step_estimate(step, preset, measured)
         if ready.get(step.name):
             rows.append({"name": step.name, "state": "ready", "percent": 100.0, "left_s": 0.0})
         elif entry.get("state") == "running" and job_state == "running":
