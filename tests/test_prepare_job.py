@@ -270,17 +270,19 @@ def test_every_surface_tells_the_same_step_states_at_each_change(tmp_cache, monk
                                                                    requires=("one", "two")),))
     page = prepared_page(lambda preset: widgets.Label("built"), ("one", "two"), "Toy", "full")
     page_status = page.children[2]
+    gallery = Gallery("full")                                     # one gallery, kept open as a visitor would
 
     def surfaces():
-        gallery = Gallery("full")
-        gallery.status.refresh()
-        gallery.refresh()
+        gallery.status.refresh()                                  # what the page's own once-a-second tick runs
         page_status.refresh()
-        card = gallery.cards.value
-        return (_row_states(gallery.status.view.value), _row_states(page_status.view.value), card)
+        return (_row_states(gallery.status.view.value), _row_states(page_status.view.value), gallery.cards.value)
 
     table, banner, card = surfaces()
     assert table == banner == {"one": "waiting", "two": "waiting"} and "waiting for one, two" in card
+    assert "wb-quick-link" not in card
+    log += [("quick", "one"), ("quick", "two")]                  # the quick versions made first
+    table, banner, card = surfaces()
+    assert "href='toy.ipynb?preset=quick'" in card and "Open the quick version now" in repr(page.children[1])
     with prepare_module.prepare_lock():
         writer = prepare_job.StatusWriter("full", prepare_module.steps("full"))
         writer.on_step("one", "running")
@@ -294,7 +296,7 @@ def test_every_surface_tells_the_same_step_states_at_each_change(tmp_cache, monk
         log.append(("full", "two"))
         writer.on_step("two", "done")
         writer.finish(None)
-    gallery = Gallery("full")
+    gallery.status.refresh()
     assert "wb-ready'>ready</span>" in gallery.cards.value and "All 2 prepare steps" in gallery.status.view.value
     page_status.refresh()
     assert [w.value for w in page.children] == ["built"]

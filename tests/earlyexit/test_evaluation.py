@@ -200,8 +200,8 @@ def test_slowdown_and_serving_costs_are_read_from_a_served_runs_timeline():
         return Span(f"split {split} · replica 0", kind, start, end, "",
                     {"split": split, "replica": 0, "layers": layers, "rows": rows, "requests": [7]})
 
-    timeline = Timeline((span("queue", 0, 0.01, 0.05, "0-1", [2, 1]), span("compute", 0, 0.05, 0.09, "0-1", [2, 1]),
-                         span("queue", 1, 0.10, 0.11, "2-2", [1]), span("compute", 1, 0.11, 0.12, "2-2", [1])),
+    timeline = Timeline((span("queue", 0, 0.01, 0.05, [0, 1], [2, 1]), span("compute", 0, 0.05, 0.09, [0, 1], [2, 1]),
+                         span("queue", 1, 0.10, 0.11, [2, 2], [1]), span("compute", 1, 0.11, 0.12, [2, 2], [1])),
                         "measured")
     run = SimpleNamespace(timeline=timeline, requests=[SimpleNamespace(id=7, arrival_s=0.0, exited_s=0.12,
                                                                        completion_s=0.13)])
@@ -217,7 +217,7 @@ def test_each_request_is_timed_from_its_own_arrival_at_the_replica_not_its_batch
     not 5, 0 and 0 as reading the batch's start would give; a prediction draws each request's from them."""
     from workbench.timeline import Span, Timeline
 
-    meta = {"split": 0, "replica": 0, "layers": "0-0", "rows": [3], "requests": [0, 1, 2],
+    meta = {"split": 0, "replica": 0, "layers": [0, 0], "rows": [3], "requests": [0, 1, 2],
             "entered": [0.005, 0.11, 0.22]}
     timeline = Timeline((Span("split 0 · replica 0 queue", "queue", 0.005, 0.3, "", meta),
                          Span("split 0 · replica 0", "compute", 0.3, 0.4, "", meta)), "measured")

@@ -281,7 +281,7 @@ def test_a_drifting_mix_replans_in_place_and_still_answers_as_the_model(ray_clus
     assert first.new["replicas"] == [2] and first.forecast[2] >= 0.5 and first.deploy_s > 0
     assert any(w.observed[2] < 0.5 for w in run.windows) and any(w.observed[2] >= 0.5 for w in run.windows)
     # the new plan really runs: whole-model batches on two replicas after the re-plan, none before it
-    whole = [s for s in run.timeline.of_kind("compute") if s.meta["layers"] == "0-5"]
+    whole = [s for s in run.timeline.of_kind("compute") if s.meta["layers"] == [0, 5]]
     assert whole and min(s.start for s in whole) >= first.at_s - first.deploy_s - 1e-3   # not before its deploy
     assert {s.meta["plan"] for s in whole} == {1}
     assert any(r.plan == 1 for r in run.requests if not r.dropped)

@@ -780,7 +780,7 @@ def measured_slowdown(real, layer_latency, gpu_types=None) -> dict[tuple[int, in
         if span.kind != "compute" or "rows" not in span.meta:
             continue
         i, r = int(span.meta["split"]), int(span.meta["replica"])
-        first = int(str(span.meta["layers"]).split("-")[0])
+        first = span.meta["layers"][0]
         gpu = gpu_types[i] if gpu_types else "host"
         profiled = sum(layer_latency(first + j, rows, gpu) for j, rows in enumerate(span.meta["rows"]) if rows)
         if profiled > 0:

@@ -643,7 +643,7 @@ def _results(out: list, t0: float, workload: Workload, plan: _Plan, slo_s: float
         a, b = rec["layers"]
         r = rec["replica"]
         counts[i][rec["size"]] += 1
-        meta = {"split": i, "replica": r, "batch": rec["size"], "layers": f"{a}-{b - 1}", "index": k,
+        meta = {"split": i, "replica": r, "batch": rec["size"], "layers": [a, b - 1], "index": k,
                 "requests": list(rec["ids"]), "rows": list(rec["rows"]), "node": rec["node"], "ip": rec["ip"],
                 "plan": rec.get("gen", 0)}            # the plan in force when its requests were routed
         if rec.get("entered"):                 # each request's own arrival at the replica

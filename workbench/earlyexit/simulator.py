@@ -677,7 +677,7 @@ def _timeline(splits: Sequence[SplitResult], replicas: Sequence[ReplicaResult], 
         for k, p in enumerate(rep.busy):
             spans.append(Span(rep.lane, "compute", p.start_s, p.end_s, f"batch of {p.batch_size}",
                               {"split": rep.split, "replica": rep.replica, "batch": p.batch_size,
-                               "layers": f"{a}-{b - 1}", "index": k}, rep.device))
+                               "layers": [a, b - 1], "index": k}, rep.device))
     for sp in splits:
         lane = f"split {sp.index} queue"
         steps = list(sp.queue) + [(max(end, sp.queue[-1][0]), 0)]

@@ -21,6 +21,7 @@ class Gallery(widgets.VBox):
         self.preset = preset or page_preset()
         self.cards = widgets.HTML()
         self.status = PrepareStatus(self.preset, on_ready=self.refresh)
+        self.status.on_refresh = self.refresh          # the cards follow every status tick, as the table does
         self.refresh()
         notice = preset_notice_widget(self.preset)
         self.children = ([notice] if notice else []) + [widgets.HTML(
@@ -52,4 +53,6 @@ class Gallery(widgets.VBox):
             parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
                          f"{html.escape(d.title)}</b></a> &middot; {state}<br><small>{html.escape(d.summary)}</small>"
                          f"</div>")
-        self.cards.value = "".join(parts)
+        cards = "".join(parts)
+        if cards != self.cards.value:
+            self.cards.value = cards
