@@ -78,13 +78,17 @@ class Dashboard:
     probe_figure: str = ""                      # ... and the figure slot whose redraw it times
     panel: str = ""                             # "module:Class" of the page's Panel (`bench ui`, `workbench.ui`)
     first: bool = False                         # the flagship: its steps are prepared before any other page's
+    ends: tuple[tuple[str, object], ...] = ()   # (control label, value) that put the page at its controls' ends
+    """What `bench ui --at-ends` and `bench browser --at-ends` set before timing the probe: a number, an option's
+    label, or "max" / "min" for a slider's end. The probe itself may be among them (it then steps back from its end)."""
 
 
 OVERVIEW = Dashboard(
     page="overview.ipynb", title="Overview",
     summary="the shipped models, device profiles with per-layer IO and compute times, and each mechanism's "
             "part built from its prepared artifacts (or what it still waits for)",
-    probe_control="Shard bits", probe_figure="times", panel="workbench.ui.overview:OverviewPanel")
+    probe_control="Shard bits", probe_figure="times",
+    ends=(("Layer", "DistilBERT layer (d=768)"), ("Shard bits", "max")), panel="workbench.ui.overview:OverviewPanel")
 """The shared page every gallery lists first (not a mechanism of its own); it needs nothing prepared."""
 
 

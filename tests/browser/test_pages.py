@@ -4,6 +4,7 @@ import pytest
 
 from tests.browser.conftest import assert_figures_visible
 from tests.conftest import PRESET
+from workbench.bench.browser import page_quiet, set_control, settle, widget_labelled
 from workbench.mechanisms import dashboards
 from workbench.prepare import preset_notice
 
@@ -50,6 +51,40 @@ def test_page_as_a_visitor_meets_it(voila_server, page, name):
         assert notice.count() == 0
     assert not page.get_by_text("Executing", exact=False).is_visible(), f"{name}: a spinner is still showing"
     assert page.locator(".wb-error").count() == 0
+
+
+OUTSIDE_JS = """slot => {
+    const box = slot.getBoundingClientRect();
+    return Array.from(slot.querySelectorAll('.gtitle, .xtitle, .ytitle')).map(t => {
+        const r = t.getBoundingClientRect();
+        return {text: t.textContent, left: r.left - box.left, right: box.right - r.right};
+    }).filter(t => t.text && (t.left < -1 || t.right < -1)).map(t => `${t.text} (${t.left.toFixed(0)} px left, ${t.right.toFixed(0)} px right)`);
+}"""
+
+
+@pytest.mark.parametrize("board", [d for d in dashboards() if d.ends], ids=lambda d: d.page)
+def test_each_page_at_its_controls_ends_draws_every_figure_with_titles_that_fit(voila_server, page, board):
+    """Every control the page declares an end for (most devices, 32 GPUs of each type, the tightest deadline,
+    the longest sequence ...) set in the page as a person does, at 1280 px: the controls show their ends, no
+    internal error, every figure drawn and seen, no figure left stale, and every figure's title and axis
+    titles inside its figure."""
+    page.goto(f"{voila_server}/voila/render/{board.page}", timeout=PAGE_TIMEOUT_MS)
+    assert_figures_visible(page, [board.probe_figure])
+    for label, value in board.ends:
+        set_control(page, label, value)
+        settle(page, board.probe_figure)
+    page_quiet(page)
+    for label, value in board.ends:
+        handle = widget_labelled(page, label).locator(".noUi-handle")
+        if handle.count():
+            end = handle.first.get_attribute(f"aria-value{value}") if value in ("max", "min") else str(value)
+            assert float(handle.first.get_attribute("aria-valuenow")) == float(end), f"{label} is not at {value}"
+    assert page.locator(".wb-error", has_text="internal error").count() == 0
+    figures = [f.get_attribute("data-name") for f in page.locator(".wb-figure[data-name]").all()]
+    assert_figures_visible(page, figures)
+    assert page.locator(".wb-figure.wb-stale").count() == 0
+    clipped = {name: page.locator(f".wb-figure[data-name='{name}']").first.evaluate(OUTSIDE_JS) for name in figures}
+    assert {name: texts for name, texts in clipped.items() if texts} == {}
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.ui import base
-from workbench.ui.base import SETTLE_S, BackgroundRun, Panel
+from workbench.ui.base import DEFER_S, SETTLE_S, BackgroundRun, Panel
 
 
 def in_event_loop(coro):
@@ -63,6 +63,57 @@ def test_a_burst_of_browser_changes_runs_one_update_with_the_latest_value():
     in_event_loop(burst())
     assert panel.seen == [40, 50]
     assert panel.updates_run == 2
+
+
+class Steered(Panel):
+    """A fast figure drawn on every change and a slow one deferred until the hand pauses."""
+
+    def __init__(self):
+        super().__init__()
+        self.slider = widgets.IntSlider(value=0, min=0, max=100)
+        self.fast, self.slow = [], []
+        self.observe_controls(self.slider)
+        self.children = [self.slider, self.message]
+
+    def _refresh(self):
+        self.fast.append(self.slider.value)
+        self.show_figure("fast", go.Figure(layout_title_text=f"fast {self.slider.value}"))
+        self.defer(self._slow, "slow")
+
+    def _slow(self):
+        if self.slider.value == 13:
+            raise WorkbenchError("13 has no comparison")
+        self.slow.append(self.slider.value)
+        self.show_figure("slow", go.Figure(layout_title_text=f"slow {self.slider.value}"))
+
+
+def test_python_changes_run_deferred_work_at_once():
+    panel = Steered()
+    panel.slider.value = 5
+    assert (panel.fast, panel.slow, panel.deferred) == ([5], [5], [])
+    assert panel.figures["slow"].layout.title.text == "slow 5" and not panel.figure_slot("slow").stale
+
+
+def test_browser_changes_draw_the_steered_figure_at_once_and_the_rest_when_the_hand_pauses():
+    panel = Steered()
+    seen = {}
+
+    async def drag():
+        for value in range(10, 18):                       # a drag longer than DEFER_S, its changes closer together
+            panel.slider.set_state({"value": value})
+            await asyncio.sleep(SETTLE_S * 3)
+            assert panel.fast[-1] == value and panel.slow == []
+            assert panel.figure_slot("slow").stale and panel.deferred == [panel._slow]
+        await asyncio.sleep(DEFER_S * 2)                  # the hand pauses
+        seen["after pause"] = (list(panel.slow), panel.figure_slot("slow").stale, panel.deferred)
+        panel.slider.set_state({"value": 13})
+        await asyncio.sleep(SETTLE_S * 3 + DEFER_S * 2)
+
+    in_event_loop(drag())
+    assert panel.fast == [*range(10, 18), 13]
+    assert seen["after pause"] == ([17], False, [])       # once, with the last value
+    assert panel.slow == [17] and "13 has no comparison" in panel.message.value
+    assert not panel.figure_slot("slow").stale and panel.figures["fast"].layout.title.text == "fast 13"
 
 
 def test_an_error_shows_inline_and_clears_on_the_next_good_value():

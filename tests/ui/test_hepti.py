@@ -304,6 +304,12 @@ def test_a_killed_device_is_marked_as_a_fault_and_the_run_goes_on_over_the_rest(
     measured_rows = {y for t in fig.data if t.name == "compute (measured)" for y in t.y}
     assert measured_rows <= {f"{n} · device {i}" for i, n in enumerate(NAMES) if n != "jetson-nano-cpu"}
     assert "1 fault" in fig.layout.title.text and "jetson-nano-cpu" in text(panel.run_info)
+    drawn = [(s.start, s.end) for s in result.timeline.spans if s.layer is not None and not s.label.startswith("fault")]
+    extent = max(e for _, e in drawn) - min(b for b, _ in drawn)        # the title's drawn time is the spans' own
+    assert f"drawn: layers {resumed}-{len(panel.layers) - 1} after the fault, {1e3 * extent:.1f} ms" in \
+        fig.layout.title.text
+    assert f"the other {1e3 * (result.latency_s - extent):.1f} ms are the run the fault cut short" in \
+        fig.layout.title.text
     rows = dict(re.findall(r"<tr data-layer='(\d+)'>(.*?)</tr>", panel.decisions_info.value))
     after = html.unescape(rows[str(resumed)])
     assert "re-partition after the fault: jetson-nano-cpu lost" in after and "jetson" not in after.split("</td>")[2]

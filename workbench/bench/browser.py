@@ -6,14 +6,24 @@ Per dashboard (the overview and every registered mechanism's page), printed:
   default the server preheats: one kernel per page waits with its notebook already run,
   as `workbench dashboards` serves; ``--no-preheat`` measures a kernel started on request);
 - ``redraw_median_ms`` / ``redraw_p95_ms``: from a key press on the probe slider (the
-  handle focused; ArrowRight and ArrowLeft in turn, so the value stays in range) until
-  the probe figure is redrawn in the page (its ``data-revision`` moved on and
-  ``Plotly.react`` finished), over ``--changes`` changes made one after another.
+  handle focused; an arrow key away from its nearer end, turning at an end, so each change
+  is to a value the page has not drawn yet, as long as the slider has steps) until the probe
+  figure is redrawn in the page (its ``data-revision`` moved on and ``Plotly.react``
+  finished), over ``--changes`` changes made one after another, as a hand moving the slider
+  makes them: a page that defers its secondary figures (``Panel.defer``) redraws only the
+  steered ones while the changes keep coming;
+- ``settled_ms``: after the page has been quiet, one more change until every figure of the
+  page has been redrawn and none is drawn stale (the hand paused: the deferred figures too).
+
+With ``--at-ends`` each page's controls are first set in the page to their ends (``Dashboard.ends``: most
+devices, longest sequence, tightest deadline ...; each change awaited until the probe figure settles), and
+the probe slider then walks inward from its end.
 
 The server side of the same change (re-plan and build the figures) is ``bench ui``.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -27,8 +37,93 @@ def _revision(page, figure: str) -> int:
     return int(value or 0)
 
 
-def measure_page(browser, base: str, dashboard, changes: int) -> dict:
-    """Cold load and redraw times of one dashboard page."""
+SETTLE_S = 1.5
+"""A figure whose revision has not moved for this long after a control change is taken as settled."""
+
+
+def widget_labelled(page, label: str):
+    """The ipywidgets control whose description is exactly ``label``."""
+    exact = page.locator("label.widget-label").filter(has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
+    return page.locator(".widget-inline-hbox", has=exact).first
+
+
+def set_control(page, label: str, value) -> None:
+    """Set the control labelled ``label`` the way a person does: a slider's readout typed (``"max"`` / ``"min"``
+    its end), a dropdown's option picked by its label, a text box typed, a checkbox clicked to ``value``."""
+    if isinstance(value, bool):
+        box = page.locator(".widget-checkbox", has=page.locator("label", has_text=label)).first.locator("input")
+        if box.is_checked() != value:
+            box.click()
+        return
+    widget = widget_labelled(page, label)
+    if widget.locator(".noUi-handle").count():
+        if value in ("max", "min"):
+            value = widget.locator(".noUi-handle").first.get_attribute(f"aria-value{value}")
+        widget.locator(".widget-readout").click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type(str(value))
+        page.keyboard.press("Enter")
+    elif widget.locator("select").count():
+        widget.locator("select").select_option(label=str(value))
+    else:
+        field = widget.locator("input")
+        field.fill(str(value))
+        field.press("Enter")
+
+
+def settle(page, figure: str, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> None:
+    """Wait until ``figure``'s revision has not moved for ``quiet_s``."""
+    last, since, started = _revision(page, figure), time.perf_counter(), time.perf_counter()
+    while time.perf_counter() - since < quiet_s:
+        if time.perf_counter() - started > timeout_s:
+            raise TimeoutError(f"the {figure!r} figure kept redrawing for {timeout_s:.0f} s")
+        page.wait_for_timeout(100)
+        now = _revision(page, figure)
+        if now != last:
+            last, since = now, time.perf_counter()
+
+
+_PAGE_STATE = """() => Array.from(document.querySelectorAll('.wb-figure')).map(
+    el => `${el.dataset.name}:${el.dataset.revision}:${el.classList.contains('wb-stale')}`).join('|')"""
+
+
+SETTLED_QUIET_S = 5.0
+"""How long no figure may change before a page counts as settled after a change (longer than a deferred
+update's wait plus the slowest gap between one figure's redraw and the next)."""
+
+
+def _quiet(page, since: float, last: str, quiet_s: float, timeout_s: float,
+           changes: bool = False) -> tuple[float, str]:
+    """Wait until the page's figures have not changed for ``quiet_s`` and none is stale (with ``changes``: after
+    one change at least); the time and state of the last change seen (``since`` and ``last`` if none)."""
+    changed = not changes
+    while True:
+        page.wait_for_timeout(25)
+        now, state = time.perf_counter(), page.evaluate(_PAGE_STATE)
+        if state != last:
+            last, since, changed = state, now, True
+        elif changed and now - since >= quiet_s and ":true" not in state:
+            return since, state
+        if now - since > timeout_s:
+            raise TimeoutError(f"the page kept redrawing for {timeout_s:.0f} s")
+
+
+def page_quiet(page, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> None:
+    """Wait until no figure of the page has been redrawn for ``quiet_s`` and none is drawn stale."""
+    _quiet(page, time.perf_counter(), page.evaluate(_PAGE_STATE), quiet_s, timeout_s)
+
+
+def settled_after(page, press, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> float:
+    """Once the page is quiet, seconds from ``press()`` until its last figure redraw, with no figure left stale."""
+    _, last = _quiet(page, time.perf_counter(), page.evaluate(_PAGE_STATE), quiet_s, timeout_s)
+    moved = time.perf_counter()
+    press()
+    changed, _ = _quiet(page, moved, last, quiet_s, timeout_s, changes=True)
+    return changed - moved
+
+
+def measure_page(browser, base: str, dashboard, changes: int, at_ends: bool = False) -> dict:
+    """Cold load and redraw times of one dashboard page (at its controls' ends with ``at_ends``)."""
     context = browser.new_context(viewport={"width": 1280, "height": 1600})
     page = context.new_page()
     try:
@@ -37,21 +132,36 @@ def measure_page(browser, base: str, dashboard, changes: int) -> dict:
         figure = page.locator(f".wb-figure[data-name='{dashboard.probe_figure}'][data-revision]")
         figure.wait_for(timeout=PAGE_TIMEOUT_MS)
         cold_s = time.perf_counter() - started
-        slider = page.locator(".widget-slider", has=page.locator("label", has_text=dashboard.probe_control))
-        slider.locator(".noUi-handle").focus()
+        if at_ends:
+            for label, value in dashboard.ends:
+                set_control(page, label, value)
+                settle(page, dashboard.probe_figure)
+        handle = widget_labelled(page, dashboard.probe_control).locator(".noUi-handle").first
+        handle.focus()
+        low, high = (float(handle.get_attribute(f"aria-value{end}")) for end in ("min", "max"))
+        now = float(handle.get_attribute("aria-valuenow"))
+        key = "ArrowLeft" if now - low > high - now else "ArrowRight"
         samples = []
-        for k in range(changes):
+        for _ in range(changes):
+            now = float(handle.get_attribute("aria-valuenow"))
+            if (key == "ArrowRight" and now >= high) or (key == "ArrowLeft" and now <= low):
+                key = "ArrowLeft" if key == "ArrowRight" else "ArrowRight"
             before = _revision(page, dashboard.probe_figure)
             moved = time.perf_counter()
-            page.keyboard.press("ArrowRight" if k % 2 == 0 else "ArrowLeft")
+            page.keyboard.press(key)
             page.wait_for_function(
                 "([name, before]) => { const el = document.querySelector(`.wb-figure[data-name='${name}']`);"
                 " return el && Number(el.dataset.revision) > before; }",
                 arg=[dashboard.probe_figure, before], timeout=1000 * REDRAW_TIMEOUT_S)
             samples.append(time.perf_counter() - moved)
-        return {"page": dashboard.page, "cold_s": cold_s, "changes": len(samples),
+        now = float(handle.get_attribute("aria-valuenow"))
+        if (key == "ArrowRight" and now >= high) or (key == "ArrowLeft" and now <= low):
+            key = "ArrowLeft" if key == "ArrowRight" else "ArrowRight"
+        settled_s = settled_after(page, lambda: page.keyboard.press(key), quiet_s=SETTLED_QUIET_S)
+        return {"page": dashboard.page, "at_ends": at_ends, "cold_s": cold_s, "changes": len(samples),
                 "redraw_median_ms": 1e3 * float(np.median(samples)),
-                "redraw_p95_ms": 1e3 * float(np.percentile(samples, 95)), "redraw_max_ms": 1e3 * max(samples)}
+                "redraw_p95_ms": 1e3 * float(np.percentile(samples, 95)), "redraw_max_ms": 1e3 * max(samples),
+                "settled_ms": 1e3 * settled_s}
     finally:
         context.close()
 
@@ -69,6 +179,9 @@ def parser():
         default=24, help="control changes timed per page")
     p.add_argument("--pages", nargs="*", choices=[d.page for d in dashboards()],
                    help="pages to measure (default: every dashboard)")
+    p.add_argument("--at-ends", action="store_true",
+                   help="first set each page's controls to their ends (most devices, longest sequence, tightest "
+                        "deadline ...), then time the probe slider stepping from its end")
     p.add_argument("--no-preheat", dest="preheat", action="store_false",
                    help="start each page's kernel on request (what a page costs without a waiting kernel)")
     p.add_argument("--pool-wait-s", type=non_negative("s", Bound(
@@ -88,9 +201,11 @@ def run(args: list[str]) -> list[dict]:
         if opts.preheat:
             time.sleep(opts.pool_wait_s)
         for dashboard in pages:
-            row = measure_page(browser, base, dashboard, opts.changes)
-            print(f"{dashboard.page}: first figure {row['cold_s']:.1f} s after navigation; control change -> "
-                  f"redrawn figure median {row['redraw_median_ms']:.0f} ms, p95 {row['redraw_p95_ms']:.0f} ms",
+            row = measure_page(browser, base, dashboard, opts.changes, opts.at_ends)
+            where = " at its controls' ends" if opts.at_ends else ""
+            print(f"{dashboard.page}{where}: first figure {row['cold_s']:.1f} s after navigation; control change -> "
+                  f"redrawn figure median {row['redraw_median_ms']:.0f} ms, p95 {row['redraw_p95_ms']:.0f} ms; "
+                  f"every figure settled {row['settled_ms']:.0f} ms after a change made in a pause",
                   flush=True)
             rows.append({"preset": opts.preset, "preheat": opts.preheat, **row})
     return rows

@@ -97,6 +97,8 @@ MECHANISM = Mechanism(
                 "every ramp (measured and forecast), E3's split plan and why, pipeline bubbles per replica "
                 "(simulated, and measured on Ray Serve), goodput of E3 against the early-exit and stock models",
         requires=tuple(_step_name(t) for t in TASKS), probe_control="SLO (ms)", probe_figure="plan",
+        ends=(("A6000", 32), ("V100", 32), ("P100", 32), ("K80", 32), ("Batch per replica", "max"),
+              ("Arrivals", "bursty"), ("Rate (requests/s)", "max"), ("SLO (ms)", "max")),
         panel="workbench.ui.earlyexit:EarlyExitPanel"),
     notebooks=(
         Notebook(path="earlyexit_e3.ipynb", title="Early-exit serving: a tutorial", kind="tutorial"),

@@ -99,7 +99,8 @@ MECHANISM = Mechanism(
                 "every allocation step, the IO/compute pipeline predicted and measured, accuracy vs memory",
         requires=tuple(f"{what}: {task}" for task in TASKS
                        for what in ("elastic fine-tuning", "shard store", "shard importance")),
-        probe_control="Target (ms)", probe_figure="gantt", panel="workbench.ui.elastic:ElasticPanel"),
+        probe_control="Target (ms)", probe_figure="gantt",
+        ends=(("Preload (MB)", "max"), ("Target (ms)", "min")), panel="workbench.ui.elastic:ElasticPanel"),
     notebooks=(
         Notebook(path="elastic_pipelining.ipynb", title="Elastic pipelining: a tutorial", kind="tutorial"),
         Notebook(path="labs/elastic_lab.ipynb", title="Elastic pipelining: a teaching lab", kind="lab"),

@@ -29,6 +29,7 @@ MECHANISM = Mechanism(
                 "shares and each mode, the per-layer timeline with mode switches, re-partitions and faults marked "
                 "(predicted, and measured on real processes)",
         probe_control="Sequence length", probe_figure="breakdown",
+        ends=(("Devices", "max"), ("Meet a deadline", True), ("Deadline (ms)", "min"), ("Sequence length", "max")),
         panel="workbench.ui.hepti:HeptiPanel"),
     notebooks=(
         Notebook(path="labs/hepti_lab.ipynb", title="Heterogeneous partitioning: a teaching lab", kind="lab"),

@@ -307,6 +307,31 @@ def solve_shares(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile],
     return shares / shares.sum(), float(res.fun), binding
 
 
+def link_against_compute(mode: str, shape: LayerShape, device: DeviceProfile,
+                         kept: Sequence[DeviceProfile]) -> tuple[float, float]:
+    """What taking part would cost ``device`` and bring, per layer, beside the devices ``kept``: (seconds to
+    receive its part of the layer's collectives over its own link, seconds its speed would take off the
+    layer's compute, shared by speed). The two terms Eq. 6 and Eq. 7 weigh when they leave a device out."""
+    blocks = mode_blocks(mode, shape, len(kept) + 1)
+    work = sum(2 * block.work for block in blocks)
+    speed = sum(dev.flops_per_s for dev in kept)
+    floats = sum(block.gather_floats if block.collective == "all_gather" else
+                 2 * block.reduce_floats if block.collective == "all_reduce" else 0.0 for block in blocks)
+    return floats * FLOAT_BYTES / device.net_bytes_per_s, work / speed - work / (speed + device.flops_per_s)
+
+
+def dropped_reason(name: str, mode: str, shape: LayerShape, device: DeviceProfile,
+                   kept: Sequence[DeviceProfile], otherwise: str) -> str:
+    """Why ``device`` takes no share, in its own numbers (:func:`link_against_compute`) where they say it;
+    else ``otherwise``."""
+    receive_s, saves_s = link_against_compute(mode, shape, device, kept)
+    if receive_s <= saves_s:
+        return f"{name} dropped: {otherwise}"
+    return (f"{name} dropped: receiving its part of each layer over its {8 * device.net_bytes_per_s / 1e6:.3g} "
+            f"Mbit/s link takes about {1e3 * receive_s:.3g} ms, more than the {1e3 * saves_s:.3g} ms its "
+            f"{device.flops_per_s / 1e9:.3g} GFLOP/s would take off the layer's compute")
+
+
 def split_units(mode: str, shape: LayerShape) -> int:
     """How many whole units the mode's split dimension has: rows (WS, serial) or FFN columns (the tiled modes)."""
     return shape.seq_len if mode in ("ws", "serial") else shape.ffn
@@ -628,10 +653,11 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         full = [0.0] * K
         for n, i in enumerate(taking):
             full[i] = units[n] / unit
+        kept = [devices[i] for i in taking if full[i]]
         for i in taking:
             if not full[i]:
-                reasons.append(f"{names[i]} dropped: the mixed-integer optimum leaves it out (what it would receive "
-                               "over its link, or hold, outweighs its compute)")
+                reasons.append(dropped_reason(names[i], mode, workload, devices[i], kept,
+                                              "the mixed-integer optimum leaves it out"))
         taking = [i for i in taking if full[i]]
     elif mode in ("ws", "1d") and len(taking) > 2:
         # Eq. 6 charges every device taking part for what it receives, which the LP cannot weigh against
@@ -649,11 +675,13 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
                     break                       # leaving out more would not help either: one solve in the usual case
                 best, best_set = tried[1], trial
                 n *= 2
+            kept = [devices[i] for i in best_set]
             for i in taking:
                 if i not in best_set:
-                    reasons.append(f"{names[i]} dropped: leaving it out is faster ({1e3 * best:.1f} ms against "
-                                   f"{1e3 * whole_set[1]:.1f} ms): what it would receive over its link outweighs "
-                                   "its compute")
+                    reasons.append(dropped_reason(
+                        names[i], mode, workload, devices[i], kept, f"leaving the {len(taking) - len(best_set)} "
+                        f"slowest-linked out together is faster ({1e3 * best:.1f} ms against "
+                        f"{1e3 * whole_set[1]:.1f} ms)"))
             taking = best_set
     while not exact:
         solved = solve(taking)

@@ -99,6 +99,7 @@ MECHANISM = Mechanism(
                 "through a trace, the LCTRU queue, evictions with their reasons, switching latency of LLMS and "
                 "its baselines, the swap/recompute pipeline of a call",
         requires=(COSTS_STEP, REPLAYS_STEP), probe_control="Call", probe_figure="chunks",
+        ends=(("Active contexts", "max"), ("Calls", 1000), ("Call", "max")),
         panel="workbench.ui.kvcache:KVCachePanel"),
     notebooks=(
         Notebook(path="kvcache_service.ipynb", title="The LLM context service: a tutorial", kind="tutorial"),

@@ -44,6 +44,7 @@ MECHANISM = Mechanism(
                 "per-layer timeline across devices (predicted, and measured on real processes), Theorem 2's "
                 "order map",
         probe_control="Bandwidth (Mbit/s)", probe_figure="schemes",
+        ends=(("Devices", "max"), ("Sequence length", "max"), ("Bandwidth (Mbit/s)", "min")),
         panel="workbench.ui.partition:PartitionPanel"),
     notebooks=(
         Notebook(path="partition_voltage.ipynb", title="Position-wise partitioning: a tutorial", kind="tutorial"),

@@ -17,6 +17,13 @@ kernel's event loop, once, with the latest values, so changes to several control
 arrive together cost one engine call. Changes made from Python (notebooks, tests) apply
 at once, so the next line sees their result.
 
+The figure being steered first. An update may hand its costly, secondary part (a
+comparison over every mode, a simulation) to :meth:`Panel.defer`: for a change from the
+browser it runs once the page has been quiet for ``DEFER_S``, and every further change
+postpones it, so a slider being moved redraws the figures it drives at once and the
+rest catch up when the hand pauses; meanwhile those figures are drawn dimmed as stale.
+Changes made from Python run it at once, as before.
+
 Long work runs off the kernel's main thread in a :class:`BackgroundRun` (a button, a
 progress bar with the time left, Cancel and a run counter), so the page stays live.
 """
@@ -34,11 +41,13 @@ import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
 from workbench.ui.figure import DEFAULT_HEIGHT_PX, FigureView
-from workbench.ui.messages import error_html
+from workbench.ui.messages import NOTICE_STYLE, error_html
 
 CELL = "padding:1px 8px;text-align:left"
 """A cell of the pages' small HTML tables (decisions, devices, bytes)."""
-SETTLE_S = 0.03
+SETTLE_S = 0.005
+DEFER_S = 0.3
+"""Quiet time after a change from the browser before a panel's deferred (secondary) updates run."""
 log = logging.getLogger("workbench.ui")
 
 Update = Callable[[], None]
@@ -61,10 +70,6 @@ def kernel_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-NOTICE_STYLE = ("background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;padding:4px 10px;margin:2px 0 6px 0;"
-                "color:#6b4e16;font-size:13px")
 
 
 def preset_notice_html(preset: str | None = None) -> str:
@@ -117,6 +122,9 @@ class Panel(widgets.VBox):
         self._message_slots: dict[Update, widgets.HTML] = {}     # update -> where its errors show
         self._pending: dict[Update, None] = {}                   # updates waiting for the flush, in order
         self._flush_handle = None
+        self._deferred: dict[Update, tuple[str, ...]] = {}       # secondary updates waiting for quiet, in order
+        self._defer_handle = None
+        self._flushing = False
         self.updates_run = 0          # engine updates actually run (the coalescing test counts them)
 
     def bench_sweeps(self) -> dict[str, tuple[widgets.Widget, list]]:
@@ -192,6 +200,9 @@ class Panel(widgets.VBox):
             self.refresh(update)
             return
         self._pending[update] = None
+        if self._defer_handle is not None:            # the hand is still moving: secondary work waits
+            self._defer_handle.cancel()
+            self._defer_handle = None
         if self._flush_handle is None:
             self._flush_handle = loop.call_later(SETTLE_S, self._flush)
 
@@ -201,8 +212,38 @@ class Panel(widgets.VBox):
         pending, self._pending = list(self._pending), {}
         if self._refresh in pending:                  # the full refresh covers every partial one
             pending = [self._refresh]
-        for update in pending:
+        self._flushing = True
+        try:
+            for update in pending:
+                self.refresh(update)
+        finally:
+            self._flushing = False
+        if self._deferred and self._defer_handle is None:
+            self._defer_handle = asyncio.get_running_loop().call_later(DEFER_S, self._run_deferred)
+
+    def defer(self, update: Update, *figures: str) -> None:
+        """Run ``update``, a secondary part of the current change that draws ``figures``: at once for a change
+        made from Python, else once the page is quiet (``DEFER_S`` after the last change from the browser),
+        with those figures dimmed until then."""
+        if not self._flushing:
             self.refresh(update)
+            return
+        self._deferred[update] = figures
+        for name in figures:
+            self.figure_slot(name).stale = True
+
+    @property
+    def deferred(self) -> list[Update]:
+        """Secondary updates still waiting for the page to be quiet."""
+        return list(self._deferred)
+
+    def _run_deferred(self) -> None:
+        self._defer_handle = None
+        deferred, self._deferred = dict(self._deferred), {}
+        for update, figures in deferred.items():
+            self.refresh(update)
+            for name in figures:
+                self.figure_slot(name).stale = False
 
     def refresh(self, update: Update | None = None) -> None:
         """Run ``update`` (default ``_refresh``) and show how it ended."""

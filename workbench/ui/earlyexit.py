@@ -340,25 +340,40 @@ class EarlyExitPanel(Panel):
             self._nothing(("plan", "goodput", "bubbles"), str(exc))
             self._show_host_run()
             raise
+        self.plan = plan = self.plan_at(sc, profile, B)
+        self.show_if_changed("plan", (id(plan),), lambda: plan_figure(plan, profile))
+        self.why.value = self._why_html(plan, profile)
+        self._show_host_run()
+        self.defer(self._refresh_goodput_and_bubbles, "goodput", "bubbles")
+
+    def _refresh_goodput_and_bubbles(self) -> None:
+        """The secondary part of a change: E3 against the stock model over every batch size, and the simulated
+        bubbles of the plan (the costliest part at many GPUs and high rates)."""
+        s = self.settings()
+        B = s["batch_size"]
+        series = self.series_for(s["task"], s["easy"], s["threshold"])
+        profile = tuple(series.forecast[-1].remaining)
+        try:
+            sc = self.scenario(s)
+        except WorkbenchError:                              # said by the refresh that deferred this
+            return
         plans = {b: self.plan_at(sc, profile, b) for b in sorted(set(SWEEP_BATCHES) | {B})}
         stock = {b: self.plan_at(sc, profile, b, stock=True) for b in plans}
         self.goodput = goodput_rows(plans, stock)
         self.show_if_changed("goodput", (s["task"], profile, tuple(s["gpus"].items()), s["slo_s"], B),
                              lambda: goodput_figure(self.goodput, B, 1e3 * s["slo_s"]))
-        self.plan = plan = plans[B]
-        self.show_if_changed("plan", (id(plan),), lambda: plan_figure(plan, profile))
-        self._show_host_run()
+        plan = plans[B]
         if not plan:
             self.simulation = None
-            self._nothing(("bubbles",), f"Nothing to simulate. {no_plan_text(plan.reason)}")
-            self.why.value = self._why_html(plan, profile)
+            self._nothing(("bubbles",), f"Nothing to simulate. {no_plan_text(plan.reason)}", keep_why=True)
             return
-        self.why.value = self._why_html(plan, profile)
         self.simulation = self.simulate(sc, s, plan, series.measured[-1])
         self._show_bubbles()
 
-    def _nothing(self, names, reason: str) -> None:
-        self.why.value = self.sim_info.value = ""
+    def _nothing(self, names, reason: str, keep_why: bool = False) -> None:
+        if not keep_why:
+            self.why.value = ""
+        self.sim_info.value = ""
         for name in names:
             wide = name == "bubbles"
             self.show_if_changed(name, ("none", reason), lambda name=name, wide=wide: no_result_figure(

@@ -59,14 +59,18 @@ async function render({ model, el }) {
       el.dataset.title = (layout.title && (layout.title.text || layout.title)) || "";
     });
   };
+  const stale = () => el.classList.toggle("wb-stale", Boolean(model.get("stale")));
   draw();
+  stale();
   model.on("change:revision", draw);
+  model.on("change:stale", stale);
   const resize = new ResizeObserver(() => {
     if (plot.offsetWidth > 0) Plotly.Plots.resize(plot);
   });
   resize.observe(el);
   return () => {
     model.off("change:revision", draw);
+    model.off("change:stale", stale);
     resize.disconnect();
     Plotly.purge(plot);
   };
@@ -100,7 +104,8 @@ def plotly_library() -> PlotlyLibrary:
 class FigureView(anywidget.AnyWidget):
     """A Plotly figure shown in the page and redrawn in place when :meth:`show` is called."""
     _esm = _VIEW_ESM
-    _css = ".wb-figure { width: 100%; min-width: 0; } .wb-figure-plot { width: 100%; }"
+    _css = (".wb-figure { width: 100%; min-width: 0; } .wb-figure-plot { width: 100%; }"
+            " .wb-figure.wb-stale { opacity: 0.45; transition: opacity 0.2s; }")
     figure = traitlets.Dict().tag(sync=True)
     config = traitlets.Dict({"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": [
         "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
@@ -108,6 +113,7 @@ class FigureView(anywidget.AnyWidget):
     height = traitlets.Int(DEFAULT_HEIGHT_PX).tag(sync=True)
     revision = traitlets.Int(0).tag(sync=True)          # bumped with every new figure; the browser redraws on it
     name = traitlets.Unicode("").tag(sync=True)         # the panel's slot name, as data-name in the page
+    stale = traitlets.Bool(False).tag(sync=True)        # drawn dimmed: an update for it waits (Panel.defer)
     library = traitlets.Instance(PlotlyLibrary).tag(sync=True, **widgets.widget_serialization)
 
     def __init__(self, name: str = "", height: int = DEFAULT_HEIGHT_PX, **kwargs):

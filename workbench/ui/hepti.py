@@ -185,6 +185,7 @@ class HeptiPanel(Panel):
         self.settings: Settings | None = None
         self.layers: list[LayerDecision] | None = None
         self.predicted = None                  # the predicted Timeline of ``layers``
+        self._compare_for = None               # the settings the last change compares
         self.compared: dict[str, Partition | str] = {}
         self.runs: dict[tuple, dict] = {}      # run key -> the last real run with those settings
         self.partitions_computed = 0
@@ -391,6 +392,19 @@ class HeptiPanel(Panel):
         return (f"<br><sub>{1e3 * timed:.1f} ms, not the decision's {1e3 * decided:.1f} ms: "
                 f"{' and '.join(parts)}, which the decision's model leaves out</sub>")
 
+    @staticmethod
+    def drawn_note(shifted, result) -> str:
+        """After a fault, what of the run's time the drawn spans are: the resumed layers, from the layer they
+        resumed at (drawn where the prediction starts it), and what the rest of the total is."""
+        spans = [x for x in shifted.spans if x.layer is not None and not x.label.startswith("fault")]
+        if not result.faults or not spans:
+            return ""
+        first, last = min(x.layer for x in spans), max(x.layer for x in spans)
+        drawn = max(x.end for x in spans) - min(x.start for x in spans)
+        return (f"<br><sub>drawn: layers {first}-{last} after the fault, {1e3 * drawn:.1f} ms, from where the "
+                f"prediction starts layer {first}; the other {1e3 * (result.latency_s - drawn):.1f} ms are the run "
+                "the fault cut short (its spans went with its worker) and the restart</sub>")
+
     def compare(self, s: Settings) -> dict[str, Partition | str]:
         """Hepti's MILP, even and proportional shares (in the mode Hepti picks or the one forced) and each mode
         forced with Hepti's shares, at the first layer's memory and without a deadline (the figure draws it);
@@ -435,7 +449,8 @@ class HeptiPanel(Panel):
         except WorkbenchError as exc:
             self.settings = self.layers = None
             self._no_plan(("decision", "breakdown", "timeline"), f"no partition: {exc}")
-            self._show_compare(settings)                    # the comparison still says what each choice gives
+            self._compare_for = settings                    # the comparison still says what each choice gives
+            self.defer(self._refresh_compare, "compare")
             raise
         self.settings, self.layers, self.predicted = settings, layers, predicted
         title = SHAPES[model].name
@@ -443,8 +458,15 @@ class HeptiPanel(Panel):
                                                                                    SHARE_CHOICES[settings.shares]))
         self.show_if_changed("breakdown", ("breakdown", settings), lambda: breakdown_figure(layers, deadline_s))
         self.reasons.value = self._reasons_html(settings, layers)
-        self._show_compare(settings)
-        self._show_run()
+        self._compare_for = settings
+        self.defer(self._refresh_compare, "compare", "timeline")
+
+    def _refresh_compare(self) -> None:
+        """The secondary part of a change: every mode and share rule compared (seven partitions, the costliest
+        part at many devices) and the timeline."""
+        self._show_compare(self._compare_for)
+        if self.settings is not None:
+            self._show_run()
 
     def _show_compare(self, s: Settings) -> None:
         self.compared = self.compare(s)
@@ -513,7 +535,7 @@ class HeptiPanel(Panel):
             fault = f"; {len(result.faults)} fault" if result.faults else ""
             return timeline_figure(predicted, s.names, shifted, marks,
                                    head + f"{result.label} {1e3 * result.latency_s:.1f} ms vs predicted "
-                                   f"{1e3 * predicted.end:.1f} ms{fault}")
+                                   f"{1e3 * predicted.end:.1f} ms{fault}" + self.drawn_note(shifted, result))
         self.show_if_changed("timeline", (key, id(result)), build)
         if result is None:
             self.run_info.value = self.decisions_info.value = ""

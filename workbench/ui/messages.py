@@ -1,5 +1,5 @@
-"""How an exception reads in a page, shared by the panels (:mod:`workbench.ui.base`) and the prepare progress
-(:mod:`workbench.ui.preparing`); it sits below both so neither imports the other for it."""
+"""How an exception and a notice read in a page, shared by the panels (:mod:`workbench.ui.base`) and the prepare
+progress (:mod:`workbench.ui.preparing`); it sits below both so neither imports the other for it."""
 from __future__ import annotations
 
 import html
@@ -8,6 +8,8 @@ import traceback
 from workbench.errors import WorkbenchError
 
 ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px;margin:2px 0"
+NOTICE_STYLE = ("background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;padding:4px 10px;margin:2px 0 6px 0;"
+                "color:#6b4e16;font-size:13px")
 
 
 def error_html(exc: BaseException) -> str:

@@ -20,8 +20,7 @@ from typing import Callable
 import ipywidgets as widgets
 
 from workbench.presets import default_preset, prepare_hint
-from workbench.ui.base import NOTICE_STYLE
-from workbench.ui.messages import error_html
+from workbench.ui.messages import NOTICE_STYLE, error_html
 
 POLL_S = 1.0
 TABLE_STYLE = "border-collapse:collapse;font-size:13px;margin:4px 0"
