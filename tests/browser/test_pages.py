@@ -58,7 +58,8 @@ OUTSIDE_JS = """slot => {
     return Array.from(slot.querySelectorAll('.gtitle, .xtitle, .ytitle')).map(t => {
         const r = t.getBoundingClientRect();
         return {text: t.textContent, left: r.left - box.left, right: box.right - r.right};
-    }).filter(t => t.text && (t.left < -1 || t.right < -1)).map(t => `${t.text} (${t.left.toFixed(0)} px left, ${t.right.toFixed(0)} px right)`);
+    }).filter(t => t.text && (t.left < -1 || t.right < -1))
+      .map(t => `${t.text} (${t.left.toFixed(0)} px left, ${t.right.toFixed(0)} px right)`);
 }"""
 
 

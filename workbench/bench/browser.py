@@ -49,7 +49,8 @@ def widget_labelled(page, label: str):
 
 def set_control(page, label: str, value) -> None:
     """Set the control labelled ``label`` the way a person does: a slider's readout typed (``"max"`` / ``"min"``
-    its end), a dropdown's option picked by its label, a text box typed, a checkbox clicked to ``value``."""
+    its end, by the End or Home key), a dropdown's option picked by its label, a text box typed, a checkbox
+    clicked to ``value``."""
     if isinstance(value, bool):
         box = page.locator(".widget-checkbox", has=page.locator("label", has_text=label)).first.locator("input")
         if box.is_checked() != value:
@@ -57,8 +58,10 @@ def set_control(page, label: str, value) -> None:
         return
     widget = widget_labelled(page, label)
     if widget.locator(".noUi-handle").count():
-        if value in ("max", "min"):
-            value = widget.locator(".noUi-handle").first.get_attribute(f"aria-value{value}")
+        if value in ("max", "min"):                   # a selection slider's readout takes no typing: its keys
+            widget.locator(".noUi-handle").first.focus()
+            page.keyboard.press("End" if value == "max" else "Home")
+            return
         widget.locator(".widget-readout").click()
         page.keyboard.press("Control+A")
         page.keyboard.type(str(value))

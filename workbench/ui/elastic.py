@@ -193,7 +193,7 @@ class ElasticPanel(Panel):
         shown = f"the {plan.n} x {plan.m} plan" if plan.found else "no plan"
         self.show_if_changed("importance", key,
                              lambda: importance_plan_figure(ctx.importance.accuracy, plan if plan.found else None,
-                                                            title=f"Shard importance ({task}) and {shown}"))
+                                                            title=f"Shard importance and {shown}<br><sub>{task}</sub>"))
         if plan.compute is not None:             # depends on the target and device only, not on the buffer
             compute = plan.compute
             key = (self.task.value, self.device.value, compute.target_s, compute.n, compute.m,

@@ -223,11 +223,11 @@ def compare_figure(entries: Mapping[str, Partition | str], deadline_s: float = m
         title = "Hepti's shares against even and proportional shares, and each mode forced"
         if first is not None:
             title += (f"<br><sub>the first three in {mode_title(first.mode)}; {len(first.devices)} devices, "
-                      f"{first.num_layers} layers, at the first layer's free memory; "
+                      f"{first.num_layers} layers, at the first layer's free memory<br>"
                       f"{verdict(min(p.predicted_latency_s for p in good.values()), deadline_s)} at best"
                       + (f"; outlined: {selected}" if selected else "") + "</sub>")
     tops = [t for t in totals if t is not None] + ([1e3 * deadline_s] if math.isfinite(deadline_s) else [])
-    fig.update_layout(template=TEMPLATE, title=title, barmode="stack", height=440, margin={**MARGIN, "t": 80},
+    fig.update_layout(template=TEMPLATE, title=title, barmode="stack", height=440, margin={**MARGIN, "t": 96},
                       yaxis={"title": "predicted latency (ms)", "range": [0, 1.18 * max(tops, default=1.0)]},
                       shapes=shapes, annotations=annotations)
     return fig
