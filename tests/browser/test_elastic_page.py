@@ -2,6 +2,7 @@
 import time
 
 from tests.browser.conftest import assert_figures_visible
+from workbench.bench.browser import page_quiet
 from tests.conftest import PRESET
 from workbench.elastic.planner import plan_elastic
 from workbench.elastic.artifacts import load_context
@@ -96,6 +97,7 @@ def test_every_control_moves_the_titles_and_data_of_its_figures(voila_server, pa
     seen = {n: figure_state(page, n) for n in names}
 
     def changed(*which):
+        page_quiet(page, 0.5)                       # the figures a re-plan defers are drawn too
         now = {n: figure_state(page, n) for n in names}
         for n in which:
             assert now[n]["title"] != seen[n]["title"], f"figure {n!r} kept its title {now[n]['title']!r}"

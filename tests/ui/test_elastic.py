@@ -106,11 +106,11 @@ def test_every_figure_title_follows_the_controls_it_depends_on(prepared):
     titles = lambda: {name: fig.layout.title.text for name, fig in panel.figures.items()}
     before = titles()
     first = expected_plan("sentiment", "odroid-n2", 200, 1.0)
-    assert f"({TASKS['sentiment'].title}) and the {first.n} x {first.m} plan" in before["importance"]
+    assert f"and the {first.n} x {first.m} plan<br><sub>{TASKS['sentiment'].title}</sub>" in before["importance"]
     assert "at 200 ms on odroid-n2" in before["candidates"] and "1.00 MB preload" in before["aib"]
     panel.task.value = "bbc"
     plan = expected_plan("bbc", "odroid-n2", 200, 1.0)
-    assert f"({TASKS['bbc'].title}) and the {plan.n} x {plan.m} plan" in titles()["importance"]
+    assert f"and the {plan.n} x {plan.m} plan<br><sub>{TASKS['bbc'].title}</sub>" in titles()["importance"]
     panel.device.value = "jetson-nano"
     assert "on jetson-nano" in titles()["candidates"] and "on jetson-nano" in titles()["gantt"]
     assert "on jetson-nano" in titles()["memory"]

@@ -188,6 +188,15 @@ class ElasticPanel(Panel):
             self.step.value = self.step.max
         finally:
             self._replanning = False
+        self._redraw_gantt()
+        self.defer(self._redraw_plan_figures, "importance", "candidates", "aib", "memory")
+
+    def _redraw_plan_figures(self) -> None:
+        """The secondary part of a re-plan: the plan on the importance map, the compute candidates, the AIBs and
+        the accuracy-memory points (deferred while a slider moves: the submodel line and the pipeline come first)."""
+        plan, ctx = self.plan, self.context()
+        if plan is None:
+            return
         key = (self.task.value, plan.n, plan.m, plan.bits.tobytes(), plan.preloaded.tobytes())
         task = TASKS[self.task.value].title
         shown = f"the {plan.n} x {plan.m} plan" if plan.found else "no plan"
@@ -201,7 +210,6 @@ class ElasticPanel(Panel):
             title = f"Compute planning at {1e3 * compute.target_s:.0f} ms on {self.device.value}: every n x m submodel"
             self.show_if_changed("candidates", key, lambda: candidates_figure(compute, title=title))
         self._redraw_aib()
-        self._redraw_gantt()
         self._redraw_memory()
 
     def _redraw_aib(self) -> None:
