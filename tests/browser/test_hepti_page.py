@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tests.browser.conftest import assert_figures_visible
+from workbench.bench.browser import page_quiet
 from tests.browser.test_elastic_page import assert_rows_apart, figure_state, set_readout, wait_for_title
 from tests.browser.test_kvcache_page import control
 from workbench.devices import get_cluster
@@ -84,6 +85,7 @@ def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_
                     break
                 assert time.monotonic() < deadline, f"{n} did not move"
                 time.sleep(0.2)
+        page_quiet(page, 0.5)                           # the comparison and timeline a change defers, drawn too
         seen.update({n: figure_state(page, n) for n in FIGURES})
 
     set_readout(page, "Deadline (ms)", 180)

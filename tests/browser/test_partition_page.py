@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.browser.conftest import assert_figures_visible
+from workbench.bench.browser import page_quiet
 from tests.browser.test_elastic_page import assert_rows_apart, figure_state, set_readout, wait_for_title
 from tests.browser.test_kvcache_page import control
 from workbench.distributed import limits
@@ -68,6 +69,7 @@ def test_every_control_moves_its_figures_and_run_for_real_draws_the_measurement(
     seen = {n: figure_state(page, n) for n in FIGURES}
 
     def moved(*names):
+        page_quiet(page, 0.5)                           # the timeline a change defers, drawn too
         now = {n: figure_state(page, n) for n in FIGURES}
         for n in names:
             assert now[n]["title"] != seen[n]["title"] or now[n]["data"] != seen[n]["data"], f"{n} did not move"

@@ -278,7 +278,7 @@ class PartitionPanel(Panel):
                                           plan.layers, tuple(d.name for d in plan.devices)),
                              lambda: decision_figure(plan))
         self.reasons.value = self._reasons_html(plan)
-        self._show_run()
+        self.defer(self._show_run, "timeline")            # the timeline of every device and layer: after a pause
 
     def _no_plan(self, names, reason: str) -> None:
         self.reasons.value = ""
@@ -315,6 +315,8 @@ class PartitionPanel(Panel):
         """The timeline, the run's numbers and the bytes it counted for the current plan (a measured run shows
         while the settings are those it ran with)."""
         plan = self.plan
+        if plan is None:                                  # a later change found no plan: said in its figures
+            return
         key = self.plan_key(plan)
         run = self.runs.get(key)
         result = run["result"] if run else None
