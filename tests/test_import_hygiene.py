@@ -46,8 +46,10 @@ def own_views() -> set[str]:
 
 
 def shared_modules(modules, mechanisms: list[str], views: set[str]) -> list[str]:
-    """Every module outside the mechanism packages and their own views (a view package's modules included)."""
-    return [m for m in modules if not any(_in(v, m) for v in views)
+    """Every module outside the mechanism packages and their own views. A view is one module its mechanism
+    declares (or names after itself); a module beside it, even inside a view package of the same name, is
+    shared, so it must learn about mechanisms from the registry too."""
+    return [m for m in modules if m not in views
             and not any(_in(f"workbench.{p}", m) for p in mechanisms)]
 
 
@@ -221,6 +223,13 @@ def test_the_lists_come_from_the_registry():
     assert {"ElasticPanel", "OverviewPanel", "KVCachePanel"} <= set(PANELS)
 
 
+def test_a_module_beside_a_declared_view_is_shared():
+    """Only the modules a mechanism declares (or names after itself) are its views: a helper inside a view
+    package of the same name is shared, and may not import the mechanism."""
+    modules = ["workbench.ui.mech", "workbench.ui.mech.live", "workbench.mech", "workbench.mech.core", "workbench.cli"]
+    assert shared_modules(modules, ["mech"], {"workbench.ui.mech"}) == ["workbench.ui.mech.live", "workbench.cli"]
+
+
 def test_no_shared_module_reaches_a_mechanism():
     """Shared modules (all but the mechanism packages and their own ui/, viz/ and bench/ files: ui/overview.py,
     the benchmark plumbing, the CLI, ...) learn about mechanisms only from the registry: none may load a
@@ -277,9 +286,8 @@ def test_the_check_follows_imports_through_shared_modules_packages_and_import_mo
 
 
 def views_of(mechanism: str, views: set[str]) -> set[str]:
-    """Those of ``views`` that are one mechanism's: declared by it, or inside a view package named after it."""
-    mine = declared_views(mechanism)
-    return {v for v in views if v in mine or any(_in(f"{package}.{mechanism}", v) for package in VIEW_PACKAGES)}
+    """Those of ``views`` that are one mechanism's: declared by it (or named after it)."""
+    return views & declared_views(mechanism)
 
 
 def view_reached(graph, starts: list[str], bad) -> dict[str, list[str]]:
@@ -300,7 +308,7 @@ def test_no_shared_module_reaches_a_mechanisms_view():
     shared things only: importing ``workbench.viz.timeline`` must not load the elastic view."""
     mechanisms, graph, views = mechanism_packages(), loading_graph(), own_views()
     shared = shared_modules(graph, mechanisms, views)
-    bad = view_reached(graph, shared, lambda m: any(_in(v, m) for v in views))
+    bad = view_reached(graph, shared, lambda m: m in views)
     assert not bad, "\n".join(f"{m}: {' -> '.join(chain)}" for m, chain in bad.items())
 
 

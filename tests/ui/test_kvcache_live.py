@@ -9,7 +9,7 @@ from workbench.kvcache.errors import IdentityError
 from workbench.kvcache.server import LLMServer
 from workbench.kvcache.service import LLMService
 from workbench.models.decoder import load_decoder
-from workbench.ui.kvcache.live import LiveMonitor, counters_html, metric
+from workbench.ui.kvcache import LiveMonitor, counters_html, metric
 from workbench.viz.kvcache import STATE_LABELS, live_state
 
 CHUNK_BUDGET = 1_200_000

@@ -74,18 +74,6 @@ def set_control(page, label: str, value) -> None:
         field.press("Enter")
 
 
-def settle(page, figure: str, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> None:
-    """Wait until ``figure``'s revision has not moved for ``quiet_s``."""
-    last, since, started = _revision(page, figure), time.perf_counter(), time.perf_counter()
-    while time.perf_counter() - since < quiet_s:
-        if time.perf_counter() - started > timeout_s:
-            raise TimeoutError(f"the {figure!r} figure kept redrawing for {timeout_s:.0f} s")
-        page.wait_for_timeout(100)
-        now = _revision(page, figure)
-        if now != last:
-            last, since = now, time.perf_counter()
-
-
 _PAGE_STATE = """() => Array.from(document.querySelectorAll('.wb-figure')).map(
     el => `${el.dataset.name}:${el.dataset.revision}:${el.classList.contains('wb-stale')}`).join('|')"""
 
@@ -95,34 +83,53 @@ SETTLED_QUIET_S = 5.0
 update's wait plus the slowest gap between one figure's redraw and the next)."""
 
 
-def _quiet(page, since: float, last: str, quiet_s: float, timeout_s: float,
+def _figure_state(figure: str) -> str:
+    return f"() => {{ const el = document.querySelector(\".wb-figure[data-name='{figure}']\"); " \
+           "return el ? `${el.dataset.revision}` : ''; }"
+
+
+def _quiet(page, state_js: str, since: float, last: str, quiet_s: float, timeout_s: float,
            changes: bool = False) -> tuple[float, str]:
-    """Wait until the page's figures have not changed for ``quiet_s`` and none is stale (with ``changes``: after
-    one change at least); the time and state of the last change seen (``since`` and ``last`` if none)."""
-    changed = not changes
+    """Wait until ``state_js`` has read the same for ``quiet_s`` with no figure stale in it (with ``changes``:
+    after one change at least); the time and state of the last change seen (``since`` and ``last`` if none)."""
+    changed, started = not changes, time.perf_counter()
     while True:
         page.wait_for_timeout(25)
-        now, state = time.perf_counter(), page.evaluate(_PAGE_STATE)
+        now, state = time.perf_counter(), page.evaluate(state_js)
         if state != last:
             last, since, changed = state, now, True
         elif changed and now - since >= quiet_s and ":true" not in state:
             return since, state
-        if now - since > timeout_s:
+        if now - started > timeout_s:
             raise TimeoutError(f"the page kept redrawing for {timeout_s:.0f} s")
+
+
+def settle(page, figure: str, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> None:
+    """Wait until ``figure``'s revision has not moved for ``quiet_s``."""
+    state_js = _figure_state(figure)
+    _quiet(page, state_js, time.perf_counter(), page.evaluate(state_js), quiet_s, timeout_s)
 
 
 def page_quiet(page, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> None:
     """Wait until no figure of the page has been redrawn for ``quiet_s`` and none is drawn stale."""
-    _quiet(page, time.perf_counter(), page.evaluate(_PAGE_STATE), quiet_s, timeout_s)
+    _quiet(page, _PAGE_STATE, time.perf_counter(), page.evaluate(_PAGE_STATE), quiet_s, timeout_s)
 
 
 def settled_after(page, press, quiet_s: float = SETTLE_S, timeout_s: float = 120.0) -> float:
     """Once the page is quiet, seconds from ``press()`` until its last figure redraw, with no figure left stale."""
-    _, last = _quiet(page, time.perf_counter(), page.evaluate(_PAGE_STATE), quiet_s, timeout_s)
+    _, last = _quiet(page, _PAGE_STATE, time.perf_counter(), page.evaluate(_PAGE_STATE), quiet_s, timeout_s)
     moved = time.perf_counter()
     press()
-    changed, _ = _quiet(page, moved, last, quiet_s, timeout_s, changes=True)
+    changed, _ = _quiet(page, _PAGE_STATE, moved, last, quiet_s, timeout_s, changes=True)
     return changed - moved
+
+
+def _inward(key: str, handle, low: float, high: float) -> str:
+    """``key``, or the other arrow when the slider already stands at the end ``key`` moves towards."""
+    now = float(handle.get_attribute("aria-valuenow"))
+    if (key == "ArrowRight" and now >= high) or (key == "ArrowLeft" and now <= low):
+        return "ArrowLeft" if key == "ArrowRight" else "ArrowRight"
+    return key
 
 
 def measure_page(browser, base: str, dashboard, changes: int, at_ends: bool = False) -> dict:
@@ -146,9 +153,7 @@ def measure_page(browser, base: str, dashboard, changes: int, at_ends: bool = Fa
         key = "ArrowLeft" if now - low > high - now else "ArrowRight"
         samples = []
         for _ in range(changes):
-            now = float(handle.get_attribute("aria-valuenow"))
-            if (key == "ArrowRight" and now >= high) or (key == "ArrowLeft" and now <= low):
-                key = "ArrowLeft" if key == "ArrowRight" else "ArrowRight"
+            key = _inward(key, handle, low, high)
             before = _revision(page, dashboard.probe_figure)
             moved = time.perf_counter()
             page.keyboard.press(key)
@@ -157,9 +162,7 @@ def measure_page(browser, base: str, dashboard, changes: int, at_ends: bool = Fa
                 " return el && Number(el.dataset.revision) > before; }",
                 arg=[dashboard.probe_figure, before], timeout=1000 * REDRAW_TIMEOUT_S)
             samples.append(time.perf_counter() - moved)
-        now = float(handle.get_attribute("aria-valuenow"))
-        if (key == "ArrowRight" and now >= high) or (key == "ArrowLeft" and now <= low):
-            key = "ArrowLeft" if key == "ArrowRight" else "ArrowRight"
+        key = _inward(key, handle, low, high)
         settled_s = settled_after(page, lambda: page.keyboard.press(key), quiet_s=SETTLED_QUIET_S)
         return {"page": dashboard.page, "at_ends": at_ends, "cold_s": cold_s, "changes": len(samples),
                 "redraw_median_ms": 1e3 * float(np.median(samples)),

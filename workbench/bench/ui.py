@@ -82,7 +82,7 @@ def end_value(widget, value):
         return (options[-1] if value == "max" else options[0]) if options is not None else getattr(widget, value)
     labels = getattr(widget, "_options_labels", None)
     if labels is not None and value in labels:
-        return widget._options_values[labels.index(value)]
+        return options[labels.index(value)]
     return value
 
 

@@ -349,10 +349,8 @@ class EarlyExitPanel(Panel):
     def _refresh_goodput_and_bubbles(self) -> None:
         """The secondary part of a change: E3 against the stock model over every batch size, and the simulated
         bubbles of the plan (the costliest part at many GPUs and high rates)."""
-        s = self.settings()
+        s, series, profile = self.settings(), self.series, self.profile     # as the refresh that deferred this set them
         B = s["batch_size"]
-        series = self.series_for(s["task"], s["easy"], s["threshold"])
-        profile = tuple(series.forecast[-1].remaining)
         try:
             sc = self.scenario(s)
         except WorkbenchError:                              # said by the refresh that deferred this
