@@ -41,12 +41,20 @@ browser-deps:
 net-deps:
 	@command -v ip >/dev/null && command -v tc >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq iproute2; } || echo "iproute2 not installed: shaped-link tests will be skipped"
 
+# Tests run on TEST_WORKERS pytest-xdist workers (one per core, at most 4), then the tests marked `alone` (they
+# time work under CPU limits, shaped links or deadlines) one at a time; both parts always run.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+PYTEST := WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider
+
 test: setup browser-deps net-deps
 	WORKBENCH_PRESET=quick $(VENV)/bin/workbench prepare --preset quick --quiet
-	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider --durations=30 tests
+	@status=0; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=20 tests || status=$$?; \
+	$(PYTEST) -m alone --durations=20 tests || status=$$?; \
+	exit $$status
 
 test-fast: setup
-	WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider -m unit --durations=10 tests
+	$(PYTEST) -n $(TEST_WORKERS) -m unit --durations=10 tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -28,6 +28,53 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.unit)
 
 
+_SLOT = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """On parallel workers (``make test`` runs pytest-xdist), a test marked ``alone`` runs, fixtures included,
+    with no other test running (``tests.tiers.RunSlot``); in one process this changes nothing."""
+    global _SLOT
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:
+        yield
+        return
+    if _SLOT is None:
+        from tests.tiers import RunSlot
+
+        worker_base = item.config._tmp_path_factory.getbasetemp()       # <run's base>/popen-gwN: the run's is shared
+        _SLOT = RunSlot(str(worker_base.parent / f"slots-{workerinput['testrunuid']}"))
+    alone = item.get_closest_marker("alone") is not None
+    _SLOT.enter(alone)
+    _share_cores(alone)
+    try:
+        yield
+    finally:
+        _SLOT.leave()
+
+
+_OMP_THREADS = os.environ.get("OMP_NUM_THREADS")
+_TORCH_THREADS: int | None = None
+
+
+def _share_cores(alone: bool) -> None:
+    """Beside another worker, a test computes on one thread, as do the processes it starts (two workers each
+    spinning two OpenMP threads on two cores took twice the CPU); a test running alone has every core."""
+    import torch
+
+    global _TORCH_THREADS
+    if _TORCH_THREADS is None:
+        _TORCH_THREADS = torch.get_num_threads()
+    torch.set_num_threads(_TORCH_THREADS if alone else 1)
+    if not alone:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    elif _OMP_THREADS is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = _OMP_THREADS
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     """A module's or class's fixture set up for a ``unit`` test is held to the unit tier as the test is (a

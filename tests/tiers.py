@@ -65,3 +65,30 @@ def refuse_processes(monkeypatch, nodeid: str) -> None:
                         refusing("starts a multiprocessing process", multiprocessing.process.BaseProcess.start))
     monkeypatch.setattr(os, "fork", refusing("forks", os.fork))
     monkeypatch.setattr(socket.socket, "listen", refusing("listens on a socket", socket.socket.listen))
+
+
+class RunSlot:
+    """Who may run beside whom when pytest-xdist runs tests on several workers: a test marked ``alone`` (it
+    times work under CPU limits, shaped links or deadlines, which another worker's load would bend) runs with
+    no other test running; any other test runs beside any other. A readers-writer lock over two files in a
+    directory every worker of the run shares; the turnstile makes an ``alone`` test wait only for the tests
+    already running, not for every test the other workers start meanwhile."""
+
+    def __init__(self, directory: str):
+        os.makedirs(directory, exist_ok=True)
+        self._turnstile = os.open(os.path.join(directory, "turnstile"), os.O_RDWR | os.O_CREAT, 0o600)
+        self._room = os.open(os.path.join(directory, "room"), os.O_RDWR | os.O_CREAT, 0o600)
+
+    def enter(self, alone: bool) -> None:
+        import fcntl
+
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
+    def leave(self) -> None:
+        import fcntl
+
+        fcntl.flock(self._room, fcntl.LOCK_UN)

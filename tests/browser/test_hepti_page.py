@@ -53,6 +53,7 @@ def set_cell(page, column: str, device: int, value) -> None:
     box.press("Enter")
 
 
+@pytest.mark.alone
 def test_every_control_moves_its_figures_and_run_for_real_marks_the_fault(voila_server, page):
     started = time.perf_counter()
     page.goto(f"{voila_server}/voila/render/{PAGE}", timeout=PAGE_TIMEOUT_MS)

@@ -10,6 +10,8 @@ import pytest
 from workbench.distributed import cpulimit as cl
 from workbench.errors import WorkbenchError
 
+pytestmark = pytest.mark.alone         # times work under CPU limits: run with no other test beside it
+
 
 def test_quota_and_period_for_a_share():
     """A sixth of a core is 1 ms of every 6 ms; below that the 1 ms minimum quota lengthens the period."""

@@ -15,6 +15,8 @@ from workbench.distributed import shaping
 from workbench.distributed.shaping import ShapedNetwork, ShapingError, check_shaping_available, measure_throughput
 from workbench.workers import WorkerGroup
 
+pytestmark = pytest.mark.alone         # times work over shaped links: run with no other test beside it
+
 MBIT = 1e6 / 8
 
 

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.alone         # serves to deadlines on Ray: run with no other test beside it
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 IP = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin")

@@ -4,6 +4,8 @@ import pytest
 from workbench.earlyexit.realrun import real_run
 from workbench.errors import WorkbenchError
 
+pytestmark = pytest.mark.alone         # serves to deadlines on Ray: run with no other test beside it
+
 
 @pytest.mark.integration
 def test_a_real_run_serves_the_trained_model_and_equals_it_in_one_process(prepared, ray_cluster):

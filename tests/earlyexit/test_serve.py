@@ -17,6 +17,8 @@ from workbench.earlyexit.serve import (REPLICA_CPUS, ModelSpec, ServeRun, Worklo
 from workbench.earlyexit.simulator import ArrivalProcess, simulate
 from workbench.errors import WorkbenchError
 
+pytestmark = pytest.mark.alone         # serves to deadlines on Ray: run with no other test beside it
+
 THRESHOLD = 0.6905   # untrained ramps sit near ln 2: rows of this workload leave at layers 1 to 5
 N, T = 24, 32
 

@@ -15,6 +15,8 @@ from workbench.hepti.run import PrimaryLost, memory_bytes, predicted_steps, run_
 from workbench.models.shapes import SHAPES
 from workbench.models.split import PartitionModel
 
+pytestmark = pytest.mark.alone         # times work under CPU limits: run with no other test beside it
+
 N = 32
 ENC = SHAPES["encoder"]
 

@@ -19,6 +19,8 @@ from workbench.models.split import PartitionModel
 from workbench.partition.plan import devices_like, plan_partition
 from workbench.partition.runtime import PartitionRuntime, RunFailed
 
+pytestmark = pytest.mark.alone         # times work under CPU limits: run with no other test beside it
+
 ENC = SHAPES["encoder"]
 N = 48
 SCHEMES = ("voltage", "tensor_parallel", "torch_tp", "pipeline", "single")

@@ -170,6 +170,7 @@ def test_bad_input_is_said_in_the_page_and_clears_when_fixed():
     assert panel.plan and panel.figures["plan"].data
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_run_for_real_overlays_measured_bubbles(ray_cluster):
     """A real run on the suite's shared Ray: 48 requests through E3's plan for CPU replicas of this host; the
@@ -256,6 +257,7 @@ def test_a_forecast_profile_is_what_the_optimizer_gets(panel):
     assert BatchProfile(panel.profile).num_layers == load_record("sentiment", PRESET).num_layers
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_a_drifting_run_lists_each_replan_in_the_page(ray_cluster):
     """The drifting run on the suite's Ray: the mix switches halfway, the forecast moves the plan (here a study's

@@ -249,6 +249,7 @@ def ran():
     return panel, first
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_run_for_real_decides_as_the_page_predicts_and_marks_the_mode_switch(ran):
     """The ranks' decisions from their reports: WS with the page's shares at layer 0 (no layer measured yet), the
@@ -280,6 +281,7 @@ def test_run_for_real_decides_as_the_page_predicts_and_marks_the_mode_switch(ran
     assert all(f"{n} {s:.1%}" in layer2 for n, s in zip(NAMES, result.decisions[1].shares))
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_a_killed_device_is_marked_as_a_fault_and_the_run_goes_on_over_the_rest(ran):
     """The kill lands as the primary starts layer 4 (or, on a quick run, 5 already): the fault is marked where the
@@ -321,6 +323,7 @@ def test_a_killed_device_is_marked_as_a_fault_and_the_run_goes_on_over_the_rest(
     assert "compute (measured)" not in {t.name for t in panel.figures["timeline"].data}
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_cancel_stops_the_worker_processes_and_says_so(monkeypatch):
     from workbench.ui.base import RunHandle

@@ -158,6 +158,7 @@ def test_more_devices_than_worker_processes_is_refused_beside_the_button():
     assert panel.message.value == "" and panel.runs == {}
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     """Two worker processes on the encoder at N = 32: the measured run overlays the prediction; the bytes each
@@ -208,6 +209,7 @@ def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     assert f"<b>1 : {ratio:.2f}</b>" in panel.bytes_info.value
 
 
+@pytest.mark.alone
 @pytest.mark.integration
 def test_cancel_stops_the_worker_processes_and_says_so(monkeypatch):
     """Cancel pressed as the run starts: the runtime stops its processes, the page says so beside the button and
