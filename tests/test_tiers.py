@@ -5,10 +5,11 @@ import multiprocessing
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from tests.tiers import TierError
+from tests.tiers import RunSlot, TierError
 
 
 def test_a_unit_test_that_starts_a_process_or_a_server_fails_naming_itself(request, monkeypatch):
@@ -78,3 +79,37 @@ def test_a_librarys_hardware_probe_is_let_through(monkeypatch):
     assert subprocess.run(["lscpu", "--parse=core"], capture_output=True).returncode == 0
     with pytest.raises(TierError):
         subprocess.run(["true"])
+
+
+def _entered(slot, alone: bool) -> tuple[threading.Thread, threading.Event]:
+    """``slot.enter(alone)`` on a thread of its own; the event is set once it has entered."""
+    done = threading.Event()
+
+    def enter():
+        slot.enter(alone)
+        done.set()
+
+    thread = threading.Thread(target=enter, daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_an_alone_test_waits_for_the_running_ones_and_holds_back_the_next(tmp_path):
+    """Three workers' slots over one directory: tests run beside each other; an ``alone`` test waits until the
+    running one leaves, and a test starting after it waits until it has run (no alone test waits for ever
+    behind workers that keep starting tests). A slot without the lock, a shared lock for alone tests, or no
+    turnstile each lets a test in here too early."""
+    first, second, third = (RunSlot(str(tmp_path)) for _ in range(3))
+    first.enter(alone=False)
+    _, beside = _entered(second, alone=False)
+    assert beside.wait(5)
+    second.leave()
+    _, alone = _entered(second, alone=True)
+    assert not alone.wait(0.3)
+    _, after = _entered(third, alone=False)
+    assert not after.wait(0.3)
+    first.leave()
+    assert alone.wait(5) and not after.wait(0.3)
+    second.leave()
+    assert after.wait(5)
+    third.leave()

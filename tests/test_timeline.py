@@ -50,15 +50,21 @@ def test_invalid_spans_are_refused():
         Span("cpu", "compute", 2, 1, "layer 3")
     with pytest.raises(ValueError, match="timeline source 'guess'"):
         Timeline([], "guess")
+    with pytest.raises(ValueError, match=r"span event 'switch' is not one of decision, report, fault \(or None\)"):
+        Span("cpu", "stall", 0, 0, "mode switch", event="switch")
 
 
 def test_typed_fields_default_to_nothing_and_survive_json():
     old = Span("io", "io", 0.0, 0.01, "layer 0", {"shards": 2}, "edge-1")
-    assert (old.device, old.nbytes, old.layer, old.rank, old.flow) == ("edge-1", 0, None, None, None)
-    typed = Span("link", "comm", 0.0, 0.01, "send", device="edge-1", nbytes=4096, layer=3, rank=1, flow="x")
+    assert (old.device, old.nbytes, old.layer, old.rank, old.flow, old.event) == ("edge-1", 0, None, None, None, None)
+    typed = Span("link", "comm", 0.0, 0.01, "send", device="edge-1", nbytes=4096, layer=3, rank=1, flow="x",
+                 event="report")
     tl = Timeline([old, typed], "measured", [Counter("buffer", 0.0, 1.0, rank=1)], name="run")
     back = Timeline.from_dict(json.loads(json.dumps(tl.to_dict())))
     assert back == tl and back.spans[1].flow == "x" and back.spans[1].nbytes == 4096 and back.counters[0].rank == 1
+    assert back.spans[1].event == "report" and back.spans[0].event is None
+    (slice_,) = [e for e in tl.to_chrome_trace()["traceEvents"] if e["ph"] == "X" and e["name"] == "send"]
+    assert slice_["args"]["event"] == "report"
     written_before = {"source": "measured", "spans": [{"lane": "io", "kind": "io", "start": 0, "end": 1,
                                                        "label": "", "meta": {}, "device": "host"}]}
     assert Timeline.from_dict(written_before).spans[0].nbytes == 0

@@ -20,6 +20,10 @@ from pathlib import Path
 
 SPAN_KINDS = ("io", "compute", "decompress", "comm", "stall", "recompute", "swap_in", "swap_out", "queue", "idle")
 """What a span is; ``stall``: waiting on another lane or device, ``idle``: taking no part (a dropped device)."""
+SPAN_EVENTS = ("decision", "report", "fault")
+"""What a span marks beyond its kind, for readers that pick such spans out: ``decision`` a runtime decision
+taken in it (Hepti's mode and shares), ``report`` the exchange a decision reads, ``fault`` a device lost (a
+zero-length marker). Readers select on this field, never on a span's label, which is for people."""
 SOURCES = ("predicted", "measured")
 
 
@@ -42,10 +46,13 @@ class Span:
     layer: int | None = None
     rank: int | None = None
     flow: int | str | None = None
+    event: str | None = None   # one of SPAN_EVENTS, or None
 
     def __post_init__(self):
         if self.kind not in SPAN_KINDS:
             raise ValueError(f"span kind {self.kind!r} is not one of {', '.join(SPAN_KINDS)}")
+        if self.event is not None and self.event not in SPAN_EVENTS:
+            raise ValueError(f"span event {self.event!r} is not one of {', '.join(SPAN_EVENTS)} (or None)")
         if not self.end >= self.start:
             raise ValueError(f"span {self.label or self.kind!r} ends ({self.end}) before it starts ({self.start})")
         if self.nbytes < 0 or self.nbytes != int(self.nbytes):
@@ -162,7 +169,8 @@ class Timeline:
                 tid[key] = len(tid) + 1
                 events.append({"ph": "M", "name": "thread_name", "pid": pid[p], "tid": tid[key],
                                "args": {"name": s.lane}})
-            typed = {k: v for k, v in (("layer", s.layer), ("rank", s.rank), ("flow", s.flow)) if v is not None}
+            typed = {k: v for k, v in (("layer", s.layer), ("rank", s.rank), ("flow", s.flow), ("event", s.event))
+                     if v is not None}
             if s.nbytes:
                 typed["nbytes"] = s.nbytes
             events.append({"ph": "X", "name": s.label or s.kind, "cat": s.kind, "pid": pid[p],

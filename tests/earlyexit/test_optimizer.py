@@ -138,6 +138,12 @@ def test_a_transfer_is_a_stage_of_the_pipeline(transfer, cut):
         assert plan.replicas == [2, 1] and plan.goodput == pytest.approx(1 / 0.65)
         assert plan.bottlenecks == [("transfer", 1)] and "transfer into split 2" in plan.binding
         assert plan.latency_s == pytest.approx(5 + 5.2 + 5)
+        first, second = plan.stages                  # the same plan, one typed record per split
+        assert (first.index, first.layers, first.replicas, first.gpu_type, first.batch_size) == \
+            (0, range(0, 1), 2, "v100", 4)
+        assert (second.index, second.layers, second.replicas, second.transfer_in_s) == (1, range(1, 2), 1, 5.2)
+        assert first.transfer_in_s == 0 and [s.stage_s for s in plan.stages] == plan.stage_s
+        assert [s.batches_per_cycle for s in plan.stages] == plan.batches_per_cycle
     else:
         assert plan.splits == [(0, 2)] and plan.goodput == pytest.approx(1.5)
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -52,6 +53,10 @@ def test_every_scheme_equals_the_model_in_one_process_and_counts_the_cost_models
             assert result.traffic() == plan.traffic(), scheme
             results[scheme] = result
         assert runtime.runs == len(SCHEMES)                    # one group served every run
+        for scheme in ("tensor_parallel", "torch_tp"):          # steps are told apart by kind and part, never label
+            plan = plan_partition(scheme, ENC, N, devices)
+            renamed = replace(plan, steps=tuple(replace(s, label=f"step {i}") for i, s in enumerate(plan.steps)))
+            assert_equal_outputs(runtime.run(renamed, emulate=False), reference)
     voltage = results["voltage"].sent_by_kind()
     tp = results["tensor_parallel"].sent_by_kind()
     assert set(voltage) == {"broadcast", "all_gather", "gather"} and set(tp) == {"all_reduce"}

@@ -268,7 +268,7 @@ def test_run_for_real_decides_as_the_page_predicts_and_marks_the_mode_switch(ran
     names = {t.name for t in fig.data}
     assert {"compute (predicted)", "compute (measured)", "mode switch (measured)", "first decision (measured)"} <= names
     mark = next(t for t in fig.data if t.name == "mode switch (measured)")
-    decides = [s for s in result.timeline.spans if s.label.startswith("Hepti decides") and s.layer == 2]
+    decides = [s for s in result.timeline.spans if s.event == "decision" and s.layer == 2]
     origin = min(s.start for s in result.timeline.spans)
     assert list(mark.text) == ["L2: 1D"]
     assert list(mark.x) == [pytest.approx(1e3 * (min(s.start for s in decides) - origin))]
@@ -291,7 +291,7 @@ def test_a_killed_device_is_marked_as_a_fault_and_the_run_goes_on_over_the_rest(
     assert panel.runner.message.value == "" and panel.message.value == ""
     result = panel.runs[panel.run_key()]["result"]
     assert len(result.faults) == 1 and result.faults[0].startswith("rank 1 (jetson-nano-cpu) died")
-    (span,) = [s for s in result.timeline.spans if s.label.startswith("fault:")]
+    (span,) = [s for s in result.timeline.spans if s.event == "fault"]
     resumed = span.layer
     assert resumed in (4, 5) and f"resumed at layer {resumed}" in result.faults[0]
     assert [(d.layer, d.mode) for d in result.decisions] == [(0, "ws"), (2, "1d"), (resumed, "1d")]

@@ -7,8 +7,9 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.kvcache.replay import MAX_IDLE_S, method_config
+from workbench.kvcache.replays import ReplaySettings
 from workbench.ui import kvcache as kvcache_ui
-from workbench.ui.kvcache import KVCachePanel, ReplaySettings, compare
+from workbench.ui.kvcache import KVCachePanel, compare
 from workbench.viz.kvcache import format_ms
 from tests.conftest import PRESET
 from tests.viz.test_kvcache import replay_result, sample_replays

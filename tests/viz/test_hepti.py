@@ -161,8 +161,9 @@ def test_the_predicted_timeline_and_its_marks_follow_the_engines_schedule():
     assert set(fig.layout.yaxis.categoryarray) == {f"{n} · device {i}" for i, n in enumerate(NAMES)}
 
 
-def _span(device, rank, kind, start, end, label, layer, lane=None):
-    return Span(lane or f"device {device}", kind, start, end, label, device=device, rank=rank, layer=layer)
+def _span(device, rank, kind, start, end, label, layer, lane=None, event=None):
+    return Span(lane or f"device {device}", kind, start, end, label, device=device, rank=rank, layer=layer,
+                event=event)
 
 
 def test_measured_marks_sit_at_the_ranks_first_decision_span_and_a_fault_before_the_resumed_layers():
@@ -170,15 +171,18 @@ def test_measured_marks_sit_at_the_ranks_first_decision_span_and_a_fault_before_
 
     Catches: a decision marked at the last rank's span instead of the first, marks not moved with the spans, the
     re-partition after a fault called a mode switch when the mode stayed, a fault marker left seconds before the
-    layers it concerns (off the figure), the spans of a renumbered rank put in another device's row."""
+    layers it concerns (off the figure), the spans of a renumbered rank put in another device's row, a span
+    taken for a decision or a fault by its label rather than its typed event."""
     spans = (
         _span("rpi4-a", None, "stall", 13.0, 13.0, "fault: jetson-nano-cpu lost at layer 4; re-partition over 3 "
-              "devices", 4, lane="device 0"),
-        _span("rpi4-b", 1, "stall", 25.002, 25.003, "Hepti decides: 1d (first)", 4),
-        _span("rpi4-a", 0, "stall", 25.001, 25.004, "Hepti decides: 1d (first)", 4),
-        _span("rpi4-a", 0, "compute", 25.000, 25.001, "reports 4", 4),
+              "devices", 4, lane="device 0", event="fault"),
+        _span("rpi4-b", 1, "stall", 25.002, 25.003, "Hepti decides: 1d (first)", 4, event="decision"),
+        _span("rpi4-a", 0, "stall", 25.001, 25.004, "Hepti decides: 1d (first)", 4, event="decision"),
+        _span("rpi4-a", 0, "compute", 25.000, 25.001, "reports 4", 4, event="report"),
         _span("rpi4-b", 1, "compute", 25.004, 25.010, "attention 4", 4),
-        _span("rpi4-a", 0, "stall", 25.020, 25.021, "Hepti decides: 1d (speed)", 5),
+        _span("rpi4-a", 0, "stall", 25.020, 25.021, "Hepti decides: 1d (speed)", 5, event="decision"),
+        _span("rpi4-b", 1, "compute", 25.000, 25.0005, "fault: a user's label", 4),
+        _span("rpi4-b", 1, "compute", 25.010, 25.011, "Hepti decides: a user's label", 5),
     )
     measured = Timeline(spans, "measured")
     decisions = (Decision(0, "ws", (0.3, 0.3, 0.3, 0.1), (), "first", ()),
@@ -198,7 +202,7 @@ def test_measured_marks_sit_at_the_ranks_first_decision_span_and_a_fault_before_
     fault = by_layer[("fault", 4)]
     assert fault.at_s == pytest.approx(layer4) and "12.0 s before the resumed layers" in fault.hover
     moved = on_devices(Timeline(tuple(replace(s, start=s.start - shift, end=s.end - shift) for s in spans)), NAMES)
-    assert not any(s.label.startswith("fault:") for s in moved.spans)
+    assert not any(s.event == "fault" for s in moved.spans) and len(moved.spans) == len(spans) - 1
     assert {(s.device, s.lane, s.rank) for s in moved.spans} == {("rpi4-a", "device 0", 0), ("rpi4-b", "device 2", 2)}
     fig = timeline_figure(predicted, NAMES, Timeline(tuple(replace(s, start=s.start - shift, end=s.end - shift)
                                                           for s in spans), "measured"),

@@ -27,6 +27,7 @@ class Step:
     src: int | None = None                   # a send's source and destination device
     dst: int | None = None
     latency_s: float = 0.0                   # the part of ``seconds`` that is link latency (collectives)
+    part: str | None = None                  # "attention" or "ffn": the half of a tensor-parallel layer it serves
 
 
 def steps_timeline(steps: Sequence[Step], names: Sequence[str], name: str = "predicted") -> Timeline:

@@ -204,8 +204,8 @@ def validation_table(opts) -> tuple[list[dict], str]:
             return [], plan
         model = "untrained ramps (no prepared model)"
     L = plan.splits[-1][1]
-    row = {"model": model, "plan": " | ".join(f"{s}-{e - 1} x{r} @ {b}" for (s, e), r, b in
-                                               zip(plan.splits, plan.replicas, plan.batch_sizes)),
+    row = {"model": model, "plan": " | ".join(f"{st.start}-{st.end - 1} x{st.replicas} @ {st.batch_size}"
+                                               for st in plan.stages),
            "rate": rate, **v.row(), "exits_early": int(np.sum(v.real.exit_layers[v.real.served] < L - 1)),
            "dropped_real": int(v.real.dropped), "dropped_predicted": sum(1 for r in v.sim.requests if r.dropped)}
     if split_queue is not None:

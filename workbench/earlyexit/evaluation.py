@@ -586,8 +586,8 @@ def cost_table(batches: Sequence[int] = (1, 2, 4, 8, 16), mixes: Iterable[str] =
                                  "gpus_for_target": sum(counts.values()) if counts else math.inf,
                                  "cost_per_s_for_target": cost,
                                  "bought": " ".join(f"{n}x{g}" for g, n in counts.items()) if counts else "none",
-                                 "plan": ((" | ".join(f"{_span(s, e)} on {r}x{g}" for (s, e), r, g in
-                                                      zip(plan.splits, plan.replicas, plan.gpu_types))
+                                 "plan": ((" | ".join(f"{_span(st.start, st.end)} on {st.replicas}x{st.gpu_type}"
+                                                      for st in plan.stages)
                                            if plan is not None else "the model as is, data parallel")
                                           if system == "e3" else ""),
                                  "saving_pct": (100 * (1 - cost / base) if system == "e3" and math.isfinite(cost)

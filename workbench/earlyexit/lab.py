@@ -75,8 +75,9 @@ def describe(p: SplitPlan) -> str:
     """A plan in one line: its splits, replicas and batches per cycle."""
     if not p:
         return f"no plan ({p.reason})"
-    return "; ".join(f"split {i + 1}: {_layers(s)} on {r} GPU{'s' if r > 1 else ''}, {n:g} batch(es) of {b} a cycle"
-                     for i, (s, r, b, n) in enumerate(zip(p.splits, p.replicas, p.batch_sizes, p.batches_per_cycle)))
+    return "; ".join(f"split {st.index + 1}: {_layers((st.start, st.end))} on {st.replicas} "
+                     f"GPU{'s' if st.replicas > 1 else ''}, {st.batches_per_cycle:g} batch(es) of {st.batch_size} a cycle"
+                     for st in p.stages[:len(p.batches_per_cycle)])
 
 
 def replica_batches(p: SplitPlan, index: int) -> list[float]:

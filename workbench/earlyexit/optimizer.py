@@ -117,6 +117,28 @@ class DataParallelPlan:
 
 
 @dataclass(frozen=True)
+class Stage:
+    """One split of a :class:`SplitPlan` as a whole: layers ``start`` to ``end`` (exclusive) on ``replicas``
+    GPUs of ``gpu_type``, each running batches of ``batch_size`` in ``stage_s``; ``batches_per_cycle`` batches
+    reach it per cycle, ``fill_s`` is its wait for a batch to fill, ``transfer_in_s`` the hand-over from the
+    split before (0 for the first). Figures, tables and labs read these instead of zipping the plan's lists."""
+    index: int
+    start: int
+    end: int
+    replicas: int
+    gpu_type: str
+    batch_size: int
+    stage_s: float = math.nan
+    batches_per_cycle: float = math.nan
+    fill_s: float = 0.0
+    transfer_in_s: float = 0.0
+
+    @property
+    def layers(self) -> range:
+        return range(self.start, self.end)
+
+
+@dataclass(frozen=True)
 class SplitPlan:
     """The optimizer's answer: splits, their replicas and GPU types, and why.
 
@@ -161,6 +183,17 @@ class SplitPlan:
         return bool(self.splits)
 
     @property
+    def stages(self) -> tuple[Stage, ...]:
+        """The splits as typed :class:`Stage` records (the per-split lists above, read together)."""
+        def at(values, i, default):
+            return values[i] if i < len(values) else default
+
+        return tuple(Stage(i, s, e, self.replicas[i], self.gpu_types[i], self.batch_sizes[i],
+                           at(self.stage_s, i, math.nan), at(self.batches_per_cycle, i, math.nan),
+                           at(self.fill_s, i, 0.0), at(self.transfers_s, i - 1, 0.0) if i else 0.0)
+                     for i, (s, e) in enumerate(self.splits))
+
+    @property
     def unsplit(self) -> dict | None:
         """The baseline as a dict (the early-exit model as is, data parallel on all the GPUs), or None."""
         return self.baseline.to_dict() if self.baseline else None
@@ -193,12 +226,10 @@ class SplitPlan:
     def rows(self) -> list[dict]:
         """One row per split, for a table."""
         tput = self.throughputs()
-        return [{"split": i + 1, "layers": _layers(s, e), "gpu_type": g, "replicas": r, "batch": b,
-                 "batches_per_cycle": n, "stage_ms": 1e3 * t, "throughput": tput[i],
-                 "transfer_in_ms": 1e3 * self.transfers_s[i - 1] if i else 0.0}
-                for i, ((s, e), g, r, b, n, t) in enumerate(zip(self.splits, self.gpu_types, self.replicas,
-                                                                 self.batch_sizes, self.batches_per_cycle,
-                                                                 self.stage_s))]
+        return [{"split": st.index + 1, "layers": _layers(st.start, st.end), "gpu_type": st.gpu_type,
+                 "replicas": st.replicas, "batch": st.batch_size, "batches_per_cycle": st.batches_per_cycle,
+                 "stage_ms": 1e3 * st.stage_s, "throughput": tput[st.index], "transfer_in_ms": 1e3 * st.transfer_in_s}
+                for st in self.stages[:min(len(self.stage_s), len(self.batches_per_cycle))]]
 
     def explain(self) -> str:
         """A few lines a dashboard can show: the plan, what binds it, why it was chosen."""

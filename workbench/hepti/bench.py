@@ -320,8 +320,8 @@ def runtime_overhead_s(run) -> tuple[float, float]:
     Hepti's decisions, which the cost model and the schedule leave out."""
     lane = "device 0"                                   # the primary's lane in a run's timeline
     mine = [s for s in run.timeline.spans if s.lane == lane]
-    reports = sum(s.duration for s in mine if s.label.startswith(("reports ", "waits for reports ")))
-    decide = sum(s.duration for s in mine if s.label.startswith("Hepti decides"))
+    reports = sum(s.duration for s in mine if s.event == "report")
+    decide = sum(s.duration for s in mine if s.event == "decision")
     return reports, decide
 
 
@@ -469,7 +469,7 @@ def switch_table(runs: Runs) -> list[dict]:
     predicted_base = schedule_s(base["runs"][-1], devices, shape, L)
     predicted_fell = schedule_s(run, devices, shape, L)
     decide = [s.duration for s in run.timeline.spans
-              if first is not None and s.layer == first.layer and s.label.startswith("Hepti decides")]
+              if first is not None and s.layer == first.layer and s.event == "decision"]
     cost, predicted_cost = fell["measured_s"] - base["measured_s"], predicted_fell - predicted_base
     overhead = lambda got: statistics.median(sum(runtime_overhead_s(r)) for r in got["runs"])
     runtime_cost = overhead(fell) - overhead(base)
@@ -496,11 +496,11 @@ def fault_table(runs: Runs) -> list[dict]:
         return []
     detection, restart, resumed, before_kill = [], [], [], []
     for run, called, stamps in zip(hit["runs"], hit["calls"], hit["stamps"]):
-        marks = [s for s in run.timeline.spans if s.label.startswith("fault:")]
+        marks = [s for s in run.timeline.spans if s.event == "fault"]
         if not marks:
             continue
         mark = marks[0].start                         # on the run's clock (0 at the primary's first report)
-        after = [s for s in run.timeline.spans if s.start > mark and not s.label.startswith("fault:")]
+        after = [s for s in run.timeline.spans if s.start > mark and s.event != "fault"]
         cut = [t - run.started_at for t in stamps if t - run.started_at <= mark]
         if cut:                                      # the last progress report before the fault killed the device
             detection.append(mark - cut[-1])

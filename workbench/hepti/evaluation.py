@@ -118,7 +118,7 @@ def own_overhead_ms(run) -> float:
     """The primary's time gathering the layers' reports and in Hepti's decisions."""
     lane = f"device {run.partition.devices[0].name}"
     return 1e3 * sum(s.end - s.start for s in run.timeline.spans if s.lane == lane
-                     and s.label.startswith(("reports ", "waits for reports ", "Hepti decides")))
+                     and s.event in ("report", "decision"))
 
 
 def run_plans() -> dict[str, Partition]:
@@ -256,11 +256,11 @@ def decisions_table(run) -> list[dict]:
 def aligned(run):
     """(prediction, measurement) of ``run`` on one time axis, lanes named by device: the measured spans shifted
     so the resumed run starts where the prediction has that layer, the fault marked there."""
-    spans = [s for s in run.timeline.spans if s.layer is not None and not s.label.startswith("fault")]
+    spans = [s for s in run.timeline.spans if s.layer is not None and s.event != "fault"]
     first_layer = min(s.layer for s in spans)
     shift = min(s.start for s in run.predicted.spans if s.layer == first_layer) - min(s.start for s in spans)
     resumed = min(s.start for s in spans) + shift
-    at = lambda s: (replace(s, start=s.start + shift, end=s.end + shift) if not s.label.startswith("fault")
+    at = lambda s: (replace(s, start=s.start + shift, end=s.end + shift) if s.event != "fault"
                     else replace(s, lane=f"device {s.device}", rank=0, start=resumed, end=resumed))
     return (replace(run.predicted, spans=tuple(replace(s, lane=f"device {s.device}") for s in run.predicted.spans)),
             replace(run.timeline, spans=tuple(at(s) for s in run.timeline.spans)))

@@ -90,7 +90,7 @@ def execute_hepti(devices: Sequence[DeviceProfile], store, inputs: dict, comm: C
                     progress(layer, f"layer {layer} decided", {"decision": decisions[-1]})
                 if layer != start_layer:
                     hold(new, devices_now, layer)
-                walker.span("stall", start, f"Hepti decides: {new.mode} ({why})", layer,
+                walker.span("stall", start, f"Hepti decides: {new.mode} ({why})", layer, event="decision",
                             meta={"mode": new.mode, "why": why, "shares": list(partition.shares)})
             clock.schedule = time.perf_counter()           # each layer's schedule starts once it is decided
             x = _bring_x(comm, split, x, has_x, layer)
@@ -136,7 +136,7 @@ def _gather_reports(comm: Comm, reports: Reports, rank: int, layer: int, speed: 
     pieces = _exchange(comm, [reports.free_bytes(rank, layer), speed, reports.link[rank]])
     nbytes = REPORT_FLOATS * pieces[0].element_size()
     comm.counts.append(Count(layer, "report", (comm.world - 1) * nbytes, (comm.world - 1) * nbytes))
-    walker.span("comm", start, f"reports {layer}", layer, nbytes=2 * (comm.world - 1) * nbytes,
+    walker.span("comm", start, f"reports {layer}", layer, nbytes=2 * (comm.world - 1) * nbytes, event="report",
                 meta={"sent": (comm.world - 1) * nbytes, "received": (comm.world - 1) * nbytes})
     return [replace(d, memory_bytes=float(p[0]), flops_per_s=float(p[1]), net_bytes_per_s=float(p[2]))
             for d, p in zip(reports.devices, pieces)]

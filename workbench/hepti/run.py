@@ -330,8 +330,8 @@ class HeptiRun:
                                  label=self.label)
         causes = list(check.causes)
         lane = "device 0"
-        gathers = sum(x.duration for x in self.timeline.spans if x.lane == lane and x.label.startswith("reports "))
-        decides = sum(x.duration for x in self.timeline.spans if x.lane == lane and x.label.startswith("Hepti decides"))
+        gathers = sum(x.duration for x in self.timeline.spans if x.lane == lane and x.event == "report")
+        decides = sum(x.duration for x in self.timeline.spans if x.lane == lane and x.event == "decision")
         if gathers + decides > 0.05 * predicted_s:
             causes.append(f"the primary's report gathers ({1e3 * gathers:.0f} ms) and decisions ({1e3 * decides:.0f} ms), "
                           "which Eq. 7 leaves out")
@@ -514,7 +514,8 @@ def _run(devices, model, seq_len, model_shape, shape, first, primary_dir, *, dea
             now = time.perf_counter() - t_zero
             faults.append(f"{failure}; resumed at layer {start_layer} over the {len(devices) - 1} devices left")
             spans.append(Span(lane_of[lost], "stall", now, now, f"fault: {lost} lost at layer {start_layer}; "
-                              f"re-partition over {len(devices) - 1} devices", device=lost, layer=start_layer))
+                              f"re-partition over {len(devices) - 1} devices", device=lost, layer=start_layer,
+                              event="fault"))
             devices = [d for i, d in enumerate(devices) if i != failure.rank]
             lost_names.append(lost)
             continue

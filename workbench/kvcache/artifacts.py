@@ -7,9 +7,7 @@ from pathlib import Path
 
 from workbench.cache import cache_dir
 from workbench.errors import WorkbenchError
-
-METHODS = ("llms", "vllm_sq", "vllm_s", "swapping", "lmk")
-"""LLMS and the paper's baselines, as service presets."""
+from workbench.kvcache.replays import METHODS
 
 REPLAYS_FORMAT = 4
 """Bumped when what a replay records or how it emulates a device changes (2: presets read at their

@@ -68,6 +68,13 @@ class ReplayResult:
     settings: dict = field(default_factory=dict)     # the service config and trace settings used
     calls: tuple[CallRecord, ...] = ()
 
+    def setting(self, key: str, default=None):
+        """A setting this replay recorded: at the top of :attr:`settings`, in its service config or its trace's."""
+        for where in (self.settings, self.settings.get("config"), self.settings.get("trace")):
+            if isinstance(where, dict) and where.get(key) is not None:
+                return where[key]
+        return default
+
     def switch_latencies(self) -> np.ndarray:
         return np.array([c.switch_s for c in self.calls])
 

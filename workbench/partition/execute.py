@@ -50,7 +50,7 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
         for i, step in enumerate(plan.steps):
             layer = step.layer
             if plan.scheme == "torch_tp":
-                if step.label.startswith("attention"):
+                if step.kind == "compute" and step.part == "attention":
                     x = _torch_tp_layer(plan, rank, layer, x, inputs, torch_tp, comm, clock, span)
                 progress(i, step.label)
                 continue
@@ -67,7 +67,7 @@ def execute(plan: PartitionPlan, rank: int, model, inputs: dict, comm: Comm, *, 
                 else:
                     x = collective(step, lambda: comm.all_gather_rows(x, rows, layer))
             elif step.kind == "all_reduce":
-                if "attention" in step.label:
+                if step.part == "attention":
                     h = collective(step, lambda: comm.all_reduce(h, layer))
                     h = model.finish_attention(layer, x, h)
                 else:
@@ -119,7 +119,7 @@ def _compute(plan, step, rank, model, x, h, inputs, heads_from, ffn_from, torch_
     if scheme in ("single", "pipeline"):
         return lambda: (model.rows(layer, x, 0, x.shape[-2], "auto", inputs), h)
     heads = range(heads_from[rank], heads_from[rank] + plan.heads[rank])
-    if step.label.startswith("attention"):
+    if step.part == "attention":
         return lambda: (x, model.tp_attention(layer, x, heads, inputs))
     columns = slice(ffn_from[rank], ffn_from[rank] + plan.ffn_columns[rank])
     return lambda: (model.tp_ffn(layer, h, columns), h)

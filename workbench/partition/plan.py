@@ -248,15 +248,15 @@ def _tensor_parallel(scheme, shape, N, devices, *, shares, order, network):
     for layer in range(L):
         parts = [tensor_parallel_gammas(shape, N, h, f) for h, f in zip(heads, ffn)]
         steps.append(Step("compute", layer, f"attention {layer}",
-                          tuple(_layer_s(d, a, N) for d, (a, _) in zip(devices, parts))))
+                          tuple(_layer_s(d, a, N) for d, (a, _) in zip(devices, parts)), part="attention"))
         for half in ("attention", "FFN"):
             if half == "FFN":
                 steps.append(Step("compute", layer, f"FFN {layer}",
-                                  tuple(d.work_s(2 * f, N) for d, (_, f) in zip(devices, parts))))
+                                  tuple(d.work_s(2 * f, N) for d, (_, f) in zip(devices, parts)), part="ffn"))
             traffic = tuple(all_reduce_traffic(N * shape.hidden, K))    # K = 1 too: the step ends the block
             s = collective_s(traffic, bws, lat, steps=2 * (K - 1), network=network)
             steps.append(Step("all_reduce", layer, f"All-Reduce {layer} ({half})", (s,) * K, traffic,
-                              latency_s=2 * (K - 1) * lat if K > 1 else 0.0))
+                              latency_s=2 * (K - 1) * lat if K > 1 else 0.0, part=half.lower()))
     reasons = (f"heads split {'/'.join(map(str, heads))}, FFN columns {'/'.join(map(str, ffn))}",
                "two ring All-Reduces per layer (after the attention's output projection and after the FFN)",
                "done by PyTorch's ColwiseParallel / RowwiseParallel" if scheme == "torch_tp" else

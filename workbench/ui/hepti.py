@@ -25,7 +25,7 @@ from workbench.distributed.shares import proportional_shares
 from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
 from workbench.ui.base import CELL, BackgroundRun, Panel, table_row
-from workbench.viz.hepti import (DECIDES, FAULT, MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
+from workbench.viz.hepti import (MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
                                  decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
                                  predicted_s, timeline_figure, verdict)
 
@@ -396,7 +396,7 @@ class HeptiPanel(Panel):
     def drawn_note(shifted, result) -> str:
         """After a fault, what of the run's time the drawn spans are: the resumed layers, from the layer they
         resumed at (drawn where the prediction starts it), and what the rest of the total is."""
-        spans = [x for x in shifted.spans if x.layer is not None and not x.label.startswith(FAULT)]
+        spans = [x for x in shifted.spans if x.layer is not None and x.event != "fault"]
         if not result.faults or not spans:
             return ""
         first, last = min(x.layer for x in spans), max(x.layer for x in spans)
@@ -560,7 +560,7 @@ class HeptiPanel(Panel):
         the devices left)."""
         names_at: dict[int, dict[int, str]] = {}
         for span in result.timeline.spans:
-            if span.label.startswith(DECIDES) and span.rank is not None:
+            if span.event == "decision" and span.rank is not None:
                 names_at.setdefault(span.layer, {})[span.rank] = span.device
         rows = []
         for d in result.decisions:

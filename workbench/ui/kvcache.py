@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import html
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,18 +21,18 @@ from workbench.kvcache.client import operator_snapshot
 from workbench.kvcache.config import SWAP_DEVICES
 from workbench.kvcache.lifecycle import POLICIES
 from workbench.kvcache.protocol import default_address
+from workbench.kvcache.replays import FRACTION, MEGABYTES, METHODS, ReplaySettings, replay_methods
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import default_preset, prepare_hint
 from workbench.ui.base import CELL, BackgroundRun, Panel, kernel_loop
-from workbench.viz.kvcache import (METHOD_LABELS, chunk_map_figure, events_figure, format_ms, latency_figure,
+from workbench.viz.kvcache import (chunk_map_figure, events_figure, format_ms, latency_figure,
                                    live_chunk_map_figure, live_queue_figure, load_gantt_figure, method_label,
-                                   queue_figure, recorded_setting)
+                                   queue_figure)
 from workbench.viz.style import message_figure
 
-METHODS = tuple(METHOD_LABELS)
+
 DEVICES = SWAP_DEVICES
 CHUNK_SIZES = (4, 8, 16, 32, 64)
-FRACTION, MEGABYTES = "of the working set", "MB"
 PLAY_INTERVAL_MS = 900
 
 INTRO = """
@@ -44,23 +43,6 @@ others at 4 or 2), written to swap files ahead of time and evicted by the <b>LCT
 least recently used first) when memory is short. Switching to a context brings its missing chunks back, reading
 some while <b>recomputing</b> others. Below: one trace replayed under LLMS and the paper's baselines.</p>
 """
-
-
-@dataclass(frozen=True)
-class ReplaySettings:
-    """What a replay is run with, as the controls give it."""
-    contexts: int
-    calls: int
-    pattern: str
-    mean_interval_s: float
-    seed: int
-    device: str
-    budget: float
-    budget_unit: str
-    global_ratio: float
-    chunk_size: int
-    policy: str
-    idle_s_per_min: float = 0.0
 
 
 def _prepared_replays(preset: str) -> dict:
@@ -119,17 +101,17 @@ def made_with(results: dict) -> str:
     times = [c.time_s for c in first.calls]
     gap = (times[-1] - times[0]) / (len(times) - 1) / 60 if len(times) > 1 else 0.0
     idle = sum(c.idle_s for c in first.calls)
-    seed = recorded_setting(first, "seed")
-    how = (f"replayed with {60 * recorded_setting(first, 'idle_scale', 0.0):.2f} s idle per trace minute "
+    seed = first.setting("seed")
+    how = (f"replayed with {60 * first.setting('idle_scale', 0.0):.2f} s idle per trace minute "
            f"({idle:.1f} s idle in all per method)" if idle > 0 else "replayed back to back (no idle)")
     text = (f"Trace: {html.escape(first.pattern)} switching{f', seed {seed}' if seed is not None else ''}, calls "
             f"every {gap:.1f} min on average in trace time; {how}.")
-    sizes = {recorded_setting(r, "chunk_size") for r in results.values()} - {None}
+    sizes = {r.setting("chunk_size") for r in results.values()} - {None}
     if len(sizes) == 1:
         text += f" Service: {sizes.pop()}-token chunks for every method"
-        if first.method == "llms" and recorded_setting(first, "global_ratio") is not None:
-            text += (f"; LLMS at global ratio {recorded_setting(first, 'global_ratio'):g} with "
-                     f"{html.escape(str(recorded_setting(first, 'policy', 'lctru')).upper())} eviction")
+        if first.method == "llms" and first.setting("global_ratio") is not None:
+            text += (f"; LLMS at global ratio {first.setting('global_ratio'):g} with "
+                     f"{html.escape(str(first.setting('policy', 'lctru')).upper())} eviction")
         text += "."
     return text
 
@@ -240,23 +222,9 @@ class KVCachePanel(Panel):
             policy=self.policy.value, idle_s_per_min=float(self.idle.value))
 
     def _settings_of(self, results: dict) -> ReplaySettings | None:
-        """The settings the shown replays were made with, as far as their records say."""
-        first = results.get("llms") or next(iter(results.values()), None)
-        if first is None:
-            return None
-        fraction = recorded_setting(first, "budget_fraction", None)
-        return ReplaySettings(
-            contexts=first.contexts, calls=int(recorded_setting(first, "calls", len(first.calls))),
-            pattern=first.pattern,
-            mean_interval_s=float(recorded_setting(first, "mean_interval_s", self.interval.value)),
-            seed=int(recorded_setting(first, "seed", self.seed.value)), device=first.device,
-            budget=float(fraction) if fraction is not None else
-            round(recorded_setting(first, "requested_budget_bytes", first.memory_budget_bytes) / 1e6, 3),
-            budget_unit=FRACTION if fraction is not None else MEGABYTES,
-            global_ratio=round(float(recorded_setting(first, "global_ratio", self.ratio.value)), 4),
-            chunk_size=int(recorded_setting(first, "chunk_size", self.chunk_size.value)),
-            policy=str(recorded_setting(first, "policy", self.policy.value)),
-            idle_s_per_min=round(60 * float(recorded_setting(first, "idle_scale", 0.0)), 6))
+        """The settings the shown replays were made with, as far as their records say (the controls' values
+        where they are silent)."""
+        return ReplaySettings.of_results(results, self.settings())
 
     @contextmanager
     def _quietly(self):
@@ -361,7 +329,7 @@ class KVCachePanel(Panel):
         else:
             head = f"LLMS switches {' and '.join(versus)} (means of {switches} switches or more). " if versus else ""
         first = next(iter(results.values()))
-        requested = recorded_setting(first, "requested_budget_bytes", first.memory_budget_bytes)
+        requested = first.setting("requested_budget_bytes", first.memory_budget_bytes)
         raised = [f"{method_label(m)} {r.memory_budget_bytes / 1e6:.2f} MB" for m, r in results.items()
                   if r.memory_budget_bytes > requested]
         budget = f"{requested / 1e6:.2f} MB budget" + (
@@ -372,31 +340,6 @@ class KVCachePanel(Panel):
 
     # -- the replay run
 
-    @staticmethod
-    def _budget_bytes(trace, settings: ReplaySettings, model=None) -> int:
-        """The memory budget in bytes: given in MB, or a fraction of the trace's working set."""
-        if settings.budget_unit == MEGABYTES:
-            if settings.budget <= 0:
-                raise WorkbenchError(f"the memory budget must be positive, got {settings.budget} MB")
-            return int(settings.budget * 1e6)
-        if not 0 < settings.budget <= 1:
-            raise WorkbenchError(f"a budget as a fraction of the working set lies in (0, 1], got {settings.budget}; "
-                                 f"switch the unit to MB for an absolute budget")
-        if trace is None:
-            return 0
-        from workbench.kvcache.replay import budget_for
-
-        return int(budget_for(trace, settings.budget, model=model, chunk_size=settings.chunk_size))
-
-    @staticmethod
-    def _service_configs(settings: ReplaySettings) -> dict:
-        """Per method, the service configuration it replays with: its preset with the settings that apply to
-        it (``method_config``); a value the configuration refuses raises ``WorkbenchError``."""
-        from workbench.kvcache.replay import method_config
-
-        return {m: method_config(m, chunk_size=settings.chunk_size, global_ratio=settings.global_ratio,
-                                 policy=settings.policy) for m in METHODS}
-
     def _new_tokens(self) -> int:
         """Tokens each call of a replay generates: as many as in the replays shown (the prepared ones generate
         no more than the page needs: it shows switching, not answers), so Replay with unchanged settings makes
@@ -404,39 +347,22 @@ class KVCachePanel(Panel):
         from workbench.kvcache.replay import DEFAULT_NEW_TOKENS
 
         first = next(iter((self.results or {}).values()), None)
-        return DEFAULT_NEW_TOKENS if first is None else int(recorded_setting(first, "max_new_tokens",
+        return DEFAULT_NEW_TOKENS if first is None else int(first.setting("max_new_tokens",
                                                                              DEFAULT_NEW_TOKENS))
 
     def _replay_all(self, handle) -> dict:
         """Worker thread: the trace of the current settings replayed under every method."""
         settings = self.settings()
-        self._budget_bytes(None, settings)                  # a wrong budget is said before anything loads
-        from workbench.kvcache.replay import idle_gaps, replay
-        from workbench.kvcache.traces import synthesize_trace
+        results = replay_methods(settings, self._decoder, new_tokens=self._new_tokens(), progress=handle.progress,
+                                 should_stop=handle.should_stop)
+        return {"settings": settings, "results": results}
 
-        configs = self._service_configs(settings)
-        new_tokens = self._new_tokens()
-        trace = synthesize_trace(settings.contexts, settings.calls, settings.pattern, settings.mean_interval_s,
-                                 settings.seed)
-        idle_scale = settings.idle_s_per_min / 60
-        idle_gaps(trace, idle_scale, replays=len(METHODS))      # too much idle is said before anything loads
+    def _decoder(self):
         if self._model is None:
             from workbench.models.decoder import load_decoder
 
             self._model = load_decoder()
-        budget = self._budget_bytes(trace, settings, self._model)
-        total = len(METHODS) * len(trace.calls)
-        results = {}
-        handle.progress(0, total)
-        for k, method in enumerate(METHODS):
-            done = k * len(trace.calls)
-            results[method] = replay(trace, method, memory_budget_bytes=budget, device=settings.device,
-                                     model=self._model, max_new_tokens=new_tokens, should_stop=handle.should_stop,
-                                     progress=lambda d, _t, done=done: handle.progress(done + d, total),
-                                     config=configs[method], idle_scale=idle_scale)
-            if handle.should_stop():
-                break
-        return {"settings": settings, "results": results}
+        return self._model
 
     def _show_replays(self, outcome: dict, cancelled: bool) -> None:
         """Kernel loop: show the new replays (those finished, when cancelled)."""

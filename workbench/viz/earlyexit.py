@@ -110,8 +110,9 @@ def plan_figure(plan, profile: Sequence[float] | None = None, title: str | None 
                               wrap_text(no_plan or no_plan_text(plan.reason), HALF_WRAP), height=420)
     L = plan.splits[-1][1]
     fig = go.Figure()
-    for i, ((start, end), r, gpu, b, stage) in enumerate(zip(plan.splits, plan.replicas, plan.gpu_types,
-                                                             plan.batch_sizes, plan.stage_s)):
+    for st in plan.stages[:len(plan.stage_s)]:
+        i, start, end, r, gpu, b, stage = (st.index, st.start, st.end, st.replicas, st.gpu_type, st.batch_size,
+                                           st.stage_s)
         rows = [f"split {i + 1} · replica {j + 1}" for j in range(r)]
         fig.add_trace(go.Bar(
             y=rows, base=[start] * r, x=[end - start] * r, orientation="h",

@@ -29,8 +29,6 @@ SEGMENT_NAMES = {"compute": "compute (its own share)", "waiting": "waiting for t
 MARK_KINDS = ("first", "switch", "repartition", "fault")
 MARK_NAMES = {"first": "first decision", "switch": "mode switch", "repartition": "re-partition", "fault": "fault"}
 MARK_COLORS = {"first": "#4C78A8", "switch": "#7B3294", "repartition": "#7F7F7F", "fault": "#D62728"}
-DECIDES = "Hepti decides"
-FAULT = "fault:"
 
 
 class LayerDecision(NamedTuple):
@@ -243,13 +241,13 @@ def on_devices(timeline: Timeline, names: Sequence[str], shift_s: float = 0.0) -
     spans = tuple(replace(s, lane=f"device {index[s.device]}", rank=index[s.device], start=s.start - shift_s,
                           end=s.end - shift_s) if s.device in index else replace(s, start=s.start - shift_s,
                                                                                   end=s.end - shift_s)
-                  for s in timeline.spans if not s.label.startswith(FAULT))
+                  for s in timeline.spans if s.event != "fault")
     return Timeline(spans, timeline.source, timeline.counters, name=timeline.name)
 
 
 def measured_origin(timeline: Timeline) -> float:
     """Where the measured layers begin on the run's clock (the worker processes' start-up comes before)."""
-    starts = [s.start for s in timeline.spans if not s.label.startswith(FAULT)]
+    starts = [s.start for s in timeline.spans if s.event != "fault"]
     return min(starts) if starts else 0.0
 
 
@@ -257,7 +255,7 @@ def measured_shift(measured: Timeline, predicted: Timeline) -> float:
     """Seconds to move the measured spans earlier so that the first layer they hold starts where the prediction
     starts that layer: layer 0 at 0, or after a fault (the run keeps the resumed run's spans only) the layer it
     resumed at beside its prediction."""
-    layers = [s.layer for s in measured.spans if s.layer is not None and not s.label.startswith(FAULT)]
+    layers = [s.layer for s in measured.spans if s.layer is not None and s.event != "fault"]
     first = min(layers, default=0)
     at = min((s.start for s in predicted.spans if s.layer == first), default=0.0)
     return measured_origin(measured) - at
@@ -281,13 +279,13 @@ def predicted_marks(layers: Sequence[LayerDecision], timeline: Timeline) -> list
 
 def measured_marks(timeline: Timeline, decisions: Sequence, shift_s: float = 0.0) -> list[Mark]:
     """The run's decisions and faults as they show on its timeline (times moved ``shift_s`` earlier): each
-    decision at the earliest of its ranks' "Hepti decides" spans, told by the run's own
+    decision at the earliest of its ranks' decision spans, told by the run's own
     :class:`~workbench.hepti.run.Decision` (a mode switch when its mode differs from the decision
     before); each fault at its marker span. A decision made in a run a fault cut short has no span (the run's
     timeline keeps the last run's spans only) and no mark."""
     spans_at: dict[int, float] = {}
     for s in timeline.spans:
-        if s.label.startswith(DECIDES) and s.layer is not None:
+        if s.event == "decision" and s.layer is not None:
             spans_at[s.layer] = min(spans_at.get(s.layer, math.inf), s.start - shift_s)
     by_layer = {d.layer: (k, d) for k, d in enumerate(decisions)}          # the last decision of each layer
     marks = []
@@ -301,7 +299,7 @@ def measured_marks(timeline: Timeline, decisions: Sequence, shift_s: float = 0.0
                           + ", ".join(f"{s:.3f}" for s in d.shares), layer))
     resumed = measured_origin(timeline) - shift_s
     for s in timeline.spans:
-        if s.label.startswith(FAULT):
+        if s.event == "fault":
             at = s.start - shift_s
             before = (f" ({resumed - at:.1f} s before the resumed layers, drawn from here: the worker processes "
                       "restarted; the layers before the fault ran in the run it cut short, whose spans the run "

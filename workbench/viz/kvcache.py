@@ -87,18 +87,9 @@ def chunk_map_figure(result, call: int, title: str | None = None) -> go.Figure:
     return fig
 
 
-def recorded_setting(result, key: str, default=None):
-    """A setting a replay recorded: at the top of its settings, in its service config or in its trace's."""
-    settings = result.settings or {}
-    for where in (settings, settings.get("config"), settings.get("trace")):
-        if isinstance(where, dict) and where.get(key) is not None:
-            return where[key]
-    return default
-
-
 def _chunk_budget(result) -> int:
     """What a replay's budget left for chunks: the whole budget less the working cache reserved for a call."""
-    return result.memory_budget_bytes - int(recorded_setting(result, "working_reserve_bytes", 0))
+    return result.memory_budget_bytes - int(result.setting("working_reserve_bytes", 0))
 
 
 def _last_uses(result, call: int) -> dict[int, int]:
@@ -125,14 +116,14 @@ def queue_figure(result, call: int, policy: str | None = None, title: str | None
     """The eviction order after ``call``, first out on the left, one row per sub-queue (level); each chunk
     labelled context/chunk, its hover says why it is in that place."""
     record = result.calls[call]
-    policy = policy or recorded_setting(result, "policy", "lctru" if result.method.startswith("llms") else "lru")
+    policy = policy or result.setting("policy", "lctru" if result.method.startswith("llms") else "lru")
     label = method_label(result.method)
     title = title or f"Eviction queue after call {call} ({label}, {policy.upper()})"
     queue = list(record.queue)
     if not queue:
         return message_figure(title, "nothing is in the queue: no chunk in memory can leave", height=300)
     last = _last_uses(result, call)
-    whole = recorded_setting(result, "granularity", "context" if result.method in ("swapping", "lmk") else
+    whole = result.setting("granularity", "context" if result.method in ("swapping", "lmk") else
                              "chunk") == "context"
     levels = _queue_levels(q[2] for q in queue)
     fig = go.Figure()
