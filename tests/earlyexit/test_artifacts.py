@@ -83,15 +83,18 @@ def test_the_easy_bin_is_the_more_confident_half_and_a_mix_draws_its_share():
     assert prof.remaining[-1] == 0 and 0.2 < prof.remaining[0] < 0.5 and prof.remaining[1] == 0
 
 
-@pytest.mark.parametrize("easy", [-0.1, 1.5, float("nan")])
-def test_a_mix_outside_zero_to_one_is_refused(easy):
-    with pytest.raises(WorkbenchError, match="lies in 0..1"):
+@pytest.mark.parametrize("easy, said", [(-0.1, "must be at least 0, got -0.1"),
+                                        (1.5, r"must be at most 1 \(all inputs easy; 80:20 is 0.8\), got 1.5"),
+                                        (float("nan"), "expected a finite number, got nan")])
+def test_a_mix_outside_zero_to_one_is_refused(easy, said):
+    with pytest.raises(WorkbenchError, match=f"the easy share of a mix: {said}"):
         artifacts.mix_rows(_toy_record(), easy, 10)
 
 
-@pytest.mark.parametrize("n", [0, 10**9])
-def test_a_workload_size_out_of_range_is_refused(n):
-    with pytest.raises(WorkbenchError, match="1..1000000 requests"):
+@pytest.mark.parametrize("n, said", [(0, "must be at least 1 requests, got 0"),
+                                     (10**9, r"must be at most 1000000 requests \(the requests of one workload")])
+def test_a_workload_size_out_of_range_is_refused(n, said):
+    with pytest.raises(WorkbenchError, match=f"a workload's requests: {said}"):
         artifacts.mix_rows(_toy_record(), 0.5, n)
 
 

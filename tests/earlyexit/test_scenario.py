@@ -96,7 +96,8 @@ def test_bad_gpu_counts_are_refused(gpus, message):
 
 @pytest.mark.parametrize("change, message", [
     ({"slo_s": 0}, "SLO"), ({"slo_s": 1e9}, "SLO"), ({"batch_size": 0}, "1..64"), ({"batch_size": 10**6}, "1..64"),
-    ({"easy": 1.2}, "0..1"), ({"threshold": -1}, "0 or more"), ({"slack": 1.0}, "slack"),
+    ({"easy": 1.2}, r"easy share of a mix: must be at most 1 \(all inputs easy"), ({"threshold": -1}, "0 or more"),
+    ({"slack": 1.0}, "slack"),
     ({"model": "gpt"}, "unknown model"), ({"disabled": (5,)}, "cannot be disabled"), ({"slo_s": True}, "SLO"),
     ({"model": "bert-base", "gpus": {"host": 2}}, "host's measured profile"),
     ({"gpus": {"v100": 64, "p100": 64, "k80": 64, "a6000": 64}}, "too many GPUs to plan over")])

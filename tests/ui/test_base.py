@@ -238,3 +238,37 @@ def test_outside_a_kernel_a_registered_loop_is_not_used():
     async def check():
         return base.kernel_loop()
     assert in_event_loop(check()) is None           # a running loop, but no kernel: work runs inline
+
+
+def test_kept_runs_replace_a_key_move_it_last_and_drop_the_oldest_beyond_their_size():
+    """Catches: a run of a key kept twice, a re-run left in its old place (so dropped too early), the newest
+    dropped instead of the oldest, and a run found under another key."""
+    runs = base.KeptRuns(2)
+    runs.keep(base.RunOutcome("a", 1))
+    runs.keep(base.RunOutcome("b", 2))
+    runs.keep(base.RunOutcome("a", 3))
+    assert [(r.key, r.result) for r in runs.values()] == [("b", 2), ("a", 3)] and len(runs) == 2
+    runs.keep(base.RunOutcome("c", 4, made_with="plan c", note="said"))
+    assert [r.key for r in runs.latest_first()] == ["c", "a"] and runs.get("b") is None
+    assert runs["c"].made_with == "plan c" and runs["c"].note == "said" and runs.get("a").result == 3
+
+
+def test_work_says_its_stage_on_the_page_through_its_handle(as_in_a_kernel):
+    """What work hands to ``on_page`` runs on the kernel's loop, never on the work's own thread."""
+    panel = Panel()
+    where = []
+
+    def work(handle):
+        handle.on_page(lambda: where.append(threading.current_thread().name))
+        return "done"
+
+    run = BackgroundRun(panel, "Run", work, lambda result, cancelled: None)
+
+    async def go():
+        run.start()
+        while run.running:
+            await asyncio.sleep(0.01)
+        return threading.current_thread().name
+
+    loop_thread = in_event_loop(go())
+    assert where == [loop_thread] and loop_thread != "workbench-run"

@@ -186,7 +186,7 @@ def test_run_for_real_overlays_measured_bubbles(ray_cluster):
     assert "starting Ray and deploying" in stages[0] and any("serving: 48 of 48" in v for v in stages)
     assert panel.run_stage.value == ""
     (outcome,) = panel.runs.values()
-    real = outcome["run"]
+    real = outcome.result
     names = lambda: {t.name for t in panel.figures["hostrun"].data}      # noqa: E731
     assert {"busy (measured)", "busy (simulated)"} <= names()
     assert any(n.endswith("(measured)") and n.startswith(("bubble", "idle")) for n in names())

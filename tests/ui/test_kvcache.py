@@ -9,6 +9,7 @@ from workbench.errors import WorkbenchError
 from workbench.kvcache.replay import MAX_IDLE_S, method_config
 from workbench.kvcache.replays import ReplaySettings
 from workbench.ui import kvcache as kvcache_ui
+from workbench.ui.base import RunOutcome
 from workbench.ui.kvcache import KVCachePanel, compare
 from workbench.viz.kvcache import format_ms
 from tests.conftest import PRESET
@@ -96,7 +97,7 @@ def test_replay_results_replace_the_shown_ones(monkeypatch):
     """The Replay button hands its results to the page (the work itself stubbed: no model here)."""
     panel = panel_on()
     new = {"llms": replay_result(scale=2.0), "vllm_sq": replay_result("vllm_sq", 9.0, "swap_out", "lru")}
-    monkeypatch.setattr(panel, "_replay_all", lambda handle: {"settings": panel.settings(), "results": new})
+    monkeypatch.setattr(panel, "_replay_all", lambda handle: RunOutcome(panel.settings(), new))
     panel.runner.work = panel._replay_all
     panel.contexts.value = 4
     panel.runner.button.click()                        # no event loop in a test: the run completes here

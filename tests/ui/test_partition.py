@@ -155,7 +155,7 @@ def test_more_devices_than_worker_processes_is_refused_beside_the_button():
     panel.runner.button.click()
     said = panel.runner.message.value
     assert f"at most {int(limits.ranks.maximum)}" in said and "set Devices to" in said
-    assert panel.message.value == "" and panel.runs == {}
+    assert panel.message.value == "" and len(panel.runs) == 0
 
 
 @pytest.mark.alone
@@ -167,8 +167,8 @@ def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     panel.runner.button.click()                            # no event loop in a test: the run completes here
     assert panel.runner.message.value == "" and panel.message.value == ""
     (run,) = panel.runs.values()
-    result, plan = run["result"], panel.plan
-    assert run["plan"] is plan
+    result, plan = run.result, panel.plan
+    assert run.made_with is plan and run.key == panel.plan_key(plan)
     names = {t.name for t in panel.figures["timeline"].data}
     assert {"compute (predicted)", "compute (measured)", "comm (measured)"} <= names
     measured = [t for t in panel.figures["timeline"].data if t.name == "compute (measured)"][0]
@@ -200,7 +200,7 @@ def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     assert "compute (measured)" not in {t.name for t in panel.figures["timeline"].data}
     panel.runner.button.click()
     assert panel.runner.message.value == ""
-    tp = panel.runs[panel.plan_key(panel.plan)]["result"]
+    tp = panel.runs[panel.plan_key(panel.plan)].result
     ratio = tp.traffic()[0][0].sent / result.traffic()[0][0].sent
     assert ratio == pytest.approx(comm_bytes("tensor_parallel", 32, 384, 2) / comm_bytes("voltage", 32, 384, 2))
     assert f"<b>1 : {ratio:.2f}</b>" in panel.bytes_info.value and ratio == pytest.approx(4.0)
@@ -224,7 +224,7 @@ def test_cancel_stops_the_worker_processes_and_says_so(monkeypatch):
         m.setattr(RunHandle, "progress", cancel_at_once)
         panel.runner.button.click()
     assert "cancelled: its worker processes were stopped" in panel.run_info.value
-    assert panel.runner.message.value == "" and panel.runs == {}
+    assert panel.runner.message.value == "" and len(panel.runs) == 0
     assert "cancelled" in panel.runner.status.value
     panel.runner.button.click()
     assert panel.runner.message.value == "" and len(panel.runs) == 1

@@ -16,6 +16,7 @@ import numpy as np
 
 from workbench.cache import cache_dir
 from workbench.data import load_task, task_spec
+from workbench.earlyexit import limits
 from workbench.earlyexit.batchprofile import BatchProfile, BatchProfileEstimator
 from workbench.earlyexit.record import FORMAT_VERSION, RampRecord, RampTrainConfig, ramp_config
 from workbench.errors import WorkbenchError
@@ -113,17 +114,14 @@ def load_record(task: str, preset: str = "full") -> RampRecord:
 
 
 def check_easy_fraction(easy: float) -> float:
-    value = float(easy)
-    if not 0.0 <= value <= 1.0:
-        raise WorkbenchError(f"the easy share of a mix lies in 0..1 (80:20 is 0.8), got {easy!r}")
-    return value
+    """The easy share of a mix, checked (``limits.check_easy_share``)."""
+    return limits.check_easy_share(easy)
 
 
 def mix_rows(record: RampRecord, easy: float, n: int, seed: int = 0) -> np.ndarray:
     """``n`` dev rows drawn with replacement, a share ``easy`` of them from the easy bin, in random order."""
     easy = check_easy_fraction(easy)
-    if not (isinstance(n, (int, np.integer)) and 1 <= n <= 1_000_000):
-        raise WorkbenchError(f"a workload has 1..1000000 requests, got {n!r}")
+    limits.workload_requests.check("a workload's requests", n)
     rng = np.random.default_rng(seed)
     easy_rows, hard_rows = record.easy_hard()
     n_easy = int(rng.binomial(n, easy))
@@ -184,8 +182,7 @@ def profile_series(record: RampRecord, easy: float, threshold: float, windows: i
                    drift: float = 0.2, period: int = 12, seed: int = 0, order=(1, 1, 0)) -> SeriesForecast:
     """A workload whose easy share swings by ``drift`` around ``easy`` with ``period`` windows; each window's
     profile is measured from the ramps' outputs and forecast by :class:`BatchProfileEstimator` beforehand."""
-    if not (isinstance(windows, int) and 1 <= windows <= 10_000):
-        raise WorkbenchError(f"windows must be a whole number in 1..10000, got {windows!r}")
+    limits.windows.check("windows", windows)
     est = BatchProfileEstimator(record.num_layers, order=order)
     shares, measured, forecasts, errors, methods = [], [], [], [], []
     for w in range(windows):

@@ -16,16 +16,12 @@ import math
 import re
 import socket
 
-from workbench.argtypes import Bound, Number, count, non_negative, positive, seed
+from workbench.argtypes import Bound, count, seed
 from workbench.data import TASKS
 from workbench.presets import add_preset_argument
 
-slo_ms = positive("ms", Bound(60_000, "a minute: beyond it nothing is served interactively"))
-batch = count(at_most=Bound(64, "the largest batch the layer profiles cover"), unit="samples")
-threshold = non_negative("nats", Bound(10.0, "more than the entropy of any of the tasks' predictions"))
-rate = positive("requests/s", Bound(1e6, "a million requests per second"))
-requests = count(at_most=Bound(200_000, "a simulation of minutes at most"), unit="requests")
-share = Number("", minimum=0, at_most=Bound(0.99, "a slack of the whole SLO leaves no time to serve"), whole=False)
+from workbench.earlyexit.limits import batch, rate, replica_count, requests, slo_ms, threshold
+from workbench.earlyexit.limits import slack as share
 
 
 MIX_FORM = ("a mix is EASY:HARD, two percentages of 0 or more that sum to 100 (e.g. 80:20), or the easy share "
@@ -223,8 +219,6 @@ def _simulate(args) -> int:
 
 # ------------------------------------------------------------------------------------------ serve
 
-replica_count = count(at_most=Bound(16, "CPU replicas of a quarter core each: 4 per core on a 4-core machine"),
-                      unit="replicas")
 
 
 RAY_ADDRESS_FORM = "HOST:PORT with a port in 1..65535 (e.g. 127.0.0.1:6379), ray://HOST:PORT or auto"

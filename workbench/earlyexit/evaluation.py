@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.earlyexit.batchprofile import BatchProfile
+from workbench.earlyexit.limits import check_easy_share
 from workbench.errors import WorkbenchError
 
 MIXES = {"80:20": 0.8, "50:50": 0.5, "20:80": 0.2}
@@ -114,8 +115,7 @@ def parametric_mix(easy: float, num_layers: int) -> BatchProfile:
     """The fallback profile of an easy:hard mix with ``easy`` easy inputs: the easy ones leave along the whole
     model, ``(1 - depth) ** a`` of them still present at a relative depth, ``a`` set so that
     :data:`EASY_LEFT_AT_MIDDLE` remain at the middle (the paper's Figure 3); the hard ones run to the end."""
-    if not 0 <= easy <= 1:
-        raise WorkbenchError(f"the easy share of a mix lies in 0..1 (80:20 is 0.8), got {easy!r}")
+    check_easy_share(easy)
     a = math.log(EASY_LEFT_AT_MIDDLE) / math.log(0.5)
     left = [(1 - easy) + easy * (1 - (k + 1) / num_layers) ** a for k in range(num_layers)]
     return BatchProfile.nearest(left[:-1] + [0.0])

@@ -34,7 +34,9 @@ import html
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -260,6 +262,52 @@ class Panel(widgets.VBox):
         raise NotImplementedError
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class RunOutcome(Generic[R]):
+    """What a panel's background run gives back: ``key``, the settings it ran with as the panel keys them (the
+    page draws the run only while its settings give the same key), ``result``, the engine's own typed result
+    (a Hepti run, a partition run, a replay per method ...), ``made_with`` what it was made from where the page
+    needs more than the key (a plan), and ``note``, a line the page shows beside it."""
+    key: Hashable
+    result: R
+    made_with: Any = None
+    note: str = ""
+
+
+class KeptRuns(Generic[R]):
+    """A panel's last ``size`` real runs by key, the latest last: running a key again replaces its run and
+    moves it last; beyond ``size`` the oldest go first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._runs: dict[Hashable, RunOutcome[R]] = {}
+
+    def keep(self, outcome: RunOutcome[R]) -> None:
+        self._runs.pop(outcome.key, None)
+        self._runs[outcome.key] = outcome
+        while len(self._runs) > self.size:
+            self._runs.pop(next(iter(self._runs)))
+
+    def get(self, key: Hashable) -> RunOutcome[R] | None:
+        return self._runs.get(key)
+
+    def __getitem__(self, key: Hashable) -> RunOutcome[R]:
+        return self._runs[key]
+
+    def values(self) -> list[RunOutcome[R]]:
+        """The runs kept, the oldest first."""
+        return list(self._runs.values())
+
+    def latest_first(self) -> Iterator[RunOutcome[R]]:
+        return reversed(self.values())
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+
 class RunHandle:
     """What work running in a :class:`BackgroundRun` sees: progress reporting and the Cancel flag."""
 
@@ -273,6 +321,11 @@ class RunHandle:
 
     def should_stop(self) -> bool:
         return self.cancelled.is_set()
+
+    def on_page(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` where widgets may change (the kernel's event loop): how work says more than its progress,
+        e.g. the stage it is in."""
+        self._run._post(fn)
 
 
 class BackgroundRun(widgets.HBox):

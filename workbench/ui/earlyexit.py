@@ -15,13 +15,14 @@ import ipywidgets as widgets
 from workbench.devices import profile_names
 from workbench.errors import WorkbenchError
 from workbench.presets import default_preset
-from workbench.ui.base import BackgroundRun, Panel
+from workbench.ui.base import BackgroundRun, KeptRuns, Panel, RunOutcome
 from workbench.viz.earlyexit import (bubble_timeline, bubbles_figure, goodput_figure, idle_text, no_plan_text,
                                      no_result_figure, plan_figure, profile_figure)
 
 GPU_TYPES = tuple(profile_names("e3", host=False))
 """E3's GPU types; their layer times come from published BERT batch curves (workbench.earlyexit.gpu_curves)."""
 MAX_GPUS = 32
+RUNS_KEPT = 8
 SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 """The batches per replica of the goodput figure (and the batch slider's range)."""
 SERIES_WINDOWS = 6
@@ -147,7 +148,7 @@ class EarlyExitPanel(Panel):
         self.series = None
         self.simulation = None
         self.goodput = []
-        self.runs: dict[tuple, dict] = {}          # run_key -> the real run of those settings
+        self.runs: KeptRuns = KeptRuns(RUNS_KEPT)    # run_key -> the real run of those settings
         self.drift_run = None                      # the last drifting run (realrun.DriftRun)
         self.drift_replan = None                   # None: the scenario's optimizer re-plans (a hook for studies)
         self.exit_share = 0.0                      # of the forecast: samples that leave before the last layer
@@ -491,7 +492,7 @@ class EarlyExitPanel(Panel):
                                    "threshold or arrival pattern; a run shows here while those are the page's "
                                    "(or run again).</span>")
             return
-        real = run["run"]
+        real = run.result
         served, predicted, hp = real.served, real.simulated, real.plan
         end = max(span.end for span in served.timeline.spans + predicted.timeline.spans if span.kind == "compute")
         last = max((r.arrival_s for r in predicted.requests), default=None)
@@ -531,7 +532,7 @@ class EarlyExitPanel(Panel):
                            requests=HOST_REQUESTS, progress=progress)
         finally:
             self._stage(handle, "")
-        return None if handle.should_stop() else {"key": self.run_key(s), "run": run}
+        return None if handle.should_stop() else RunOutcome(self.run_key(s), run)
 
     def _run_drift(self, handle):
         """Worker thread: :func:`~workbench.earlyexit.realrun.drift_run`, the page's mix then its opposite."""
@@ -560,16 +561,16 @@ class EarlyExitPanel(Panel):
 
         def show() -> None:
             self.run_stage.value = value
-        self.runner._post(show)
+        handle.on_page(show)
 
-    def _show_measured(self, outcome: dict | None, cancelled: bool) -> None:
+    def _show_measured(self, outcome: RunOutcome | None, cancelled: bool) -> None:
         """Kernel loop: keep the run under the settings it used; draw it while they are the page's."""
         if outcome is None:
             self.run_info.value = "<span class='wb-run-info'>cancelled: the run's result was dropped</span>"
             return
-        self.runs[outcome["key"]] = outcome
+        self.runs.keep(outcome)
         self._show_host_run()
-        if self.run_key() != outcome["key"]:
+        if self.run_key() != outcome.key:
             self.run_info.value = ("<span class='wb-run-info'>The task, mix, threshold or arrival pattern changed "
                                    "during the run; its measurement shows when they are set back.</span>")
 

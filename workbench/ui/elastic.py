@@ -13,7 +13,7 @@ from workbench.data import TASKS, load_task
 from workbench.devices import profile_names
 from workbench.presets import default_preset
 from workbench.errors import WorkbenchError
-from workbench.ui.base import BackgroundRun, Panel
+from workbench.ui.base import BackgroundRun, Panel, RunOutcome
 from workbench.viz.elastic import (accuracy_grid_figure, accuracy_memory_figure, aib_figure, candidates_figure,
                                    importance_plan_figure)
 from workbench.viz.timeline import gantt_figure
@@ -253,12 +253,12 @@ class ElasticPanel(Panel):
                                  emulate=None if ctx.device == "host" else ctx.cost_model,
                                  on_run=lambda r, _result: handle.progress(r + 1, runs),
                                  should_stop=handle.should_stop)
-        return {"plan": plan, "results": results, "labels": [ctx.task.labels[int(r.logits.argmax())]
-                                                             for r in results]}
+        return RunOutcome(id(plan), results, made_with=plan,
+                          note=", ".join(ctx.task.labels[int(r.logits.argmax())] for r in results[:5]))
 
-    def _show_measured(self, outcome: dict, cancelled: bool) -> None:
+    def _show_measured(self, outcome: RunOutcome, cancelled: bool) -> None:
         """Kernel loop: overlay the last measured run on the prediction, if the plan is still the current one."""
-        plan, results = outcome["plan"], outcome["results"]
+        plan, results = outcome.made_with, outcome.result
         if plan is not self.plan:
             self.run_info.value = "<span class='wb-run-info'>the settings changed during the run; run again</span>"
             return
@@ -272,7 +272,7 @@ class ElasticPanel(Panel):
             f"<span class='wb-run-info'>{len(results)} real run(s){' (cancelled)' if cancelled else ''}: median "
             f"{1e3 * float(np.median(latencies)):.1f} ms, last {1e3 * latencies[-1]:.1f} ms "
             f"(predicted {1e3 * plan.predicted_s:.1f} ms); stalls in the last run "
-            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {', '.join(outcome['labels'][:5])}</span>"
+            f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {outcome.note}</span>"
             + (f"<br><span class='wb-miss' style='color:#9a3412'>Last run: {html.escape(note)}.</span>"
                if note else ""))
         self._redraw_gantt()

@@ -24,7 +24,7 @@ from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.distributed.shares import proportional_shares
 from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, Panel, table_row
+from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Panel, RunOutcome, table_row
 from workbench.viz.hepti import (MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
                                  decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
                                  predicted_s, timeline_figure, verdict)
@@ -187,7 +187,7 @@ class HeptiPanel(Panel):
         self.predicted = None                  # the predicted Timeline of ``layers``
         self._compare_for = None               # the settings the last change compares
         self.compared: dict[str, Partition | str] = {}
-        self.runs: dict[tuple, dict] = {}      # run key -> the last real run with those settings
+        self.runs: KeptRuns = KeptRuns(RUNS_KEPT)    # run key -> the last real run with those settings
         self.partitions_computed = 0
         label = {"description_width": "130px"}
         low, high, step = DEADLINE_RANGE
@@ -519,7 +519,7 @@ class HeptiPanel(Panel):
         s, layers, predicted = self.settings, self.layers, self.predicted
         key = self.run_key()
         run = self.runs.get(key)
-        result = run["result"] if run else None
+        result = run.result if run else None
 
         def build():
             marks = [("predicted", predicted_marks(layers, predicted))]
@@ -601,18 +601,15 @@ class HeptiPanel(Panel):
             if handle.should_stop():
                 return None
             raise
-        return {"key": (s, kill, adapt), "result": result}
+        return RunOutcome((s, kill, adapt), result)
 
-    def _show_measured(self, outcome: dict | None, cancelled: bool) -> None:
+    def _show_measured(self, outcome: RunOutcome | None, cancelled: bool) -> None:
         """Kernel loop: keep the run with its settings; draw it if they are still the page's."""
         if outcome is None:
             self.run_info.value = "<span class='wb-run-info'>cancelled: its worker processes were stopped</span>"
             return
-        self.runs.pop(outcome["key"], None)
-        self.runs[outcome["key"]] = outcome
-        while len(self.runs) > RUNS_KEPT:                  # the oldest runs go first
-            self.runs.pop(next(iter(self.runs)))
-        if self.run_key() == outcome["key"]:
+        self.runs.keep(outcome)
+        if self.run_key() == outcome.key:
             self._show_run()
         else:
             self.run_info.value = ("<span class='wb-run-info'>the settings changed during the run; its timeline "

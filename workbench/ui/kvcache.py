@@ -24,7 +24,7 @@ from workbench.kvcache.protocol import default_address
 from workbench.kvcache.replays import FRACTION, MEGABYTES, METHODS, ReplaySettings, replay_methods
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import default_preset, prepare_hint
-from workbench.ui.base import CELL, BackgroundRun, Panel, kernel_loop
+from workbench.ui.base import CELL, BackgroundRun, Panel, RunOutcome, kernel_loop
 from workbench.viz.kvcache import (chunk_map_figure, events_figure, format_ms, latency_figure,
                                    live_chunk_map_figure, live_queue_figure, load_gantt_figure, method_label,
                                    queue_figure)
@@ -355,7 +355,7 @@ class KVCachePanel(Panel):
         settings = self.settings()
         results = replay_methods(settings, self._decoder, new_tokens=self._new_tokens(), progress=handle.progress,
                                  should_stop=handle.should_stop)
-        return {"settings": settings, "results": results}
+        return RunOutcome(settings, results)
 
     def _decoder(self):
         if self._model is None:
@@ -364,14 +364,14 @@ class KVCachePanel(Panel):
             self._model = load_decoder()
         return self._model
 
-    def _show_replays(self, outcome: dict, cancelled: bool) -> None:
+    def _show_replays(self, outcome: RunOutcome, cancelled: bool) -> None:
         """Kernel loop: show the new replays (those finished, when cancelled)."""
-        results = {m: r for m, r in outcome["results"].items() if r.calls}
+        results = {m: r for m, r in outcome.result.items() if r.calls}
         if not results:
             raise WorkbenchError("the replay was cancelled before any method finished; the replays shown are "
                                  "the earlier ones")
         self.results = in_method_order(results)
-        self.shown_settings = outcome["settings"]
+        self.shown_settings = outcome.key
         self._show_results()
         if cancelled:
             self.settings_note.value = ("<span class='wb-kv-stale' style='color:#9a3412'>Cancelled: showing the "

@@ -15,7 +15,7 @@ from workbench.partition.cost import SHAPES, comm_bytes, get_shape
 from workbench.partition.plan import (DEFAULT_DEVICE, MAX_DEVICES, SCHEMES, SHARE_RULES, DeviceRow, PartitionPlan,
                                       devices_from_table, plan_partition)
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, Panel, table_row
+from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Panel, RunOutcome, table_row
 from workbench.viz.partition import (decision_figure, no_plan_figure, orders_figure, scheme_label,
                                      schemes_figure, timeline_figure)
 
@@ -129,7 +129,7 @@ class PartitionPanel(Panel):
         self._applied_bandwidth: float | None = None
         self.plan: PartitionPlan | None = None
         self.plans: dict[str, PartitionPlan | str] = {}
-        self.runs: dict[tuple, dict] = {}      # plan key -> the last real run of that plan
+        self.runs: KeptRuns = KeptRuns(RUNS_KEPT)    # plan key -> the last real run of that plan
         self.plans_computed = 0
         label = {"description_width": "130px"}
         low, high, step = BANDWIDTH_RANGE
@@ -319,11 +319,11 @@ class PartitionPanel(Panel):
             return
         key = self.plan_key(plan)
         run = self.runs.get(key)
-        result = run["result"] if run else None
+        result = run.result if run else None
         self.show_if_changed("timeline", (key, id(result)),
                              lambda: timeline_figure(plan, result.timeline if result else None,
                                                      result.latency_s if result else None,
-                                                     run["note"] if run else ""))
+                                                     run.note if run else ""))
         if result is None:
             self.run_info.value = self.bytes_info.value = ""
             return
@@ -338,8 +338,8 @@ class PartitionPanel(Panel):
             f"processes, {how}; {links})</span>"
             + (f"<br><span class='wb-limits' style='color:#9a3412'>{html.escape(result.note)}.</span>"
                if result.note else "")
-            + (f"<br><span class='wb-miss' style='color:#9a3412'>{html.escape(run['note'])}.</span>"
-               if run["note"] else ""))
+            + (f"<br><span class='wb-miss' style='color:#9a3412'>{html.escape(run.note)}.</span>"
+               if run.note else ""))
         self.bytes_info.value = self._bytes_html(plan, result)
 
     def _bytes_html(self, plan: PartitionPlan, result) -> str:
@@ -362,11 +362,11 @@ class PartitionPanel(Panel):
         """Voltage : tensor parallel bytes, from the last real run of each on the current devices, model and
         length, beside the cost model's ratio."""
         def sent_per_device_layer(scheme):
-            for run in reversed(list(self.runs.values())):
-                p = run["plan"]
+            for run in self.runs.latest_first():
+                p = run.made_with
                 if (p.scheme, p.shape.name, p.seq_len, p.devices) == (scheme, plan.shape.name, plan.seq_len,
                                                                        plan.devices):
-                    table = run["result"].traffic()
+                    table = run.result.traffic()
                     if scheme == "voltage":          # its All-Gather layers: the last one goes to the terminal only
                         table = table[:-1]
                     return sum(t.sent for layer in table for t in layer) / (p.K * len(table))
@@ -410,19 +410,15 @@ class PartitionPanel(Panel):
             if handle.should_stop():
                 return None
             raise
-        return {"plan": plan, "result": result, "note": result.check().note()}
+        return RunOutcome(self.plan_key(plan), result, made_with=plan, note=result.check().note())
 
-    def _show_measured(self, outcome: dict | None, cancelled: bool) -> None:
+    def _show_measured(self, outcome: RunOutcome | None, cancelled: bool) -> None:
         """Kernel loop: keep the run with its plan; draw it if that plan is still the page's."""
         if outcome is None:
             self.run_info.value = "<span class='wb-run-info'>cancelled: its worker processes were stopped</span>"
             return
-        key = self.plan_key(outcome["plan"])
-        self.runs.pop(key, None)
-        self.runs[key] = outcome
-        while len(self.runs) > RUNS_KEPT:                  # the oldest runs go first
-            self.runs.pop(next(iter(self.runs)))
-        if self.plan is not None and self.plan_key(self.plan) == self.plan_key(outcome["plan"]):
+        self.runs.keep(outcome)
+        if self.plan is not None and self.plan_key(self.plan) == outcome.key:
             self._show_run()
         else:
             self.run_info.value = ("<span class='wb-run-info'>the settings changed during the run; its timeline "
