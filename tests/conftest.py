@@ -17,11 +17,13 @@ TIERS = ("unit", "integration", "browser", "notebooks")
 def pytest_collection_modifyitems(config, items):
     """Each test's tier by what it starts: ``browser`` (tests/browser), ``notebooks`` (nbclient kernels),
     ``integration`` where marked so (processes, servers, Ray, gloo), ``unit`` otherwise: one process and no
-    server, which :func:`_unit_starts_nothing` holds it to (``tests/tiers.py``)."""
+    server, which :func:`_unit_starts_nothing` holds it to (``tests/tiers.py``). Browser tests share one
+    worker under ``--dist loadgroup`` (one Voila server and one chromium at a time)."""
     for item in items:
         parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
         if parts[0] == "browser":
             item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.xdist_group("browser"))    # on parallel workers: one server, one browser
         elif parts[0] == "notebooks" or item.fspath.basename == "test_notebooks.py":
             item.add_marker(pytest.mark.notebooks)
         elif not any(item.get_closest_marker(tier) for tier in TIERS[1:]):

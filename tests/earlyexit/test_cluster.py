@@ -22,8 +22,6 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.alone         # serves to deadlines on Ray: run with no other test beside it
-
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 IP = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin")
@@ -32,6 +30,7 @@ N, T = 16, 24
 STEP_S = 240          # any one command or wait; the whole test ends by itself within a few of these
 
 pytestmark = [
+    pytest.mark.alone,                 # serves to deadlines on Ray: run with no other test beside it
     pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                        reason="network namespaces need root"),
     pytest.mark.skipif(IP is None, reason="no `ip` command (iproute2) to make network namespaces"),

@@ -7,9 +7,13 @@ kilobytes) and redraws without re-creating the plot. State sync cannot lose an u
 whatever happens to messages in between, the browser ends on the trait's last value.
 
 plotly.js (4.8 MB) reaches the page once per kernel: every view references one
-:class:`PlotlyLibrary` widget, whose module is plotly.js itself (it sets
-``window.Plotly``); the views' modules wait for it. Nothing is fetched from outside
-the server, so pages work offline, in Voila and in JupyterLab alike.
+:class:`PlotlyLibrary` widget, which carries plotly.js as a synced string and, when the
+page creates it, hands it to the browser as an asynchronous script (it sets
+``window.Plotly``); the views' modules wait for it. The library is not the widget's own
+module: anywidget gives a model 2 s to import its module and initialize, and parsing
+4.8 MB of script on a busy 2-core machine took longer (the page then logged "Failed to
+initialize model"). Nothing is fetched from outside the server, so pages work offline,
+in Voila and in JupyterLab alike.
 
 Two approaches were measured and rejected before this one: plotly's ``FigureWidget``
 updated in place loses updates under anywidget (about 1 browser run in 3), and a new
@@ -80,19 +84,32 @@ export default { render };
 """
 
 
+_LIBRARY_ESM = r"""
+function initialize({ model }) {
+  if (window.Plotly || document.querySelector("script[data-wb-plotly]")) return;
+  const script = document.createElement("script");
+  script.dataset.wbPlotly = "plotly.js";
+  script.async = true;
+  script.src = URL.createObjectURL(new Blob([model.get("source")], { type: "text/javascript" }));
+  document.head.appendChild(script);
+}
+export default { initialize };
+"""
+
+
 @lru_cache(maxsize=1)
 def _plotly_js() -> str:
-    """plotly.js as shipped in the plotly package, as an ES module that sets ``window.Plotly``."""
-    source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
-    return source + "\nexport default { initialize() {} };\n"
+    """plotly.js as shipped in the plotly package (a script that sets ``window.Plotly``)."""
+    return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
 
 
 class PlotlyLibrary(anywidget.AnyWidget):
-    """plotly.js, delivered to the page once; never displayed."""
-    _esm = traitlets.Unicode().tag(sync=True)
+    """plotly.js, delivered to the page once and run there as an asynchronous script; never displayed."""
+    _esm = _LIBRARY_ESM
+    source = traitlets.Unicode().tag(sync=True)
 
     def __init__(self):
-        super().__init__(_esm=_plotly_js())
+        super().__init__(source=_plotly_js())
 
 
 @lru_cache(maxsize=1)
