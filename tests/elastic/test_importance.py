@@ -57,9 +57,8 @@ def test_damaged_shard_ranks_first_and_profile_is_deterministic(bbc_store, dev, 
     assert a.order()[0] == DAMAGED
     assert a.accuracy[DAMAGED] > a.baseline_accuracy
     assert sorted(a.order()) == [(i, j) for i in range(n) for j in range(m)]
-    b = imp.measure_importance(store, dev, MAX_LEN, progress=False)     # no resume file: computed again
-    assert np.array_equal(a.accuracy, b.accuracy) and np.array_equal(a.loss, b.loss)
-    assert imp.profile_importance(store, dev, MAX_LEN, progress=False).shape == (n, m)
+    again = imp.profile_importance(store, dev, MAX_LEN, progress=False)     # no resume file: computed again
+    assert again.shape == (n, m) and np.array_equal(a.accuracy, again)
 
 
 def test_interrupted_run_resumes_to_the_same_result(bbc_store, dev, tmp_path, monkeypatch):
