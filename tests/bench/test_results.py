@@ -62,3 +62,29 @@ def test_results_without_their_label_are_not_read(toy_benchmark):
 def test_only_the_full_preset_at_full_sizes_is_a_full_run():
     assert run_label("full") == "full" and run_label(None) == "full"
     assert run_label("full", quick_sizes=True) == run_label("quick") == "quick"
+
+
+def test_a_table_reads_back_as_its_row_type_and_an_older_one_names_its_missing_columns(monkeypatch, tmp_path):
+    """The elastic cells written by `bench elastic` read back as ``CellRow`` with every field its own type (no
+    casts in the page); a table written before a field existed is refused naming it, not read with a guess.
+    Catches: numbers left as text, booleans read as the non-empty string "False", extra columns passed on."""
+    from dataclasses import asdict
+
+    from workbench.bench.results import save_rows
+    from workbench.elastic.evaluate import CellRow
+    from workbench.errors import WorkbenchError
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    cell = CellRow(device="odroid-n2", target_ms=200.0, method="Ours", n=3, m=4, mean_bits=5.5, accuracy=0.875,
+                   preload_mb=1.25, resident_mb=40.0, memory_mb=41.25, predicted_ms=190.5, measured_ms=195.25,
+                   measured_max_ms=196.0, runs=5, valid=False, plan_ms=1.5, task="sst2", preset="quick",
+                   dev_examples=16, gold=0.9)
+    made_by = {"run": "quick", "preset": "quick", "command": "workbench bench elastic"}
+    save_rows("elastic-cells", [{**asdict(cell), "extra": "x"}], made_by)
+    (back,) = load_results("elastic-cells", "quick").rows_as(CellRow)
+    assert back == cell and back.valid is False and isinstance(back.n, int)
+    older = {k: v for k, v in asdict(cell).items() if k not in ("preset", "gold")}
+    save_rows("elastic-cells", [{**older, "profile": "quick"}], made_by)
+    with pytest.raises(WorkbenchError, match="has no column gold, preset of a CellRow row: it was written by an "
+                                             "older version; run `workbench bench elastic` again"):
+        load_results("elastic-cells", "quick").rows_as(CellRow)

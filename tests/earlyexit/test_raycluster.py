@@ -13,8 +13,6 @@ from workbench.earlyexit.raycluster import (check_head, local_resources, probe_h
                                             type_resource, use_token_if_held)
 from workbench.errors import WorkbenchError
 
-pytestmark = pytest.mark.alone         # serves to deadlines on Ray: run with no other test beside it
-
 
 def test_gpu_types_name_custom_resources():
     assert type_resource("v100") == "gpu_type_v100" and type_resource("A6000 (48GB)") == "gpu_type_a6000_48gb"

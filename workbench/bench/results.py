@@ -15,7 +15,7 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -82,6 +82,10 @@ def label(preset: str | None, quick_sizes: bool, command: list[str] | None = Non
             "host": host_facts()}
 
 
+_READ_AS = {"int": int, "float": float, "str": str, "bool": lambda text: text == "True"}
+"""How a CSV cell becomes a row field of each annotated type."""
+
+
 def save_rows(table: str, rows: list[dict], made_by: dict) -> Path:
     """Write ``rows`` to ``<run>/<table>.csv`` and ``made_by`` (:func:`label`) beside them; the JSON goes last,
     so a reader never pairs new rows with an old label (a missing or older label reads as unlabelled)."""
@@ -118,6 +122,21 @@ class Results:
     def rows(self) -> list[dict]:
         with open(self.path, newline="") as handle:
             return list(csv.DictReader(handle))
+
+    def rows_as(self, schema: type) -> list:
+        """The rows as ``schema`` (a dataclass of int, float, str and bool fields: the table's row type), each
+        cell read as its field's type; columns the schema does not name are left out. A table missing one of
+        its fields (written before the field was added) raises ``WorkbenchError`` naming them."""
+        from workbench.errors import WorkbenchError
+
+        rows = self.rows()
+        wanted = {f.name: _READ_AS[str(f.type)] for f in fields(schema)}
+        missing = sorted(set(wanted) - set(rows[0])) if rows else []
+        if missing:
+            raise WorkbenchError(f"{self.path} has no column {', '.join(missing)} of a {schema.__name__} row: it "
+                                 f"was written by an older version; run `{self.made_by.get('command', 'workbench bench')}` "
+                                 "again")
+        return [schema(**{name: read(row[name]) for name, read in wanted.items()}) for row in rows]
 
     def frame(self):
         import pandas as pd

@@ -74,7 +74,7 @@ def run(args: list[str]) -> dict[str, list[dict]]:
         print(f"memory of {ref} / Ours: {r['shard_memory']:.1f}x in shard memory, "
               f"{r['total_memory']:.2f}x with resident parameters")
     tag = {"task": opts.task, "preset": opts.preset, "dev_examples": len(dev), "gold": gold}
-    return {"cells": [{**tag, **c.as_row()} for c in cells], "table7": table7, "planning": [timing]}
+    return {"cells": [ev.CellRow(**tag, **c.as_row()).as_row() for c in cells], "table7": table7, "planning": [timing]}
 
 
 def _table7(opts, ev, load_task, task_spec, load_importance, prepare_store) -> list[dict]:

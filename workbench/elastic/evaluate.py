@@ -51,6 +51,16 @@ class CellResult:
         return asdict(self)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CellRow(CellResult):
+    """A row of `workbench bench elastic`'s ``elastic-cells`` table: a cell with the task, preset, dev examples
+    and the full model's accuracy (``gold``) it was evaluated against; the page reads the table as these."""
+    task: str
+    preset: str
+    dev_examples: int
+    gold: float
+
+
 class AccuracyCache:
     """Dev accuracy of (depth, width, per-shard bits) configurations, each evaluated once."""
 

@@ -133,9 +133,11 @@ class ElasticPanel(Panel):
             self._contexts[key] = load_context(self.task.value, self.device.value, self.preset)
         return self._contexts[key]
 
-    def evaluation_cells(self) -> list[dict]:
-        """Rows of the last `workbench bench elastic` run for this task and prepare preset (or none)."""
+    def evaluation_cells(self) -> list:
+        """Cells (``CellRow``) of the last `workbench bench elastic` run for this task and prepare preset (none
+        when there is none, or its table was written by an older version)."""
         from workbench.bench.results import load_results, run_label
+        from workbench.elastic.evaluate import CellRow
 
         found = load_results("elastic-cells", run_label(self.preset))
         if found is None:
@@ -143,13 +145,10 @@ class ElasticPanel(Panel):
         stamp = (found.path.stat().st_mtime_ns, self.task.value)
         if self._results_cache is not None and self._results_cache[0] == stamp:
             return self._results_cache[1]
-        rows = [r for r in found.rows()
-                if r.get("task") == self.task.value and r.get("preset", r.get("profile")) == self.preset]
-        for r in rows:
-            for k in ("target_ms", "accuracy", "preload_mb", "resident_mb", "memory_mb", "predicted_ms",
-                      "measured_ms", "measured_max_ms", "gold"):
-                r[k] = float(r[k])
-            r["n"], r["m"] = int(r["n"]), int(r["m"])
+        try:
+            rows = [r for r in found.rows_as(CellRow) if r.task == self.task.value and r.preset == self.preset]
+        except WorkbenchError:
+            rows = []
         self._results_cache = (stamp, rows)
         return rows
 
@@ -227,7 +226,7 @@ class ElasticPanel(Panel):
     def _redraw_memory(self) -> None:
         rows = self.evaluation_cells()
         device = self.device.value
-        targets = sorted({r["target_ms"] for r in rows if r["device"] == device})
+        targets = sorted({r.target_ms for r in rows if r.device == device})
         asked = self.target.value
         if not targets:
             self.show_if_changed("memory", (self.task.value, device, asked, None),
@@ -235,7 +234,7 @@ class ElasticPanel(Panel):
             return
         nearest = min(targets, key=lambda t: abs(t - asked))
         self.show_if_changed("memory", (self.task.value, device, nearest, asked, len(rows)),
-                             lambda: accuracy_memory_figure(rows, nearest, device, gold=rows[0]["gold"], asked_ms=asked))
+                             lambda: accuracy_memory_figure(rows, nearest, device, gold=rows[0].gold, asked_ms=asked))
 
     def _run_for_real(self, handle) -> dict:
         """Worker thread: run the current plan ``runs`` times on dev texts (emulated on presets)."""
