@@ -272,3 +272,27 @@ def test_work_says_its_stage_on_the_page_through_its_handle(as_in_a_kernel):
 
     loop_thread = in_event_loop(go())
     assert where == [loop_thread] and loop_thread != "workbench-run"
+
+
+def test_a_memo_keeps_the_recently_used_and_keeps_the_engines_refusal():
+    """Catches: a result computed again on every call, the most recently used dropped before an older one, a
+    refusal computed again (or swallowed) each time the page comes back to the setting."""
+    memo, made = base.Memo(2), []
+
+    def make(key):
+        def run():
+            made.append(key)
+            if key == "bad":
+                raise WorkbenchError("refused: bad")
+            return key.upper()
+        return run
+
+    assert memo.get_or("a", make("a")) == "A" and memo.get_or("a", make("a")) == "A" and made == ["a"]
+    memo.get_or("b", make("b"))
+    memo.get_or("a", make("a"))                       # a used last: b is the one to go
+    memo.get_or("c", make("c"))
+    assert len(memo) == 2 and memo.get_or("a", make("a")) == "A" and made == ["a", "b", "c"]
+    for _ in range(2):
+        with pytest.raises(WorkbenchError, match="refused: bad"):
+            memo.get_or("bad", make("bad"))
+    assert made.count("bad") == 1

@@ -265,6 +265,36 @@ class Panel(widgets.VBox):
 R = TypeVar("R")
 
 
+class Memo:
+    """Engine results a panel computed, by their inputs: the last ``size`` kept, the least recently used going
+    first. A ``WorkbenchError`` the engine raised is kept too and raised again, so a setting it refuses is not
+    computed again each time the page comes back to it."""
+
+    def __init__(self, size: int):
+        from collections import OrderedDict
+
+        self.size = size
+        self._kept: OrderedDict = OrderedDict()
+
+    def get_or(self, key: Hashable, make: Callable[[], Any]):
+        if key in self._kept:
+            self._kept.move_to_end(key)
+        else:
+            try:
+                self._kept[key] = make()
+            except WorkbenchError as exc:
+                self._kept[key] = exc
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        value = self._kept[key]
+        if isinstance(value, WorkbenchError):
+            raise value.with_traceback(None)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
 @dataclass(frozen=True)
 class RunOutcome(Generic[R]):
     """What a panel's background run gives back: ``key``, the settings it ran with as the panel keys them (the

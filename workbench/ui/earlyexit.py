@@ -15,7 +15,7 @@ import ipywidgets as widgets
 from workbench.devices import profile_names
 from workbench.errors import WorkbenchError
 from workbench.presets import default_preset
-from workbench.ui.base import BackgroundRun, KeptRuns, Panel, RunOutcome
+from workbench.ui.base import BackgroundRun, KeptRuns, Memo, Panel, RunOutcome
 from workbench.viz.earlyexit import (bubble_timeline, bubbles_figure, goodput_figure, idle_text, no_plan_text,
                                      no_result_figure, plan_figure, profile_figure)
 
@@ -98,17 +98,6 @@ def goodput_rows(plans: dict[int, object], stock: dict[int, object]) -> list[dic
             for b in plans]
 
 
-class _Cache(dict):
-    """A dict that forgets everything when full (the page's keys are small; recomputing is cheap)."""
-
-    def get_or(self, key, make):
-        if key not in self:
-            if len(self) >= CACHE:
-                self.clear()
-            self[key] = make()
-        return self[key]
-
-
 class EarlyExitOverview(Panel):
     """E3's part of the overview page: the page's own plan and simulated bubbles at its default settings (the
     sentiment task, four V100s, the default SLO, mix and arrivals), drawn by the same engine calls."""
@@ -142,7 +131,7 @@ class EarlyExitPanel(Panel):
         super().__init__()
         self.preset = preset or default_preset()
         self._syncing = False
-        self._records, self._series, self._plans, self._sims = _Cache(), _Cache(), _Cache(), _Cache()
+        self._records, self._series, self._plans, self._sims = Memo(CACHE), Memo(CACHE), Memo(CACHE), Memo(CACHE)
         self.plan = None
         self.profile = None          # the fractions the optimizer got (the forecast)
         self.series = None
@@ -152,7 +141,6 @@ class EarlyExitPanel(Panel):
         self.drift_run = None                      # the last drifting run (realrun.DriftRun)
         self.drift_replan = None                   # None: the scenario's optimizer re-plans (a hook for studies)
         self.exit_share = 0.0                      # of the forecast: samples that leave before the last layer
-        self.engine_calls = {"optimize": 0, "simulate": 0, "series": 0}
         gpus = {"v100": 4} if gpus is None else dict(gpus)
         label = {"description_width": "150px"}
         wide = widgets.Layout(width="440px")
@@ -273,7 +261,6 @@ class EarlyExitPanel(Panel):
         from workbench.earlyexit.artifacts import profile_series
 
         def make():
-            self.engine_calls["series"] += 1
             return profile_series(self.record(task), easy, threshold, windows=SERIES_WINDOWS)
 
         return self._series.get_or((task, easy, threshold), make)
@@ -297,7 +284,6 @@ class EarlyExitPanel(Panel):
         key = (sc.task, profile, tuple(sorted(sc.gpus.items())), sc.slo_s, batch_size, stock)
 
         def make():
-            self.engine_calls["optimize"] += 1
             at = sc.with_(batch_size=batch_size)
             if stock:
                 return stock_of(at, len(profile)).optimize(BatchProfile((1.0,) * (len(profile) - 1) + (0.0,)))
@@ -312,7 +298,6 @@ class EarlyExitPanel(Panel):
                tuple(plan.gpu_types), tuple(plan.batch_sizes), s["slo_s"], s["pattern"], s["rate"])
 
         def make():
-            self.engine_calls["simulate"] += 1
             return sc.simulate(plan, pattern=s["pattern"], rate=s["rate"], requests=sim_requests(s),
                                profile=measured)
 

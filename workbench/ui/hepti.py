@@ -24,7 +24,7 @@ from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.distributed.shares import proportional_shares
 from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Panel, RunOutcome, table_row
+from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Memo, Panel, RunOutcome, table_row
 from workbench.viz.hepti import (MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
                                  decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
                                  predicted_s, timeline_figure, verdict)
@@ -180,7 +180,7 @@ class HeptiPanel(Panel):
         super().__init__()
         self.preset = preset or default_preset()
         self._syncing = False
-        self._cache: dict[tuple, object] = {}
+        self._cache = Memo(CACHE)               # engine inputs -> its result, or its refusal
         self._rows: list[HeptiRowWidgets] = []
         self.settings: Settings | None = None
         self.layers: list[LayerDecision] | None = None
@@ -188,7 +188,6 @@ class HeptiPanel(Panel):
         self._compare_for = None               # the settings the last change compares
         self.compared: dict[str, Partition | str] = {}
         self.runs: KeptRuns = KeptRuns(RUNS_KEPT)    # run key -> the last real run with those settings
-        self.partitions_computed = 0
         label = {"description_width": "130px"}
         low, high, step = DEADLINE_RANGE
         shape = get_shape(model)
@@ -320,23 +319,12 @@ class HeptiPanel(Panel):
     # -- the engine, cached by its inputs
 
     def _cached(self, key: tuple, make):
-        if key not in self._cache:
-            if len(self._cache) >= CACHE:
-                self._cache.clear()
-            try:
-                self._cache[key] = make()
-            except WorkbenchError as exc:
-                self._cache[key] = exc
-        value = self._cache[key]
-        if isinstance(value, WorkbenchError):
-            raise WorkbenchError(str(value))
-        return value
+        return self._cache.get_or(key, make)
 
     def partition(self, devices, shape, deadline_s: float, num_layers: int, mode: str | None = None,
                   fixed: tuple[float, ...] | None = None) -> Partition:
         """:func:`hepti_partition` (cached); a refusal raises the engine's error."""
         def make():
-            self.partitions_computed += 1
             return hepti_partition(devices, shape, deadline_s, num_layers=num_layers, mode=mode, fixed_shares=fixed)
         return self._cached(("partition", devices, shape, deadline_s, num_layers, mode, fixed), make)
 

@@ -15,7 +15,7 @@ from workbench.partition.cost import SHAPES, comm_bytes, get_shape
 from workbench.partition.plan import (DEFAULT_DEVICE, MAX_DEVICES, SCHEMES, SHARE_RULES, DeviceRow, PartitionPlan,
                                       devices_from_table, plan_partition)
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Panel, RunOutcome, table_row
+from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Memo, Panel, RunOutcome, table_row
 from workbench.viz.partition import (decision_figure, no_plan_figure, orders_figure, scheme_label,
                                      schemes_figure, timeline_figure)
 
@@ -124,13 +124,12 @@ class PartitionPanel(Panel):
         super().__init__()
         self.preset = preset or default_preset()
         self._syncing = False                  # controls set from code: their own updates wait for this one
-        self._plans: dict[tuple, PartitionPlan | str] = {}
+        self._plans = Memo(PLAN_CACHE)          # plan inputs -> the plan, or the engine's refusal
         self._rows: list[DeviceRowWidgets] = []
         self._applied_bandwidth: float | None = None
         self.plan: PartitionPlan | None = None
         self.plans: dict[str, PartitionPlan | str] = {}
         self.runs: KeptRuns = KeptRuns(RUNS_KEPT)    # plan key -> the last real run of that plan
-        self.plans_computed = 0
         label = {"description_width": "130px"}
         low, high, step = BANDWIDTH_RANGE
         shape = get_shape(model)
@@ -234,15 +233,10 @@ class PartitionPanel(Panel):
     def plan_for(self, scheme: str, shape, N: int, devices) -> PartitionPlan | str:
         """The cost model's plan (cached by its inputs), or why there is none."""
         key = (scheme, shape.name, N, devices, self.shares.value)
-        if key not in self._plans:
-            if len(self._plans) >= PLAN_CACHE:
-                self._plans.clear()
-            try:
-                self._plans[key] = plan_partition(scheme, shape, N, devices, shares=self.shares.value)
-                self.plans_computed += 1
-            except WorkbenchError as exc:
-                self._plans[key] = str(exc)
-        return self._plans[key]
+        try:
+            return self._plans.get_or(key, lambda: plan_partition(scheme, shape, N, devices, shares=self.shares.value))
+        except WorkbenchError as exc:
+            return str(exc)
 
     @staticmethod
     def plan_key(plan: PartitionPlan) -> tuple:
