@@ -460,6 +460,28 @@ class BackgroundRun(widgets.HBox):
         self.panel.report(self.work, error)
 
 
+class DeviceRowWidgets(widgets.HBox):
+    """One editable row of a device table: a label, speed (GFLOP/s), memory (GB) and link (Mbit/s), then a
+    page's own ``extra`` (kind, widget) cells. Each cell carries the classes ``wb-dev-KIND`` and
+    ``wb-dev-KIND-INDEX`` (the pages' tests find it by them); the engine's limits check the values when the
+    page builds its devices, and a value out of range is said in the page."""
+
+    def __init__(self, index: int, label_html: str, speed_gflops: float, memory_gb: float, bandwidth_mbit: float,
+                 *, cell_width: str = "120px", label_width: str = "80px", extra: tuple = ()):
+        self.index = index
+        box = widgets.Layout(width=cell_width)
+        self.speed = widgets.FloatText(value=speed_gflops, layout=box)
+        self.memory = widgets.FloatText(value=memory_gb, layout=box)
+        self.bandwidth = widgets.FloatText(value=bandwidth_mbit, layout=box)
+        kinds = (("speed", self.speed), ("memory", self.memory), ("bandwidth", self.bandwidth), *extra)
+        for kind, cell in kinds:
+            cell.add_class(f"wb-dev-{kind}")
+            cell.add_class(f"wb-dev-{kind}-{index}")
+        self.cells: tuple[widgets.Widget, ...] = tuple(cell for _, cell in kinds)
+        label = widgets.HTML(label_html, layout=widgets.Layout(width=label_width))
+        super().__init__([label, *self.cells], layout=widgets.Layout(flex="0 0 auto"))   # rows keep their height
+
+
 def table_row(cells, tag: str = "td", device: int | None = None) -> str:
     """One row of a small HTML table, each cell escaped; ``device`` tags the row for the page's tests."""
     data = f" data-device='{device}'" if device is not None else ""

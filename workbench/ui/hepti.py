@@ -24,7 +24,7 @@ from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.distributed.shares import proportional_shares
 from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Memo, Panel, RunOutcome, table_row
+from workbench.ui.base import CELL, BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, table_row
 from workbench.viz.hepti import (MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
                                  decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
                                  predicted_s, timeline_figure, verdict)
@@ -63,30 +63,19 @@ TABLE_NOTE = ("<span class='wb-table-note' style='color:#555;font-size:90%'>Each
               "mid-run). Memory 0 drops a secondary.</span>")
 
 
-class HeptiRowWidgets(widgets.HBox):
+class HeptiRowWidgets(DeviceRowWidgets):
     """One editable row of the device table: speed (GFLOP/s), free memory (GB), link (Mbit/s), and the free
     memory (MB) it falls to from a layer on ("never" by default). Values are checked when devices are built."""
 
     def __init__(self, index: int, base: DeviceProfile, name: str, layers: int):
-        self.index, self.base, self.name = index, base, name
+        self.base, self.name = base, name
         box = widgets.Layout(width="100px")
-        self.speed = widgets.FloatText(value=round(base.flops_per_s / 1e9, 3), layout=box)
-        self.memory = widgets.FloatText(value=base.memory_bytes / 1e9, layout=box)
-        self.bandwidth = widgets.FloatText(value=base.net_bytes_per_s * 8 / 1e6, layout=box)
         self.fall_mb = widgets.FloatText(value=20.0, layout=box)
-        self.fall_at = widgets.Dropdown(options=layer_options(layers), value=NEVER, layout=widgets.Layout(width="100px"))
-        for kind, w in (("speed", self.speed), ("memory", self.memory), ("bandwidth", self.bandwidth),
-                        ("fall-mb", self.fall_mb), ("fall-at", self.fall_at)):
-            w.add_class(f"wb-dev-{kind}")
-            w.add_class(f"wb-dev-{kind}-{index}")
-        label = widgets.HTML(f"<span class='wb-dev-name'>{index} · {html.escape(name)}</span>",
-                             layout=widgets.Layout(width="150px"))
-        super().__init__([label, self.speed, self.memory, self.bandwidth, self.fall_mb, self.fall_at],
-                         layout=widgets.Layout(flex="0 0 auto"))     # rows keep their height in the scrolled table
-
-    @property
-    def cells(self) -> tuple[widgets.Widget, ...]:
-        return (self.speed, self.memory, self.bandwidth, self.fall_mb, self.fall_at)
+        self.fall_at = widgets.Dropdown(options=layer_options(layers), value=NEVER, layout=box)
+        super().__init__(index, f"<span class='wb-dev-name'>{index} · {html.escape(name)}</span>",
+                         round(base.flops_per_s / 1e9, 3), base.memory_bytes / 1e9, base.net_bytes_per_s * 8 / 1e6,
+                         cell_width="100px", label_width="150px", extra=(("fall-mb", self.fall_mb),
+                                                                        ("fall-at", self.fall_at)))
 
     def device(self) -> DeviceProfile:
         """The row's device: its preset with the row's speed, memory and link (each checked; the message names

@@ -15,7 +15,7 @@ from workbench.partition.cost import SHAPES, comm_bytes, get_shape
 from workbench.partition.plan import (DEFAULT_DEVICE, MAX_DEVICES, SCHEMES, SHARE_RULES, DeviceRow, PartitionPlan,
                                       devices_from_table, plan_partition)
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, KeptRuns, Memo, Panel, RunOutcome, table_row
+from workbench.ui.base import CELL, BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, table_row
 from workbench.viz.partition import (decision_figure, no_plan_figure, orders_figure, scheme_label,
                                      schemes_figure, timeline_figure)
 
@@ -46,26 +46,12 @@ TABLE_NOTE = ("<span class='wb-table-note' style='color:#555;font-size:90%'>Each
               f"<i>{BANDWIDTH}</i> sets every device's link; edit a row for one device's own.</span>")
 
 
-class DeviceRowWidgets(widgets.HBox):
-    """One editable row of the device table: speed (GFLOP/s), memory (GB), link (Mbit/s), each checked by the
-    engine's limits when the devices are built (a value out of range is said in the page)."""
+class PartitionRowWidgets(DeviceRowWidgets):
+    """One editable row of the device table: speed (GFLOP/s), memory (GB), link (Mbit/s)."""
 
     def __init__(self, index: int, speed_gflops: float, memory_gb: float, bandwidth_mbit: float):
-        self.index = index
-        box = widgets.Layout(width="120px")
-        self.speed = widgets.FloatText(value=speed_gflops, layout=box)
-        self.memory = widgets.FloatText(value=memory_gb, layout=box)
-        self.bandwidth = widgets.FloatText(value=bandwidth_mbit, layout=box)
-        for name, w in (("speed", self.speed), ("memory", self.memory), ("bandwidth", self.bandwidth)):
-            w.add_class(f"wb-dev-{name}")
-            w.add_class(f"wb-dev-{name}-{index}")
-        label = widgets.HTML(f"<span class='wb-dev-name'>device {index}</span>", layout=widgets.Layout(width="80px"))
-        super().__init__([label, self.speed, self.memory, self.bandwidth],
-                         layout=widgets.Layout(flex="0 0 auto"))     # rows keep their height in the scrolled table
-
-    @property
-    def cells(self) -> tuple[widgets.FloatText, ...]:
-        return (self.speed, self.memory, self.bandwidth)
+        super().__init__(index, f"<span class='wb-dev-name'>device {index}</span>", speed_gflops, memory_gb,
+                         bandwidth_mbit)
 
     def row(self) -> DeviceRow:
         return DeviceRow(speed_gflops=float(self.speed.value), memory_gb=float(self.memory.value),
@@ -195,7 +181,7 @@ class PartitionPanel(Panel):
         from workbench.devices import get_profile
 
         base = get_profile(DEFAULT_DEVICE)
-        row = DeviceRowWidgets(index, base.flops_per_s / 1e9, base.memory_bytes / 1e9, float(self.bandwidth.value))
+        row = PartitionRowWidgets(index, base.flops_per_s / 1e9, base.memory_bytes / 1e9, float(self.bandwidth.value))
         self.observe_controls(*row.cells)
         return row
 
