@@ -9,7 +9,7 @@ Tables:
 - ``validation``: the simulator out of sample: calibrated on one run served for real on Ray Serve
   (:mod:`workbench.earlyexit.serve`, single-thread replicas) at half the rate, it predicts another run of the
   plan with this host's measured layer profile, in the evaluation's mode (deadline batching, budget drops)
-  (:func:`~workbench.earlyexit.evaluation.validate_out_of_sample`): goodput and p50/p95 latency errors, target
+  (:func:`~workbench.earlyexit.validation.validate_out_of_sample`): goodput and p50/p95 latency errors, target
   within 20%. Skipped, with the reason printed, when Ray Serve cannot be used here or ``--no-serve`` is given.
 - ``goodput`` (Figures 7, 13, 16): simulated goodput of E3, the early-exit model as is and the stock model per
   cluster (16 V100; 6 V100 + 8 P100 + 15 K80), easy:hard mix and batch size (every replica at that batch),
@@ -228,7 +228,7 @@ def _untrained_validation(opts):
     reason, None, None)."""
     import torch
 
-    from workbench.earlyexit.evaluation import calibrate, validate_out_of_sample
+    from workbench.earlyexit.validation import calibrate, validate_out_of_sample
     from workbench.earlyexit.optimizer import optimize_splits
     from workbench.earlyexit.profiles import host_layer_profile
     from workbench.earlyexit.serve import ModelSpec, Workload, serve_plan

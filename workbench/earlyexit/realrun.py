@@ -5,7 +5,7 @@ the chosen easy:hard mix from the dev set (every request padded to the task's le
 does not depend on who it is batched with) and serves it on Ray Serve twice, as E3 serves (deadline batching,
 requests that cannot make the SLO dropped): a calibration run at half the rate on other requests, whose
 measured replica slowdown and Ray Serve costs calibrate the simulator, then the run itself, which the simulator
-predicts out of sample (:func:`~workbench.earlyexit.evaluation.validate_out_of_sample`). The same requests run
+predicts out of sample (:func:`~workbench.earlyexit.validation.validate_out_of_sample`). The same requests run
 through the model in one process: the served labels and exit layers must equal those. The page's
 "Run for real", ``workbench earlyexit serve`` and the benchmark all come here.
 
@@ -35,7 +35,7 @@ def _ms(value: float) -> str:
 @dataclass(frozen=True)
 class RealRun:
     plan: object                      # SplitPlan for the "host" replicas
-    validation: object                # evaluation.Validation: served vs simulated
+    validation: object                # validation.Validation: served vs simulated
     equal: bool                       # every request's label and exit layer equal the one-process model's
     mismatches: int
     max_logit_diff: float
@@ -123,7 +123,7 @@ def real_run(*, task: str = "sentiment", preset: str = "full", replicas: int = 4
 
     from workbench.data import task_spec
     from workbench.earlyexit.artifacts import mix_texts
-    from workbench.earlyexit.evaluation import calibrate, validate_out_of_sample
+    from workbench.earlyexit.validation import calibrate, validate_out_of_sample
     from workbench.earlyexit.serve import Workload, serve_plan
     from workbench.models.tokenizer import encoder_tokenizer
 
