@@ -17,5 +17,9 @@ bandwidth_mbit = positive("Mbit/s", Bound(100_000, "100 Gbit/s, beyond any edge 
 latency_ms = non_negative("ms", Bound(1000, "a second, beyond any link between edge devices"))
 speed_gflops = positive("GFLOP/s", Bound(1e6, "a PFLOP/s, beyond any edge device"))
 memory_gb = positive("GB", Bound(1e4, "10 TB, beyond any edge device"))
+free_memory_gb = non_negative("GB", memory_gb.at_most)
+"""A device's free memory as Hepti reads it: 0 drops a secondary."""
+fall_mb = non_negative("MB", Bound(1e7, "10 TB, beyond any edge device"))
+"""The free memory a device falls to mid-run."""
 repeats = count(1, unit="runs", at_most=Bound(1000, "a thousand runs of one setting"))
 deadline_ms = positive("ms", Bound(3_600_000, "an hour, the longest run a command starts"))

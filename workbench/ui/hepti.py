@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 
-from workbench.argtypes import Bound, non_negative
 from workbench.devices import DeviceProfile, get_cluster
 from workbench.errors import WorkbenchError
 from workbench.distributed import limits
@@ -40,9 +39,6 @@ MODE_CHOICES = {"auto": "Hepti decides (by memory)", **{m: f"{t} forced" for m, 
 SHARE_CHOICES = {"hepti": "Hepti's MILP", "even": "even", "proportional": "in proportion to speed"}
 COMPARE = {"hepti": "Hepti's MILP", "even": "even shares", "proportional": "proportional shares"}
 ENCODERS = tuple(n for n, s in SHAPES.items() if s.kind == "encoder")
-memory_gb = non_negative("GB", limits.memory_gb.at_most)
-"""A device's free memory: 0 is allowed (Hepti drops a secondary with none)."""
-fall_mb = non_negative("MB", Bound(1e7, "10 TB, beyond any edge device"))
 CACHE = 512
 RUNS_KEPT = 8
 NEVER = -1
@@ -83,7 +79,7 @@ class HeptiRowWidgets(DeviceRowWidgets):
         i = self.index
         return replace(self.base, name=self.name,
                        flops_per_s=limits.speed_gflops.check(f"device {i}'s speed", float(self.speed.value)) * 1e9,
-                       memory_bytes=memory_gb.check(f"device {i}'s memory", float(self.memory.value)) * 1e9,
+                       memory_bytes=limits.free_memory_gb.check(f"device {i}'s memory", float(self.memory.value)) * 1e9,
                        net_bytes_per_s=limits.bandwidth_mbit.check(f"device {i}'s bandwidth",
                                                                    float(self.bandwidth.value)) * 1e6 / 8)
 
@@ -91,7 +87,7 @@ class HeptiRowWidgets(DeviceRowWidgets):
         """(name, layer, bytes) when the row's free memory falls mid-run, else None."""
         if self.fall_at.value == NEVER:
             return None
-        mb = fall_mb.check(f"device {self.index}'s free memory after the fall", float(self.fall_mb.value))
+        mb = limits.fall_mb.check(f"device {self.index}'s free memory after the fall", float(self.fall_mb.value))
         return (self.name, int(self.fall_at.value), mb * 1e6)
 
 
