@@ -4,43 +4,7 @@ import pytest
 
 from workbench import bench
 from workbench.kvcache import bench as llms
-from workbench.data import heldout_text
-from workbench.models.decoder import decoder_tokenizer, load_decoder
-
-
-@pytest.fixture(scope="module")
-def model():
-    return load_decoder()
-
-
-def test_raw_chunks_score_as_the_plain_decoder_and_2_bits_worse_than_8(model):
-    ids = decoder_tokenizer().encode(heldout_text(1))
-    windows = llms.perplexity_windows(ids, 64, 24, limit=2)
-    assert len(windows) == 2 and all(len(w) == 64 + 24 + 1 for w in windows)
-    got = llms.kv_perplexity(model, windows, 64, settings=("plain", 32, 8, 2))
-    assert got[32][0] == pytest.approx(got["plain"][0], rel=1e-5)
-    assert got[32][1] == got["plain"][1] == 4 * 2 * 30 * 3 * 64 * 64         # float32 K and V of 64 tokens
-    assert got[2][0] > got[8][0] and got[2][1] < got[8][1]
-
-
-def test_the_tolerance_setting_is_the_services_assignment_after_a_conversation(model):
-    """The table's tolerance row reads a context kept as the service keeps it: fed in several calls, every
-    full chunk at the level ``assign_levels`` gives over the whole context, made from its 8-bit base; the
-    open last chunk at 8 bits; the mean of the full chunks at the 0.5 ratio."""
-    from workbench.kvcache.chunks import recompress
-    from workbench.kvcache.density import assign_levels
-
-    ids = decoder_tokenizer().encode(heldout_text(1))[:100]
-    kv, bases = llms.service_conversation(model, ids, 4)
-    cfg = model.cfg
-    full = kv.full_chunks()
-    assert len(kv.tokens) == 100 and full == list(range(6)) and kv.chunks[6].bits == 8
-    bits = [kv.chunks[i].bits for i in full]
-    assert bits == assign_levels(kv.chunk_density(cfg.num_layers * cfg.num_heads)[full], (8, 4, 2), 0.5).tolist()
-    assert sum(bits) == 4 * len(full) and sorted(bases) == full
-    for i in full:
-        assert bases[i].bits == 8 and recompress(bases[i], kv.chunks[i].bits).payload.tobytes() == \
-            kv.chunks[i].payload.tobytes()
+from workbench.kvcache import perplexity as ppl
 
 
 def test_the_paper_scale_table_prices_each_load_of_a_replay_at_llama2_dimensions():
@@ -67,12 +31,6 @@ def test_the_paper_scale_table_prices_each_load_of_a_replay_at_llama2_dimensions
     assert 1.0 < tx2["without_over_with"] <= tx2["bound"] == pytest.approx(1 + 1 / 10.29, abs=2e-3)
     assert tx2["mean_switch_read_all_ms"] == pytest.approx(1e3 * (256 * 4_194_304 + 10 * 4_194_304 * 2) / 0.1e9 / 2)
     assert rows["mi14"]["without_over_with"] >= 1.0 and tx2["paper_ratio"] == pytest.approx(6.0)
-
-
-def test_windows_do_not_overlap_and_stop_at_the_limit():
-    windows = llms.perplexity_windows(list(range(100)), 16, 8, limit=3)
-    assert windows == [list(range(0, 25)), list(range(25, 50)), list(range(50, 75))]
-    assert llms.perplexity_windows(list(range(20)), 16, 8) == []
 
 
 def test_the_search_doubles_then_bisects_for_the_last_count_under_the_threshold():
@@ -104,7 +62,7 @@ def test_quick_bench_makes_every_table():
     assert len(tables["switching"]) == len(llms.METHODS) * len(llms.QUICK["contexts"])
     assert [r["method"] for r in tables["ablation"]] == list(llms.ABLATIONS)
     assert len(tables["active_contexts"]) == 3 * len(llms.METHODS)
-    assert {r["setting"] for r in tables["perplexity"]} == {str(s) for s in llms.PPL_SETTINGS}
+    assert {r["setting"] for r in tables["perplexity"]} == {str(s) for s in ppl.PPL_SETTINGS}
     paper = tables["paper_scale"]
     assert [r["device"] for r in paper] == list(llms.SWAP_PRESETS)
     for row in paper:                      # priced by a cost model: never slower with the pipeline, never past 1 + 1/R
