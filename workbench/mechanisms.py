@@ -23,7 +23,10 @@ package has the roles it needs):
   (with its worker processes in ``worker.py``);
 - baselines: ``baselines.py`` (the paper's baselines on the same engine);
 - evaluation: ``evaluate.py`` / ``evaluation.py``, beside ``reference.py`` (the paper's published figures from
-  ``data/reference``); bench: ``bench.py`` (``workbench bench NAME``, tables written as results files);
+  ``data/reference``) and, where a simulator or a model is checked against real runs, ``validation.py``;
+  bench: ``bench.py`` (``workbench bench NAME``, tables written as results files; a measurement with a job of
+  its own, such as LLMS's ``perplexity.py``, lives in its own module and the bench keeps its table);
+  a table the pages read back has a row dataclass (``Results.rows_as``);
 - lab: ``lab.py`` (the teaching lab's expected answers and their checks);
 - views, outside the package: ``workbench.ui.<name>`` (the page's panel: controls wired to engine calls) and
   ``workbench.viz.<name>`` (pure figure builders). No mechanism imports another, and no shared module imports
