@@ -58,6 +58,7 @@ def test_half_peak_is_recovered_from_efficiencies_it_made():
     assert ratio.half_peak_from({64: 1.02, 21: 1.05}, N) == 0.0     # faster at fewer rows: no fall, not negative
 
 
+@pytest.mark.alone                          # measures this host's FLOP/s: no other test beside it
 def test_the_host_fit_measures_a_fall_and_a_rank_is_limited_to_its_speed_on_the_probes_rows():
     """On this host a layer's FLOP/s fall with fewer rows (the efficiencies are measured, each under 1.2); the
     CPU limit's target is the device's speed at the probe's N rows, below its peak by 1 + h/N."""
