@@ -112,6 +112,7 @@ def test_start_background_does_nothing_when_ready_or_locked(tmp_cache, monkeypat
 
 def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypatch):
     from workbench.ui.preparing import PrepareStatus, prepared_page
+    from workbench.ui.stylesheet import stylesheet
 
     log = []
     monkeypatch.setattr(prepare_module, "steps", lambda preset, tasks=None, measure_host=True: fake_steps(log))
@@ -120,14 +121,14 @@ def test_the_waiting_page_shows_progress_then_builds_itself(tmp_cache, monkeypat
                          ("one", "two"), "A page", "quick")
     status = page.children[2]
     assert isinstance(status, PrepareStatus) and built == []
+    assert stylesheet() in page.children                # no figure brings the page's stylesheet here
     assert "2 prepare step(s) missing" in status.view.value and "workbench prepare --preset quick" in status.view.value
     with prepare_module.prepare_lock():
         writer = prepare_job.StatusWriter("quick", fake_steps(log))
         writer.on_step("one", "running")
         status.refresh()
         assert "Preparing the quick preset in the background: 0 of 2 steps ready" in status.view.value
-        assert "<tr class='wb-step' data-state='running'><td style='padding:2px 10px;border-bottom:1px solid " \
-               "#e5e7eb;text-align:left'>one</td>" in status.view.value
+        assert "<tr class='wb-step' data-state='running'><td>one</td>" in status.view.value
         log.append("one")
         writer.on_step("one", "done")
         status.refresh()
@@ -194,7 +195,7 @@ def test_a_waiting_page_offers_its_quick_version_and_the_full_one_behind_a_butto
     built = []
     page = prepared_page(lambda preset: built.append(preset) or widgets.Label(f"the {preset} page"), ("one", "two"),
                          "A page", "full")
-    intro, offer, status = page.children
+    intro, offer, status, _sheet = page.children
     assert offer.children == () and built == []                        # no quick version yet: nothing offered
     log += [("quick", "one"), ("quick", "two")]
     status.refresh()

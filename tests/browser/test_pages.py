@@ -10,6 +10,16 @@ from workbench.prepare import preset_notice
 
 PAGE_TIMEOUT_MS = 180_000
 PAGES = ["index.ipynb"] + [d.page for d in dashboards()]
+STYLED_JS = """() => {
+    const title = document.querySelector('.wb-title');
+    return Boolean(title) && getComputedStyle(title).marginTop === '4px';
+}"""
+
+
+def assert_styled(page) -> None:
+    """The page's stylesheet (``workbench.ui.stylesheet``) reached it: its title has the sheet's margin, not
+    the browser's default for a heading."""
+    page.wait_for_function(STYLED_JS, timeout=30_000)
 
 
 def icons_drawn(page) -> list[str]:
@@ -51,6 +61,7 @@ def test_page_as_a_visitor_meets_it(voila_server, page, name):
         assert notice.count() == 0
     assert not page.get_by_text("Executing", exact=False).is_visible(), f"{name}: a spinner is still showing"
     assert page.locator(".wb-error").count() == 0
+    assert_styled(page)
 
 
 OUTSIDE_JS = """slot => {
@@ -129,6 +140,7 @@ def test_a_page_waiting_for_the_full_preset_opens_its_quick_version_in_one_click
 
     page.goto(f"{base}/voila/render/{board.page}", timeout=PAGE_TIMEOUT_MS)
     page.get_by_text("needs artifacts that are still being prepared").wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert_styled(page)                                 # a page without figures carries the stylesheet itself
     page.get_by_role("button", name="Open the quick version now").click()
     page.locator(".wb-quick-version", has_text="Quick version.").wait_for(timeout=PAGE_TIMEOUT_MS)
     assert_figures_visible(page, [board.probe_figure])

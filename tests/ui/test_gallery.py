@@ -20,8 +20,11 @@ def only_quick_ready(monkeypatch, tmp_cache):
 
 def test_the_gallery_of_an_unprepared_preset_says_another_serves_every_page_now(only_quick_ready):
     from workbench.ui.gallery import Gallery
+    from workbench.ui.stylesheet import stylesheet
 
-    cards = Gallery("full").cards.value
+    gallery = Gallery("full")
+    assert stylesheet() in gallery.children             # no figure brings the page's stylesheet here
+    cards = gallery.cards.value
     assert "Serving the <b>full</b> preset: 0 of 2 pages ready." in cards
     assert "the quick preset&#x27;s artifacts serve every page now: `workbench dashboards --preset quick`" in cards
     assert "not meaningful" in cards

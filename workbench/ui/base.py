@@ -43,10 +43,9 @@ import plotly.graph_objects as go
 
 from workbench.errors import WorkbenchError
 from workbench.ui.figure import DEFAULT_HEIGHT_PX, FigureView
-from workbench.ui.messages import NOTICE_STYLE, error_html
+from workbench.ui.messages import error_html
+from workbench.ui.stylesheet import stylesheet
 
-CELL = "padding:1px 8px;text-align:left"
-"""A cell of the pages' small HTML tables (decisions, devices, bytes)."""
 SETTLE_S = 0.005
 DEFER_S = 0.3
 """Quiet time after a change from the browser before a panel's deferred (secondary) updates run."""
@@ -80,7 +79,7 @@ def preset_notice_html(preset: str | None = None) -> str:
     from workbench.presets import default_preset
 
     text = preset_notice(preset or default_preset())
-    return f"<div class='wb-preset-notice' style='{NOTICE_STYLE}'>{html.escape(text)}</div>" if text else ""
+    return f"<div class='wb-notice wb-preset-notice'>{html.escape(text)}</div>" if text else ""
 
 
 def preset_notice_widget(preset: str | None = None) -> widgets.HTML | None:
@@ -91,10 +90,11 @@ def preset_notice_widget(preset: str | None = None) -> widgets.HTML | None:
 
 def show_preset_notice(preset: str | None = None) -> None:
     """In a notebook: display the quick-preset line, or nothing for the full preset."""
-    from IPython.display import HTML, display
+    from IPython.display import display
 
-    if preset_notice_html(preset):
-        display(HTML(preset_notice_html(preset)))
+    notice = preset_notice_widget(preset)
+    if notice is not None:
+        display(widgets.VBox([stylesheet(), notice]))
 
 
 class Panel(widgets.VBox):
@@ -464,12 +464,17 @@ class DeviceRowWidgets(widgets.HBox):
     """One editable row of a device table: a label, speed (GFLOP/s), memory (GB) and link (Mbit/s), then a
     page's own ``extra`` (kind, widget) cells. Each cell carries the classes ``wb-dev-KIND`` and
     ``wb-dev-KIND-INDEX`` (the pages' tests find it by them); the engine's limits check the values when the
-    page builds its devices, and a value out of range is said in the page."""
+    page builds its devices, and a value out of range is said in the page. A page's rows and its
+    :meth:`header` share ``CELL_WIDTH`` and ``LABEL_WIDTH``, so the column names stand over their cells."""
+
+    CELL_WIDTH = "120px"
+    LABEL_WIDTH = "80px"
+    COLUMNS = ("device", "speed (GFLOP/s)", "memory (GB)", "link (Mbit/s)")
 
     def __init__(self, index: int, label_html: str, speed_gflops: float, memory_gb: float, bandwidth_mbit: float,
-                 *, cell_width: str = "120px", label_width: str = "80px", extra: tuple = ()):
+                 *, extra: tuple = ()):
         self.index = index
-        box = widgets.Layout(width=cell_width)
+        box = widgets.Layout(width=self.CELL_WIDTH)
         self.speed = widgets.FloatText(value=speed_gflops, layout=box)
         self.memory = widgets.FloatText(value=memory_gb, layout=box)
         self.bandwidth = widgets.FloatText(value=bandwidth_mbit, layout=box)
@@ -478,12 +483,28 @@ class DeviceRowWidgets(widgets.HBox):
             cell.add_class(f"wb-dev-{kind}")
             cell.add_class(f"wb-dev-{kind}-{index}")
         self.cells: tuple[widgets.Widget, ...] = tuple(cell for _, cell in kinds)
-        label = widgets.HTML(label_html, layout=widgets.Layout(width=label_width))
+        label = widgets.HTML(label_html, layout=widgets.Layout(width=self.LABEL_WIDTH))
         super().__init__([label, *self.cells], layout=widgets.Layout(flex="0 0 auto"))   # rows keep their height
 
+    @classmethod
+    def header(cls) -> widgets.HBox:
+        """The table's column names (``COLUMNS``: the label's, then one per cell), each as wide as its cells."""
+        first, *rest = cls.COLUMNS
+        names = [widgets.HTML(html.escape(first), layout=widgets.Layout(width=cls.LABEL_WIDTH))]
+        names += [widgets.HTML(html.escape(c), layout=widgets.Layout(width=cls.CELL_WIDTH)) for c in rest]
+        box = widgets.HBox(names)
+        box.add_class("wb-column-head")
+        return box
 
-def table_row(cells, tag: str = "td", device: int | None = None) -> str:
-    """One row of a small HTML table, each cell escaped; ``device`` tags the row for the page's tests."""
-    data = f" data-device='{device}'" if device is not None else ""
-    return (f"<tr{data}>" + "".join(f"<{tag} style='{CELL}'>{html.escape(str(c))}</{tag}>" for c in cells)
-            + "</tr>")
+
+def html_table(head, rows: list[str], *classes: str) -> str:
+    """A small HTML table: a header row of ``head``, then ``rows`` (from :func:`table_row`), styled by the
+    stylesheet's ``wb-table`` and tagged with ``classes`` (the pages' tests find it by them)."""
+    return (f"<table class='{' '.join(('wb-table', *classes))}'>{table_row(head, 'th')}{''.join(rows)}</table>")
+
+
+def table_row(cells, tag: str = "td", **data) -> str:
+    """One row of a small HTML table, each cell escaped; ``data`` (``device=2``, ``layer=4``) tags the row as
+    ``data-device='2'`` and so on, for the page's tests."""
+    tags = "".join(f" data-{k}='{html.escape(str(v))}'" for k, v in data.items() if v is not None)
+    return f"<tr{tags}>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"

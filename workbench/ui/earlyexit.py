@@ -58,8 +58,8 @@ CACHE = 128
 SLO = "SLO (ms)"
 
 INTRO = """
-<h2 style="margin:4px 0">Early-exit serving (E3)</h2>
-<p style="margin:2px 0 8px 0">An early-exit model lets confident samples leave at a ramp after any layer, so a
+<h2 class="wb-title">Early-exit serving (E3)</h2>
+<p class="wb-lead">An early-exit model lets confident samples leave at a ramp after any layer, so a
 batch <b>shrinks</b> as it runs and the GPU idles. <b>E3</b> cuts the model where the batch has shrunk and gives
 the early splits more <b>replicas</b>, so that every split runs full batches; the splits form a pipeline over
 (possibly mixed) GPUs. The batch profile comes from the trained ramps' real outputs on the task's dev set,
@@ -178,13 +178,13 @@ class EarlyExitPanel(Panel):
         self.drifter = BackgroundRun(self, "Serve a drifting mix", self._run_drift, self._show_drift)
         self.drift_info = widgets.HTML()
         self.drift_note = widgets.HTML(
-            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Serve a drifting mix: the same CPU plan "
+            f"<span class='wb-note wb-run-note'>Serve a drifting mix: the same CPU plan "
             f"serves {DRIFT_REQUESTS} requests over {DRIFT_WINDOWS * DRIFT_WINDOW_S:g} s whose mix switches halfway from "
             f"the one above to its opposite; every "
             f"{DRIFT_WINDOW_S:g} s the served exits update E3's ARIMA forecast, and when the forecast moves the plan, "
             "the optimizer runs and the application is redeployed in place. Each re-plan is listed below.</span>")
         self.runs_note = widgets.HTML(
-            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real uses only the task, mix, "
+            f"<span class='wb-note wb-run-note'>Run for real uses only the task, mix, "
             f"threshold and arrival pattern above: it makes <b>its own E3 plan for {HOST_REPLICAS} CPU replicas of "
             f"this host</b> (SLO {1e3 * HOST_SLO_S:.0f} ms, batch {HOST_BATCH} per replica, 80% of that plan's goodput; "
             f"the GPU plan, SLO, batch and rate above are far below what a CPU core takes), serves {HOST_REQUESTS} "
@@ -193,7 +193,7 @@ class EarlyExitPanel(Panel):
         self._task_threshold(task, threshold)
         self.observe_controls(self.task, self.slo, self.batch, self.mix, self.threshold, self.pattern, self.rate,
                               *self.gpus.values())
-        gpu_row = widgets.HBox([widgets.HTML("<span style='width:150px;display:inline-block'>GPUs per type</span>"),
+        gpu_row = widgets.HBox([widgets.HTML("GPUs per type", layout=widgets.Layout(width="150px")),
                                 *self.gpus.values()])
         # the real run's figure is in the page only while a run of these settings exists
         self.hostrun_box = widgets.Box([], layout=widgets.Layout(width="100%"))
@@ -367,7 +367,7 @@ class EarlyExitPanel(Panel):
     def _threshold_html(record, threshold: float) -> str:
         exits = record.exits(threshold)
         early = float((exits < record.num_layers - 1).mean())
-        return (f"<span class='wb-threshold-info' style='font-size:90%;color:#555'>a ramp's answer exits when its "
+        return (f"<span class='wb-note wb-threshold-info'>a ramp's answer exits when its "
                 f"entropy is below {threshold:.2f} nats; on the dev set: accuracy "
                 f"{100 * record.accuracy(threshold):.1f}% (stock {100 * record.stock_accuracy():.1f}%), "
                 f"{100 * early:.0f}% leave early, {exits.mean() + 1:.2f} of {record.num_layers} layers on average"
@@ -378,8 +378,7 @@ class EarlyExitPanel(Panel):
         if share >= FEW_EXITS:
             return ""
         who = "no sample leaves" if share < 0.0005 else f"{100 * share:.1f} % of samples leave"
-        return (f"<div class='wb-few-exits' style='background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;"
-                f"padding:3px 10px;margin:2px 0;font-size:90%;color:#6b4e16'>At this threshold "
+        return (f"<div class='wb-notice wb-few-exits'>At this threshold "
                 f"({self.threshold.value:.2f} nats) {who} before the last layer (the forecast E3 plans with): "
                 f"E3's gain over the early-exit model here comes from pipelining the layers over GPUs, not from "
                 f"exits. Raise the threshold, or use an easier mix, to see exits shrink the batch.</div>")
@@ -423,8 +422,7 @@ class EarlyExitPanel(Panel):
                 items.append("the early-exit model as is, data parallel on these GPUs, meets no SLO")
         body = "".join(f"<li>{html.escape(item)}</li>" for item in items)
         head = "Why this split" if plan else "No split plan"
-        return (f"<div class='wb-why' style='font-size:90%;overflow-wrap:anywhere'><b>{head}</b><ul "
-                f"style='margin:2px 0;padding-left:18px'>{body}</ul></div>")
+        return f"<div class='wb-why'><b>{head}</b><ul class='wb-list'>{body}</ul></div>"
 
     def run_key(self, s: dict | None = None) -> tuple:
         """The settings a real run uses, and so belongs to: task, mix, threshold and arrival pattern (it makes
@@ -492,7 +490,7 @@ class EarlyExitPanel(Panel):
         lines = "".join(f"<li>{html.escape(line)}</li>" for line in real.lines())
         self.run_info.value = (f"<div class='wb-run-info'><b>Measured on this host</b> (its own CPU plan, not the "
                                f"GPU plan above: {html.escape(hp.explain().splitlines()[0])})"
-                               f"<ul style='margin:2px 0'>{lines}</ul></div>")
+                               f"<ul class='wb-list'>{lines}</ul></div>")
 
     # -- the real run
 
@@ -538,11 +536,11 @@ class EarlyExitPanel(Panel):
         self.drift_run = run
         lines = "".join(f"<li>{html.escape(line)}</li>" for line in run.lines())
         self.drift_info.value = (f"<div class='wb-drift-info'><b>Re-planned online on this host</b> "
-                                 f"({len(run.served.replans)} re-plan(s))<ul style='margin:2px 0'>{lines}</ul></div>")
+                                 f"({len(run.served.replans)} re-plan(s))<ul class='wb-list'>{lines}</ul></div>")
 
     def _stage(self, handle, text: str) -> None:
         """Say the real run's stage beside its button (posted to the kernel's loop from the worker thread)."""
-        value = f"<span class='wb-run-stage' style='color:#555'>{html.escape(text)}</span>" if text else ""
+        value = f"<span class='wb-note wb-run-stage'>{html.escape(text)}</span>" if text else ""
 
         def show() -> None:
             self.run_stage.value = value

@@ -21,15 +21,15 @@ from workbench.viz.timeline import gantt_figure
 DEVICES = tuple(profile_names("wrx"))
 
 INTRO = """
-<h2 style="margin:4px 0">Elastic pipelining (WRX)</h2>
-<p style="margin:2px 0 8px 0">The model is cut into <i>layers x shards x bitwidths</i>. For a target latency the planner
+<h2 class="wb-title">Elastic pipelining (WRX)</h2>
+<p class="wb-lead">The model is cut into <i>layers x shards x bitwidths</i>. For a target latency the planner
 picks the largest submodel whose compute fits (<b>compute planning</b>), then spends each layer's
 <b>accumulated IO budget</b> (AIB) on bitwidths, most important shards first (<b>IO planning</b>); a small
 <b>preload buffer</b> keeps the first shards in memory. Presets are emulated: a real run is slowed to the device.</p>
 """
 
 OVERVIEW_INTRO = """
-<p style="margin:2px 0 8px 0">The encoder is elastic-fine-tuned per task so that every <i>n x m</i> submodel (first n
+<p class="wb-lead">The encoder is elastic-fine-tuned per task so that every <i>n x m</i> submodel (first n
 layers, m most important shards per layer) classifies. Pick a task to see its accuracy grid.</p>
 """
 
@@ -272,7 +272,7 @@ class ElasticPanel(Panel):
             f"{1e3 * float(np.median(latencies)):.1f} ms, last {1e3 * latencies[-1]:.1f} ms "
             f"(predicted {1e3 * plan.predicted_s:.1f} ms); stalls in the last run "
             f"{1e3 * self.measured.busy('stall'):.1f} ms; predictions: {outcome.note}</span>"
-            + (f"<br><span class='wb-miss' style='color:#9a3412'>Last run: {html.escape(note)}.</span>"
+            + (f"<br><span class='wb-warn wb-miss'>Last run: {html.escape(note)}.</span>"
                if note else ""))
         self._redraw_gantt()
 

@@ -33,6 +33,8 @@ import plotly
 import plotly.graph_objects as go
 import traitlets
 
+from workbench.ui.stylesheet import Stylesheet, stylesheet
+
 DEFAULT_HEIGHT_PX = 420
 
 _VIEW_ESM = r"""
@@ -121,8 +123,6 @@ def plotly_library() -> PlotlyLibrary:
 class FigureView(anywidget.AnyWidget):
     """A Plotly figure shown in the page and redrawn in place when :meth:`show` is called."""
     _esm = _VIEW_ESM
-    _css = (".wb-figure { width: 100%; min-width: 0; } .wb-figure-plot { width: 100%; }"
-            " .wb-figure.wb-stale { opacity: 0.45; transition: opacity 0.2s; }")
     figure = traitlets.Dict().tag(sync=True)
     config = traitlets.Dict({"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": [
         "select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d", "toggleSpikelines",
@@ -132,9 +132,10 @@ class FigureView(anywidget.AnyWidget):
     name = traitlets.Unicode("").tag(sync=True)         # the panel's slot name, as data-name in the page
     stale = traitlets.Bool(False).tag(sync=True)        # drawn dimmed: an update for it waits (Panel.defer)
     library = traitlets.Instance(PlotlyLibrary).tag(sync=True, **widgets.widget_serialization)
+    styles = traitlets.Instance(Stylesheet).tag(sync=True, **widgets.widget_serialization)   # the page's look
 
     def __init__(self, name: str = "", height: int = DEFAULT_HEIGHT_PX, **kwargs):
-        super().__init__(name=name, height=height, library=plotly_library(), **kwargs)
+        super().__init__(name=name, height=height, library=plotly_library(), styles=stylesheet(), **kwargs)
         self.layout.width = "100%"
         self.layout.min_height = f"{height}px"
         self.last: go.Figure | None = None

@@ -9,8 +9,7 @@ import ipywidgets as widgets
 from workbench.presets import page_preset, prepare_hint
 from workbench.ui.base import preset_notice_widget
 from workbench.ui.preparing import QUICK, PrepareStatus, quick_ready
-
-CARD_STYLE = ("border:1px solid #d0d7e2;border-radius:6px;padding:8px 12px;margin:6px 0;background:#fbfcfe")
+from workbench.ui.stylesheet import stylesheet
 
 
 class Gallery(widgets.VBox):
@@ -25,9 +24,9 @@ class Gallery(widgets.VBox):
         self.refresh()
         notice = preset_notice_widget(self.preset)
         self.children = ([notice] if notice else []) + [widgets.HTML(
-            "<h2 style='margin:4px 0'>Edge transformer workbench</h2><p style='margin:2px 0 8px 0'>Live views of the "
+            "<h2 class='wb-title'>Edge transformer workbench</h2><p class='wb-lead'>Live views of the "
             "inference systems the workbench implements. Each page starts its own kernel; move a control and the "
-            "engine re-plans and the figures redraw.</p>"), self.cards, self.status]
+            "engine re-plans and the figures redraw.</p>"), self.cards, self.status, stylesheet()]
 
     def refresh(self) -> None:
         from workbench.mechanisms import dashboards
@@ -40,7 +39,7 @@ class Gallery(widgets.VBox):
         waiting = {d.title: [name for name in d.requires if not ready.get(name, False)] for d in dashboards()}
         serving = sum(not missing for missing in waiting.values())
         other = serve_now_hint(self.preset) if serving < len(waiting) else ""
-        parts = [f"<div class='wb-serving' style='margin:4px 0'>Serving the <b>{html.escape(self.preset)}</b> preset: "
+        parts = [f"<div class='wb-serving'>Serving the <b>{html.escape(self.preset)}</b> preset: "
                  f"{serving} of {len(waiting)} pages ready.{' ' + html.escape(other) if other else ''}</div>"]
         for d in dashboards():
             missing = waiting[d.title]
@@ -50,7 +49,7 @@ class Gallery(widgets.VBox):
                 state += (f" &middot; <a class='wb-quick-link' href='{html.escape(d.page)}?preset={QUICK}'>open its "
                           f"quick version now</a> <small>(every step on a few batches: real figures, rough "
                           f"numbers)</small>")
-            parts.append(f"<div class='wb-card' style='{CARD_STYLE}'><a href='{html.escape(d.page)}'><b>"
+            parts.append(f"<div class='wb-card'><a href='{html.escape(d.page)}'><b>"
                          f"{html.escape(d.title)}</b></a> &middot; {state}<br><small>{html.escape(d.summary)}</small>"
                          f"</div>")
         cards = "".join(parts)

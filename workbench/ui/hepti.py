@@ -23,7 +23,8 @@ from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.distributed.shares import proportional_shares
 from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, table_row
+from workbench.ui.base import (BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, html_table,
+                               table_row)
 from workbench.viz.hepti import (MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
                                  decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
                                  predicted_s, timeline_figure, verdict)
@@ -44,8 +45,8 @@ RUNS_KEPT = 8
 NEVER = -1
 
 INTRO = """
-<h2 style="margin:4px 0">Heterogeneous partitioning (Hepti)</h2>
-<p style="margin:2px 0 8px 0">One encoder split over <b>unequal</b> edge devices (the first is the primary). Hepti
+<h2 class="wb-title">Heterogeneous partitioning (Hepti)</h2>
+<p class="wb-lead">One encoder split over <b>unequal</b> edge devices (the first is the primary). Hepti
 keeps weights where they are (<b>weight-stationary</b>, WS: every secondary holds the output projection and the
 MLP whole); when a secondary cannot hold that it tiles the weights (<b>1D-tiled</b> below 16 devices,
 <b>2D-tiled</b> from 16), and with no secondary it runs <b>serial</b>. Each device's <b>share</b> of the split
@@ -54,7 +55,7 @@ their free memory; when a device can no longer hold its share Hepti re-decides. 
 model at once; <b>Run for real</b> runs it on one worker process per device (emulating their speed and links).</p>
 """
 
-TABLE_NOTE = ("<span class='wb-table-note' style='color:#555;font-size:90%'>Each device's speed, free memory and "
+TABLE_NOTE = ("<span class='wb-note wb-table-note'>Each device's speed, free memory and "
               "link; <i>falls to</i> lowers its free memory from the chosen layer on (what the device reports "
               "mid-run). Memory 0 drops a secondary.</span>")
 
@@ -63,15 +64,18 @@ class HeptiRowWidgets(DeviceRowWidgets):
     """One editable row of the device table: speed (GFLOP/s), free memory (GB), link (Mbit/s), and the free
     memory (MB) it falls to from a layer on ("never" by default). Values are checked when devices are built."""
 
+    CELL_WIDTH = "100px"
+    LABEL_WIDTH = "150px"
+    COLUMNS = (*DeviceRowWidgets.COLUMNS, "falls to (MB)", "from")
+
     def __init__(self, index: int, base: DeviceProfile, name: str, layers: int):
         self.base, self.name = base, name
-        box = widgets.Layout(width="100px")
+        box = widgets.Layout(width=self.CELL_WIDTH)
         self.fall_mb = widgets.FloatText(value=20.0, layout=box)
         self.fall_at = widgets.Dropdown(options=layer_options(layers), value=NEVER, layout=box)
         super().__init__(index, f"<span class='wb-dev-name'>{index} · {html.escape(name)}</span>",
                          round(base.flops_per_s / 1e9, 3), base.memory_bytes / 1e9, base.net_bytes_per_s * 8 / 1e6,
-                         cell_width="100px", label_width="150px", extra=(("fall-mb", self.fall_mb),
-                                                                        ("fall-at", self.fall_at)))
+                         extra=(("fall-mb", self.fall_mb), ("fall-at", self.fall_at)))
 
     def device(self) -> DeviceProfile:
         """The row's device: its preset with the row's speed, memory and link (each checked; the message names
@@ -193,11 +197,6 @@ class HeptiPanel(Panel):
                                           continuous_update=False)
         self.table = widgets.VBox(layout=widgets.Layout(max_height="260px", overflow="auto", width="720px"))
         self.table.add_class("wb-dev-table")
-        header = widgets.HTML(
-            "<div style='display:flex;font-weight:bold;font-size:90%'><span style='width:154px'>device</span>"
-            "<span style='width:104px'>speed (GFLOP/s)</span><span style='width:104px'>memory (GB)</span>"
-            "<span style='width:104px'>link (Mbit/s)</span><span style='width:104px'>falls to (MB)</span>"
-            "<span style='width:104px'>from</span></div>")
         self.kill_device = widgets.Dropdown(options=[("none", "")], value="", description="Kill device",
                                             style={"description_width": "80px"}, layout=widgets.Layout(width="300px"))
         self.kill_layer = widgets.Dropdown(options=layer_options(shape.num_layers)[1:], description="at",
@@ -208,7 +207,7 @@ class HeptiPanel(Panel):
                                               "last three layers) moves by more than half; off: memory reports "
                                               "alone decide")
         self.runs_note = widgets.HTML(
-            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real starts one worker process per "
+            f"<span class='wb-note wb-run-note'>Run for real starts one worker process per "
             f"device: up to {int(limits.ranks.maximum)} here ({html.escape(limits.ranks.at_most.why)}). A killed "
             f"device's process gets SIGKILL when the primary starts that layer; the run resumes over the rest. The "
             f"figures above predict with each device's own speed; a real run measures them, and on a busy host "
@@ -227,7 +226,7 @@ class HeptiPanel(Panel):
             widgets.HBox([self.seq_len]),
             widgets.HBox([self.deadline, self.use_deadline]),
             widgets.HTML(TABLE_NOTE),
-            header,
+            HeptiRowWidgets.header(),
             self.table,
             self.message,
             widgets.HBox([self.figure_slot("decision"), self.reasons],
@@ -471,14 +470,13 @@ class HeptiPanel(Panel):
             f"<li data-layer='{n}'>layer {n}: {html.escape(ld.changed)} &rarr; <b>{html.escape(MODE_TITLES[ld.partition.mode])}"
             f"</b>, shares {', '.join(f'{x:.1%}' for x in ld.partition.shares)}; binding: "
             f"{html.escape(ld.partition.binding)}</li>" for n, ld in later)
-        return (f"<div class='wb-reasons' style='font-size:90%'><b>Why this split</b>: "
+        return (f"<div class='wb-reasons'><b>Why this split</b>: "
                 f"{html.escape(MODE_TITLES[first.mode])}, predicted {1e3 * total:.1f} ms, "
                 f"{html.escape(verdict(total, s.deadline_s))}"
-                f"<ul style='margin:2px 0;padding-left:18px'>{items}</ul>"
+                f"<ul class='wb-list'>{items}</ul>"
                 f"<div class='wb-binding'><b>Binding constraint:</b> {html.escape(first.binding)}</div>"
-                f"<table class='wb-decision-table' style='border-collapse:collapse'>{table_row(head, 'th')}"
-                f"{''.join(rows)}</table>"
-                + (f"<b>Re-decided mid-run</b><ul class='wb-redecisions' style='margin:2px 0;padding-left:18px'>"
+                + html_table(head, rows, "wb-decision-table")
+                + (f"<b>Re-decided mid-run</b><ul class='wb-list wb-redecisions'>"
                    f"{redecided}</ul>" if later else "")
                 + "</div>")
 
@@ -522,8 +520,8 @@ class HeptiPanel(Panel):
             + f"; {len(result.switches())} re-partitions after the first decision"
             + ("; the time includes the run the fault cut short, its worker processes' start included"
                if result.faults else "") + ")</span>"
-            + (f"<br><span class='wb-miss' style='color:#9a3412'>{html.escape(note)}</span>" if note else "")
-            + "".join(f"<br><span class='wb-fault' style='color:#9a3412'>fault: {html.escape(f)}</span>"
+            + (f"<br><span class='wb-warn wb-miss'>{html.escape(note)}</span>" if note else "")
+            + "".join(f"<br><span class='wb-warn wb-fault'>fault: {html.escape(f)}</span>"
                       for f in result.faults))
         self.decisions_info.value = self._decisions_html(s, result)
 
@@ -540,13 +538,10 @@ class HeptiPanel(Panel):
             names = names_at.get(d.layer) or ({r: n for r, n in enumerate(s.names)} if len(d.shares) == len(s.names)
                                                else {})
             shares = ", ".join(f"{names.get(r, f'rank {r}')} {x:.1%}" for r, x in enumerate(d.shares))
-            rows.append(f"<tr data-layer='{d.layer}'>" + "".join(
-                f"<td style='{CELL}'>{html.escape(str(c))}</td>"
-                for c in (d.layer, MODE_TITLES[d.mode], shares, d.changed)) + "</tr>")
-        head = table_row(("layer", "mode", "shares", "why decided here"), "th")
+            rows.append(table_row((d.layer, MODE_TITLES[d.mode], shares, d.changed), layer=d.layer))
+        head = ("layer", "mode", "shares", "why decided here")
         return (f"<div class='wb-run-decisions-box'><b>The run's decisions</b> (every rank decides the same from "
-                f"the reports)<table class='wb-run-decisions' style='border-collapse:collapse;font-size:90%'>{head}"
-                f"{''.join(rows)}</table></div>")
+                f"the reports){html_table(head, rows, 'wb-small', 'wb-run-decisions')}</div>")
 
     # -- the real run
 

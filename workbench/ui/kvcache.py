@@ -24,7 +24,7 @@ from workbench.kvcache.protocol import default_address
 from workbench.kvcache.replays import FRACTION, MEGABYTES, METHODS, ReplaySettings, replay_methods
 from workbench.kvcache.traces import PATTERNS
 from workbench.presets import default_preset, prepare_hint
-from workbench.ui.base import CELL, BackgroundRun, Panel, RunOutcome, kernel_loop
+from workbench.ui.base import BackgroundRun, Panel, RunOutcome, kernel_loop
 from workbench.viz.kvcache import (chunk_map_figure, events_figure, format_ms, latency_figure,
                                    live_chunk_map_figure, live_queue_figure, load_gantt_figure, method_label,
                                    queue_figure)
@@ -36,8 +36,8 @@ CHUNK_SIZES = (4, 8, 16, 32, 64)
 PLAY_INTERVAL_MS = 900
 
 INTRO = """
-<h2 style="margin:4px 0">LLM context service (LLMS)</h2>
-<p style="margin:2px 0 8px 0">Apps keep their conversations as <i>contexts</i> in one on-device LLM service. Each
+<h2 class="wb-title">LLM context service (LLMS)</h2>
+<p class="wb-lead">Apps keep their conversations as <i>contexts</i> in one on-device LLM service. Each
 context's KV cache lives in <b>chunks</b> of tokens, compressed by their <b>tolerance</b> (dense chunks at 8 bits, the
 others at 4 or 2), written to swap files ahead of time and evicted by the <b>LCTRU queue</b> (heaviest level first,
 least recently used first) when memory is short. Switching to a context brings its missing chunks back, reading
@@ -83,7 +83,7 @@ def scope_html() -> str:
         takers = [method_label(m) for m in METHODS if name in tunable_settings(m)]
         parts.append(f"the {names[name]} to " + ("every method" if len(takers) == len(METHODS) else
                                                  " and ".join(takers) + " only"))
-    return (f"<div class='wb-kv-scope' style='color:#555;font-size:90%'>Replay applies {'; '.join(parts)}. "
+    return (f"<div class='wb-note wb-kv-scope'>Replay applies {'; '.join(parts)}. "
             "vLLM-SQ keeps every chunk at 8 bits and the FP16 baselines keep raw chunks, so no ratio applies to "
             "them; the paper defines the baselines with LRU eviction.</div>")
 
@@ -255,7 +255,7 @@ class KVCachePanel(Panel):
         if self._syncing:
             return
         changed = self.shown_settings is not None and self.settings() != self.shown_settings
-        self.settings_note.value = ("<span class='wb-kv-stale' style='color:#9a3412'>The settings changed since "
+        self.settings_note.value = ("<span class='wb-warn wb-kv-stale'>The settings changed since "
                                     "the replays shown were made: press Replay to run them.</span>" if changed else "")
 
     # -- updates
@@ -374,12 +374,12 @@ class KVCachePanel(Panel):
         self.shown_settings = outcome.key
         self._show_results()
         if cancelled:
-            self.settings_note.value = ("<span class='wb-kv-stale' style='color:#9a3412'>Cancelled: showing the "
+            self.settings_note.value = ("<span class='wb-warn wb-kv-stale'>Cancelled: showing the "
                                         f"methods that finished ({', '.join(map(method_label, results))}).</span>")
 
 LIVE_INTRO = """
-<h3 style="margin:12px 0 2px 0">A running service, live</h3>
-<p style="margin:2px 0 6px 0">Attach to a service started with <code>workbench serve llms</code> (its address, and
+<h3 class="wb-subtitle">A running service, live</h3>
+<p class="wb-lead">Attach to a service started with <code>workbench serve llms</code> (its address, and
 its operator's token from <code>operator.token</code> in its swap directory, filled in for this user's own
 service) to watch its contexts' chunks, its eviction queue and its counters change as apps call it.</p>
 """
@@ -414,9 +414,9 @@ def counters_html(snapshot: dict) -> str:
              ("evicted", f"{metric(m, 'llms_evictions_total'):.0f}"),
              ("KV in memory", f"{snapshot['memory']['used_bytes'] / 1e6:.2f} of "
                               f"{snapshot['chunk_budget_bytes'] / 1e6:.2f} MB")]
-    head = "".join(f"<th style='{CELL}'>{html.escape(k)}</th>" for k, _ in cells)
-    row = "".join(f"<td style='{CELL}' data-counter='{html.escape(k)}'>{html.escape(v)}</td>" for k, v in cells)
-    return f"<table class='wb-kv-live-counters'><tr>{head}</tr><tr>{row}</tr></table>"
+    head = "".join(f"<th>{html.escape(k)}</th>" for k, _ in cells)
+    row = "".join(f"<td data-counter='{html.escape(k)}'>{html.escape(v)}</td>" for k, v in cells)
+    return f"<table class='wb-table wb-kv-live-counters'><tr>{head}</tr><tr>{row}</tr></table>"
 
 
 class LiveMonitor(Panel):

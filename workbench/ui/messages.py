@@ -7,18 +7,14 @@ import traceback
 
 from workbench.errors import WorkbenchError
 
-ERROR_STYLE = "color:#b00020;background:#fdecea;padding:4px 8px;border-radius:4px;margin:2px 0"
-NOTICE_STYLE = ("background:#fff7e6;border:1px solid #f0c36d;border-radius:4px;padding:4px 10px;margin:2px 0 6px 0;"
-                "color:#6b4e16;font-size:13px")
-
 
 def error_html(exc: BaseException) -> str:
     """A user error (:class:`WorkbenchError`) as its message; anything else as an internal error with its
     traceback folded away, so a bug never passes for something the user did."""
     if isinstance(exc, WorkbenchError):
-        return f"<div class='wb-error' style='{ERROR_STYLE}'>{html.escape(str(exc))}</div>"
+        return f"<div class='wb-error'>{html.escape(str(exc))}</div>"
     trace = "".join(traceback.format_exception(exc))
-    return (f"<div class='wb-error wb-internal-error' style='{ERROR_STYLE}'>internal error: "
+    return (f"<div class='wb-error wb-internal-error'>internal error: "
             f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))} (a bug in the workbench; please report it)"
-            f"<details><summary>traceback</summary><pre style='white-space:pre-wrap;font-size:11px'>"
+            f"<details><summary>traceback</summary><pre>"
             f"{html.escape(trace)}</pre></details></div>")

@@ -15,11 +15,10 @@ from workbench.viz.overview import layer_times_figure
 
 SHAPES = {"MiniLM layer (d=384)": MINILM, "DistilBERT layer (d=768)": DISTILBERT}
 BITWIDTHS = (2, 3, 4, 5, 6, 32)
-MISSING_STYLE = "color:#6b4e16;background:#fff7e6;border-radius:4px;padding:4px 8px;margin:2px 0"
 
 INTRO = """
-<h2 style="margin:4px 0">Edge transformer workbench: overview</h2>
-<p style="margin:2px 0 8px 0">Encoder <b>all-MiniLM-L6-v2</b> (6 layers x 12 heads, hidden 384) and decoder
+<h2 class="wb-title">Edge transformer workbench: overview</h2>
+<p class="wb-lead">Encoder <b>all-MiniLM-L6-v2</b> (6 layers x 12 heads, hidden 384) and decoder
 <b>SmolLM2-135M-Instruct</b> (30 layers, 9/3 heads). Pick a device profile to see what one layer costs there;
 below it, each mechanism shows what its prepared artifacts say.</p>
 """
@@ -30,7 +29,7 @@ def section_view(section, preset: str) -> widgets.VBox:
     from workbench.mechanisms import load
     from workbench.presets import prepare_hint
 
-    head = widgets.HTML(f"<h3 style='margin:10px 0 2px 0'>{html.escape(section.title)}</h3>")
+    head = widgets.HTML(f"<h3 class='wb-subtitle'>{html.escape(section.title)}</h3>")
     box = widgets.VBox([head])
     box.add_class("wb-overview-section")
 
@@ -46,7 +45,7 @@ def section_view(section, preset: str) -> widgets.VBox:
     else:
         missing = [name for name in section.requires if not status.ready.get(name)]
         box.children = [head, widgets.HTML(
-            f"<div class='wb-section-missing' style='{MISSING_STYLE}'>Not prepared for the {html.escape(preset)} "
+            f"<div class='wb-notice wb-section-missing'>Not prepared for the {html.escape(preset)} "
             f"preset: missing {html.escape(', '.join(missing))}. Run <code>{html.escape(prepare_hint(preset))}"
             f"</code>; this part appears here by itself when they are ready.</div>"), status]
     return box

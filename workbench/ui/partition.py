@@ -15,7 +15,8 @@ from workbench.partition.cost import SHAPES, comm_bytes, get_shape
 from workbench.partition.plan import (DEFAULT_DEVICE, MAX_DEVICES, SCHEMES, SHARE_RULES, DeviceRow, PartitionPlan,
                                       devices_from_table, plan_partition)
 from workbench.presets import default_preset
-from workbench.ui.base import CELL, BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, table_row
+from workbench.ui.base import (BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, html_table,
+                               table_row)
 from workbench.viz.partition import (decision_figure, no_plan_figure, orders_figure, scheme_label,
                                      schemes_figure, timeline_figure)
 
@@ -30,8 +31,8 @@ REASON_ROWS = 16
 """Devices listed beside the decision; the figure's hover names the others."""
 
 INTRO = """
-<h2 style="margin:4px 0">Position-wise partitioning (Voltage)</h2>
-<p style="margin:2px 0 8px 0">One request's transformer layers split over several edge devices. <b>Voltage</b> gives
+<h2 class="wb-title">Position-wise partitioning (Voltage)</h2>
+<p class="wb-lead">One request's transformer layers split over several edge devices. <b>Voltage</b> gives
 each device a range of <i>positions</i> of every layer (its <b>share</b>), lets each pick the cheaper
 <b>attention order</b> for its rows (Theorem 2: multiply x in last when 1/P - 1/N exceeds (F - F_H)/(F F_H)), and
 joins the rows with one <b>All-Gather</b> per layer. Tensor parallelism splits heads and FFN columns and needs two
@@ -41,7 +42,7 @@ to its device's speed by a CPU limit (calibrated by a short probe) and its link 
 measured; without root it runs at this host's speed and says so.</p>
 """
 
-TABLE_NOTE = ("<span class='wb-table-note' style='color:#555;font-size:90%'>Each device's speed, memory and "
+TABLE_NOTE = ("<span class='wb-note wb-table-note'>Each device's speed, memory and "
               "link. Proportional shares follow the speeds; the layer pipeline splits layers by memory. "
               f"<i>{BANDWIDTH}</i> sets every device's link; edit a row for one device's own.</span>")
 
@@ -137,12 +138,8 @@ class PartitionPanel(Panel):
                                          style=label, layout=widgets.Layout(width="420px"), continuous_update=False)
         self.table = widgets.VBox(layout=widgets.Layout(max_height="230px", overflow="auto", width="540px"))
         self.table.add_class("wb-dev-table")
-        header = widgets.HTML("<div style='display:flex;font-weight:bold;font-size:90%'>"
-                              "<span style='width:84px'>device</span><span style='width:124px'>speed (GFLOP/s)</span>"
-                              "<span style='width:124px'>memory (GB)</span><span style='width:124px'>link (Mbit/s)"
-                              "</span></div>")
         self.runs_note = widgets.HTML(
-            f"<span class='wb-run-note' style='color:#555;font-size:90%'>Run for real starts one worker process per "
+            f"<span class='wb-note wb-run-note'>Run for real starts one worker process per "
             f"device: up to {int(limits.ranks.maximum)} here ({html.escape(limits.ranks.at_most.why)}); the figures "
             f"above take up to {MAX_DEVICES} devices.</span>")
         self.runner = BackgroundRun(self, "Run for real", self._run_for_real, self._show_measured)
@@ -158,7 +155,7 @@ class PartitionPanel(Panel):
             widgets.HBox([self.count, self.seq_len]),
             self.bandwidth,
             widgets.HTML(TABLE_NOTE),
-            header,
+            PartitionRowWidgets.header(),
             self.table,
             self.message,
             widgets.HBox([self.figure_slot("decision"), self.reasons],
@@ -282,12 +279,10 @@ class PartitionPanel(Panel):
             cells = [(str(n),) for n in plan.layers]
         rows = [table_row((f"{i} ({d.name})", *cells[i]), device=i) for i, d in enumerate(plan.devices[:REASON_ROWS])]
         if plan.K > REASON_ROWS:
-            rows.append(f"<tr><td colspan='{len(head)}' style='{CELL}'>... and {plan.K - REASON_ROWS} more (hover "
-                        "the bars)</td></tr>")
-        return (f"<div class='wb-reasons' style='font-size:90%'><b>Why this plan</b> (predicted "
-                f"{1e3 * plan.predicted_s:.1f} ms)<ul style='margin:2px 0;padding-left:18px'>{items}</ul>"
-                f"<table class='wb-decision-table' style='border-collapse:collapse'>{table_row(head, 'th')}"
-                f"{''.join(rows)}</table>"
+            rows.append(f"<tr><td colspan='{len(head)}'>... and {plan.K - REASON_ROWS} more (hover the bars)</td></tr>")
+        return (f"<div class='wb-reasons'><b>Why this plan</b> (predicted "
+                f"{1e3 * plan.predicted_s:.1f} ms)<ul class='wb-list'>{items}</ul>"
+                + html_table(head, rows, "wb-decision-table")
                 + ("<small>Hatched bars: Eq. (8), x multiplied in last.</small>" if plan.scheme == "voltage" else "")
                 + "</div>")
 
@@ -316,9 +311,9 @@ class PartitionPanel(Panel):
             f"<span class='wb-run-info'>{said} {1e3 * result.latency_s:.1f} ms vs predicted "
             f"{1e3 * plan.predicted_s:.1f} ms ({html.escape(scheme_label(plan.scheme))} on {plan.K} worker "
             f"processes, {how}; {links})</span>"
-            + (f"<br><span class='wb-limits' style='color:#9a3412'>{html.escape(result.note)}.</span>"
+            + (f"<br><span class='wb-warn wb-limits'>{html.escape(result.note)}.</span>"
                if result.note else "")
-            + (f"<br><span class='wb-miss' style='color:#9a3412'>{html.escape(run.note)}.</span>"
+            + (f"<br><span class='wb-warn wb-miss'>{html.escape(run.note)}.</span>"
                if run.note else ""))
         self.bytes_info.value = self._bytes_html(plan, result)
 
@@ -332,11 +327,11 @@ class PartitionPanel(Panel):
             rows.append(table_row((f"{i} ({d.name})", bytes_text(*traffic_per_layer(counted, i)),
                                    bytes_text(*received), bytes_text(*traffic_per_layer(predicted, i)),
                                    f"{total[i].sent:,}"), device=i))
-        head = table_row(("device", "sent per layer (counted)", "received per layer (counted)",
-                          "sent per layer (planned)", "sent in all (the input too)"), "th")
+        head = ("device", "sent per layer (counted)", "received per layer (counted)", "sent per layer (planned)",
+                "sent in all (the input too)")
         return (f"<div class='wb-bytes-info'><b>Bytes counted by the run</b> ({html.escape(scheme_label(plan.scheme))},"
-                f" {plan.shape.num_layers} layers)<table class='wb-bytes' style='border-collapse:collapse;"
-                f"font-size:90%'>{head}{''.join(rows)}</table>{self._ratio_html(plan)}</div>")
+                f" {plan.shape.num_layers} layers){html_table(head, rows, 'wb-small', 'wb-bytes')}"
+                f"{self._ratio_html(plan)}</div>")
 
     def _ratio_html(self, plan: PartitionPlan) -> str:
         """Voltage : tensor parallel bytes, from the last real run of each on the current devices, model and
@@ -357,7 +352,7 @@ class PartitionPanel(Panel):
                    if v is not None), None)
         if voltage is None or tp is None:
             missing = "tensor parallel" if voltage is not None else "Voltage"
-            return (f"<div class='wb-ratio' style='color:#555'>Run {missing} too at these settings to see Voltage's "
+            return (f"<div class='wb-note wb-ratio'>Run {missing} too at these settings to see Voltage's "
                     f"bytes against tensor parallelism's.</div>") if plan.K > 1 else ""
         if voltage == 0:
             return ""

@@ -20,11 +20,10 @@ from typing import Callable
 import ipywidgets as widgets
 
 from workbench.presets import default_preset, prepare_hint
-from workbench.ui.messages import NOTICE_STYLE, error_html
+from workbench.ui.messages import error_html
+from workbench.ui.stylesheet import stylesheet
 
 POLL_S = 1.0
-TABLE_STYLE = "border-collapse:collapse;font-size:13px;margin:4px 0"
-CELL = "padding:2px 10px;border-bottom:1px solid #e5e7eb;text-align:left"
 
 
 def _minutes(seconds: float) -> str:
@@ -156,16 +155,14 @@ class PrepareStatus(widgets.VBox):
                     f"</code> or start <code>workbench dashboards</code>, which prepares in the background.")
         cells = []
         for r in rows:
-            bar = (f"<progress max='100' value='{r['percent']:.0f}' style='width:120px'></progress> "
+            bar = (f"<progress max='100' value='{r['percent']:.0f}'></progress> "
                    f"{r['percent']:.0f}%" if r["state"] == "running" else "")
             left_text = _minutes(r["left_s"]) if r["state"] in ("running", "waiting") and r["left_s"] else ""
-            cells.append(f"<tr class='wb-step' data-state='{r['state']}'><td style='{CELL}'>{html.escape(r['name'])}"
-                         f"</td><td style='{CELL}'>{r['state']}</td><td style='{CELL}'>{bar}</td>"
-                         f"<td style='{CELL}'>{left_text}</td><td style='{CELL}'><small>"
+            cells.append(f"<tr class='wb-step' data-state='{r['state']}'><td>{html.escape(r['name'])}"
+                         f"</td><td>{r['state']}</td><td>{bar}</td><td>{left_text}</td><td><small>"
                          f"{html.escape(r.get('detail', ''))}</small></td></tr>")
-        return (f"<div class='wb-prepare'><p style='margin:4px 0'>{head}</p><table style='{TABLE_STYLE}'>"
-                f"<tr><th style='{CELL}'>step</th><th style='{CELL}'>state</th><th style='{CELL}'>progress</th>"
-                f"<th style='{CELL}'>time left</th><th style='{CELL}'></th></tr>{''.join(cells)}</table></div>")
+        return (f"<div class='wb-prepare'><p>{head}</p><table class='wb-table wb-steps'><tr><th>step</th><th>state</th>"
+                f"<th>progress</th><th>time left</th><th></th></tr>{''.join(cells)}</table></div>")
 
 
 QUICK = "quick"
@@ -206,7 +203,7 @@ def when_requested(callback: Callable[[], None]) -> bool:
 
 
 def quick_banner(extra: str = "") -> widgets.HTML:
-    return widgets.HTML(f"<div class='wb-quick-version' style='{NOTICE_STYLE}'><b>Quick version.</b> This page shows "
+    return widgets.HTML(f"<div class='wb-notice wb-quick-version'><b>Quick version.</b> This page shows "
                         f"{html.escape(QUICK_NOTE)}.{extra}</div>")
 
 
@@ -227,13 +224,13 @@ def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, .
         switch = widgets.Button(description=f"Switch to the {preset} version", icon="check",
                                 button_style="success", layout=widgets.Layout(width="auto"))
         switch.on_click(lambda _b: setattr(page, "children", [build(preset)]))
-        page.children = [widgets.HTML(f"<div class='wb-full-ready' style='{NOTICE_STYLE}'>The {html.escape(preset)} "
+        page.children = [widgets.HTML(f"<div class='wb-notice wb-full-ready'>The {html.escape(preset)} "
                                       f"artifacts are ready.</div>"), switch, *page.children[1:]]
 
     status = PrepareStatus(preset, list(requires), on_ready=full_ready)
     if status.all_ready:
         return build(preset)
-    intro = widgets.HTML(f"<h2 style='margin:4px 0'>{html.escape(title)}</h2><p style='margin:2px 0'>This page "
+    intro = widgets.HTML(f"<h2 class='wb-title'>{html.escape(title)}</h2><p class='wb-lead'>This page "
                          "needs artifacts that are still being prepared; it appears here by itself when they "
                          "are ready.</p>")
     offer = widgets.VBox()
@@ -250,7 +247,7 @@ def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, .
         button = widgets.Button(description="Open the quick version now", icon="bolt", button_style="info",
                                 layout=widgets.Layout(width="auto"))
         button.on_click(open_quick)
-        offer.children = [widgets.HTML(f"<p style='margin:6px 0 2px 0'>Meanwhile, this page can open on "
+        offer.children = [widgets.HTML(f"<p class='wb-offer'>Meanwhile, this page can open on "
                                        f"{html.escape(QUICK_NOTE)}.</p>"), button]
 
     def requested() -> None:
@@ -259,7 +256,7 @@ def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, .
         if page_preset() == QUICK and not showing["quick"] and not status.all_ready and quick_ready(requires):
             open_quick()
 
-    page.children = [intro, offer, status]
+    page.children = [intro, offer, status, stylesheet()]
     status.on_refresh = check_quick
     check_quick()
     if preset != QUICK:
