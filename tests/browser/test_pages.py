@@ -50,6 +50,8 @@ def test_page_as_a_visitor_meets_it(voila_server, page, name):
         figures = [f.get_attribute("data-name") for f in page.locator(".wb-figure[data-name]").all()]
         assert probe in figures
         assert_figures_visible(page, figures)          # every figure of the page, not only the probe
+        clipped = {f: page.locator(f".wb-figure[data-name='{f}']").first.evaluate(OUTSIDE_JS) for f in figures}
+        assert {f: texts for f, texts in clipped.items() if texts} == {}
     page.wait_for_timeout(1000)                        # late requests (fonts, lazy chunks) land in the record
 
     assert page.outside_requests == [], f"{name} fetched from outside 127.0.0.1: {page.outside_requests}"
@@ -66,20 +68,39 @@ def test_page_as_a_visitor_meets_it(voila_server, page, name):
 
 OUTSIDE_JS = """slot => {
     const box = slot.getBoundingClientRect();
-    return Array.from(slot.querySelectorAll('.gtitle, .xtitle, .ytitle')).map(t => {
+    const said = t => `"${t.textContent.slice(0, 40)}"`;
+    const found = [];
+    for (const t of slot.querySelectorAll('.gtitle, .xtitle, .ytitle, .annotation-text')) {
         const r = t.getBoundingClientRect();
-        return {text: t.textContent, left: r.left - box.left, right: box.right - r.right};
-    }).filter(t => t.text && (t.left < -1 || t.right < -1))
-      .map(t => `${t.text} (${t.left.toFixed(0)} px left, ${t.right.toFixed(0)} px right)`);
+        const out = Math.max(box.left - r.left, r.right - box.right, box.top - r.top, r.bottom - box.bottom);
+        if (t.textContent && r.width > 0 && out > 1) found.push(`${said(t)} ${out.toFixed(0)} px outside`);
+    }
+    for (const t of slot.querySelectorAll('.annotation-text, .bartext, .textpoint text')) {
+        const size = parseFloat(t.style.fontSize || getComputedStyle(t).fontSize);
+        if (t.textContent && t.getBoundingClientRect().width > 0 && size < 9)
+            found.push(`${said(t)} at ${size.toFixed(1)} px, too small to read`);
+    }
+    const notes = Array.from(slot.querySelectorAll('.annotation-text')).filter(t => t.textContent)
+        .map(t => [t, t.getBoundingClientRect()]).filter(([, r]) => r.width > 0);
+    for (let i = 0; i < notes.length; i++)
+        for (let j = i + 1; j < notes.length; j++) {
+            const [a, p] = notes[i], [b, q] = notes[j];
+            const w = Math.min(p.right, q.right) - Math.max(p.left, q.left);
+            const h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+            if (w > 2 && h > 2) found.push(`${said(a)} overlaps ${said(b)}`);
+        }
+    return found;
 }"""
+"""Titles, axis titles and annotations outside their figure; annotation and bar texts under 9 px; annotations
+overlapping each other."""
 
 
 @pytest.mark.parametrize("board", [d for d in dashboards() if d.ends], ids=lambda d: d.page)
 def test_each_page_at_its_controls_ends_draws_every_figure_with_titles_that_fit(voila_server, page, board):
     """Every control the page declares an end for (most devices, 32 GPUs of each type, the tightest deadline,
     the longest sequence ...) set in the page as a person does, at 1280 px: the controls show their ends, no
-    internal error, every figure drawn and seen, no figure left stale, and every figure's title and axis
-    titles inside its figure."""
+    internal error, every figure drawn and seen, no figure left stale, and every figure's titles and
+    annotations inside it, readable and apart (``OUTSIDE_JS``)."""
     page.goto(f"{voila_server}/voila/render/{board.page}", timeout=PAGE_TIMEOUT_MS)
     assert_figures_visible(page, [board.probe_figure])
     for label, value in board.ends:

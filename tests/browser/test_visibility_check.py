@@ -33,3 +33,45 @@ def test_a_figure_in_plain_view_passes_and_one_below_the_fold_is_scrolled_to(pag
     page.set_content(f"<body style='margin:0'>{FIGURE}<div style='height:3000px'></div>{FIGURE}</body>")
     assert_seen(page.locator(".fig").first, "first")
     assert_seen(page.locator(".fig").last, "below the fold")
+
+
+def draw(page, figure) -> None:
+    """``figure`` drawn by the page's own plotly.js into ``.slot`` (600 x 300 px), as the pages draw theirs."""
+    from workbench.ui.figure import _plotly_js
+
+    page.set_content("<body style='margin:0'><div class='slot' style='width:600px;height:300px'></div></body>")
+    page.add_script_tag(content=_plotly_js())
+    page.evaluate("f => Plotly.newPlot(document.querySelector('.slot'), f.data, f.layout)", figure.to_plotly_json())
+
+
+def fit_problems(page) -> list[str]:
+    from tests.browser.test_pages import OUTSIDE_JS
+
+    return page.locator(".slot").evaluate(OUTSIDE_JS)
+
+
+def test_the_fit_check_names_a_label_outside_one_too_small_and_two_that_overlap(page):
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2], text=["(misses)", "ok"], textposition="inside",
+                           textfont_size=6))
+    fig.update_layout(width=600, height=300, margin=dict(l=40, r=40, t=40, b=40), annotations=[
+        dict(x=1.3, xref="paper", y=0.5, yref="paper", text="deadline 200 ms", showarrow=False),
+        dict(x=0.2, xref="paper", y=0.9, yref="paper", text="first label", showarrow=False),
+        dict(x=0.22, xref="paper", y=0.9, yref="paper", text="second label", showarrow=False)])
+    draw(page, fig)
+    found = fit_problems(page)
+    assert any(f.startswith('"deadline 200 ms"') and "outside" in f for f in found), found
+    assert any(f.startswith('"(misses)" at 6.0 px') for f in found), found
+    assert '"first label" overlaps "second label"' in found, found
+
+
+def test_the_fit_check_passes_labels_that_fit(page):
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2], text=["(misses)", "ok"], textposition="outside"))
+    fig.update_layout(width=600, height=300, title="A title", margin=dict(l=40, r=40, t=40, b=40), annotations=[
+        dict(x=0.1, xref="paper", y=0.9, yref="paper", text="one", showarrow=False),
+        dict(x=0.9, xref="paper", y=0.9, yref="paper", text="two", showarrow=False)])
+    draw(page, fig)
+    assert fit_problems(page) == []

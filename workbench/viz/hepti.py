@@ -170,11 +170,11 @@ def breakdown_figure(layers: Sequence[LayerDecision], deadline_s: float = math.i
     shapes, annotations = _deadline_shapes(deadline_s)
     if title is None:
         modes = " then ".join(dict.fromkeys(mode_title(ld.partition.mode) for ld in layers))
-        title = (f"Latency per device over {len(layers)} layers: predicted {1e3 * total:.1f} ms, "
-                 f"{verdict(total, deadline_s)}<br><sub>{modes}; every device's bar reaches the predicted latency "
-                 f"(Eq. 7: per block the slowest device, then the communication)</sub>")
+        title = (f"Latency per device: predicted {1e3 * total:.1f} ms, {verdict(total, deadline_s)}<br><sub>"
+                 f"{len(layers)} layers in {modes}; every device's bar reaches the predicted latency<br>(Eq. 7: per "
+                 f"block the slowest device, then the communication)</sub>")
     top = max([1e3 * total] + ([1e3 * deadline_s] if math.isfinite(deadline_s) else []))
-    fig.update_layout(template=TEMPLATE, title=title, barmode="stack", height=440, margin={**MARGIN, "t": 80},
+    fig.update_layout(template=TEMPLATE, title=title, barmode="stack", height=440, margin={**MARGIN, "t": 96},
                       yaxis={"title": "predicted time (ms)", "range": [0, 1.18 * top]}, shapes=shapes,
                       annotations=annotations)
     return fig
