@@ -13,7 +13,7 @@ from workbench.hepti.plan import hepti_partition, mode_blocks
 from workbench.hepti.run import Decision, predicted_steps, shape_of
 from workbench.distributed.steps import steps_timeline
 from workbench.timeline import Span, Timeline
-from workbench.viz.hepti import (MARK_NAMES, LayerDecision, breakdown_figure, compare_figure, decision_figure,
+from workbench.viz.hepti import (MARK_NAMES, SEGMENT_COLORS, LayerDecision, breakdown_figure, compare_figure, decision_figure,
                                  device_segments, measured_marks, measured_shift, on_devices, predicted_marks,
                                  predicted_s, timeline_figure)
 
@@ -58,7 +58,8 @@ def test_decision_bars_are_each_layers_shares_stacked_in_device_order():
         assert list(trace.x) == want and list(trace.y) == list(range(L))
         assert list(trace.base) == pytest.approx([sum(p.shares[:i]) for p in [ws] * 2 + [tiled] * 4])
         assert [c[0] for c in trace.customdata] == [ws.sizes[i]] * 2 + [tiled.sizes[i]] * 4
-        assert trace.name.startswith(f"device {i} ({NAMES[i]}): {ws.shares[i]:.1%}")
+        said = f"{ws.shares[i]:.1%}" if any(want) else "dropped"      # a device computing in no layer
+        assert trace.name == f"device {i} ({NAMES[i]}): {said}"
     assert list(fig.layout.yaxis.ticktext) == ["0 · WS", "1 · WS", "2 · 1D", "3 · 1D", "4 · 1D", "5 · 1D"]
     (note,) = fig.layout.annotations
     assert note.y == 2 and "1D from here" in note.text and note.hovertext == "rpi3's free memory fell"
@@ -113,6 +114,9 @@ def test_a_fall_sums_each_layers_own_partition_and_a_dropped_device_takes_no_par
     assert seg["no part"][3] == pytest.approx(p.predicted_latency_s)
     names = [t.name for t in breakdown_figure([LayerDecision(p, "first")] * L).data]
     assert "takes no part (dropped)" in names
+    bars = decision_figure([LayerDecision(p, "first")] * L, "encoder", 128).data
+    assert [(t.name.endswith(": dropped"), t.marker.color == SEGMENT_COLORS["no part"]) for t in bars] == \
+        [(False, False)] * 3 + [(True, True)]          # greyed in the decision as in the latency bars
 
 
 def test_compare_stacks_each_partitions_critical_path_and_communication_and_says_refusals():

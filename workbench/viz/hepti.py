@@ -68,7 +68,8 @@ def no_plan_figure(name: str, reason: str, height: int = 360) -> go.Figure:
 def decision_figure(layers: Sequence[LayerDecision], model: str, seq_len: int, rule: str = "Hepti's MILP",
                     title: str | None = None) -> go.Figure:
     """The shares each device computes at each layer, stacked from 0 to 1 (one bar trace per device, one bar per
-    layer), the layer's mode beside its number, and a note where Hepti re-decides (the hover says why)."""
+    layer; a device with no share at any layer is named dropped and greyed), the layer's mode beside its number,
+    and a note where Hepti re-decides (the hover says why)."""
     first = layers[0].partition
     devices, K, L = first.devices, len(first.devices), len(layers)
     ys = list(range(L))
@@ -78,9 +79,12 @@ def decision_figure(layers: Sequence[LayerDecision], model: str, seq_len: int, r
         base = [sum(ld.partition.shares[:i]) for ld in layers]
         custom = [[ld.partition.sizes[i], ld.partition.dimension, ld.partition.heads[i] if ld.partition.heads else 0,
                    mode_title(ld.partition.mode)] for ld in layers]
+        dropped = not any(shares)                       # greyed in the legend, as in the latency figure
         fig.add_trace(go.Bar(
-            y=ys, base=base, x=shares, orientation="h", name=f"device {i} ({d.name}): {shares[0]:.1%}",
-            marker={"color": device_color(i), "line": {"color": "white", "width": 1}},
+            y=ys, base=base, x=shares, orientation="h",
+            name=f"device {i} ({d.name}): " + ("dropped" if dropped else f"{shares[0]:.1%}"),
+            marker={"color": SEGMENT_COLORS["no part"] if dropped else device_color(i),
+                    "line": {"color": "white", "width": 1}},
             text=[f"d{i}" if s > 0 else "" for s in shares], textposition="inside", insidetextanchor="middle",
             textangle=0, customdata=custom,
             hovertemplate=(f"device {i} ({d.name}), layer %{{y}}: share %{{x:.2%}}, %{{customdata[0]}} "
