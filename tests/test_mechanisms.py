@@ -19,7 +19,7 @@ def test_every_declared_page_notebook_benchmark_and_required_step_exists():
     assert len(step_names) == len(steps("quick"))
     for d in registry.dashboards():
         assert (REPO / "dashboards" / d.page).exists(), d.page
-        assert set(d.requires) <= step_names, d.requires
+        assert set(d.requires) <= step_names and set(d.later) <= step_names - set(d.requires), (d.requires, d.later)
         assert d.probe_control and d.probe_figure
     for m in registry.mechanisms():
         for nb in m.notebooks:

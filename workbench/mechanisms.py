@@ -77,6 +77,8 @@ class Dashboard:
     title: str
     summary: str                                # one line on the card
     requires: tuple[str, ...] = ()              # names of the prepare steps whose artifacts the page reads
+    later: tuple[str, ...] = ()                 # steps of further choices (another task): the page opens without
+                                                # them, offers what is ready and says what is still being prepared
     probe_control: str = ""                     # label of a slider `workbench bench browser` moves ...
     probe_figure: str = ""                      # ... and the figure slot whose redraw it times
     panel: str = ""                             # "module:Class" of the page's Panel (`bench ui`, `workbench.ui`)

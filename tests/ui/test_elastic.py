@@ -120,3 +120,22 @@ def test_every_figure_title_follows_the_controls_it_depends_on(prepared):
     assert "4.50 MB preload buffer" in titles()["aib"]
     panel.step.value = 0
     assert "step 0/" in titles()["aib"]
+
+
+def test_the_page_opens_with_its_first_task_and_says_which_are_still_being_prepared(prepared, monkeypatch):
+    """The flagship page is ready once its first task is (the full prepare takes the other task's steps after
+    every page's own): the task menu offers the ready tasks only and names the rest."""
+    from workbench import mechanisms as registry
+    from workbench.elastic import artifacts
+
+    board = next(d for d in registry.dashboards() if d.page == ElasticPanel.dashboard_page)
+    assert board.requires == tuple(f"{what}: sentiment" for what in ("elastic fine-tuning", "shard store",
+                                                                    "shard importance"))
+    assert board.later and all(name.endswith(": bbc") for name in board.later)
+    monkeypatch.setattr(artifacts, "task_ready", lambda task, preset: task == "sentiment")
+    panel = ElasticPanel(PRESET, task="bbc")
+    assert [v for _, v in panel.task.options] == ["sentiment"] and panel.task.value == "sentiment"
+    assert "BBC News topic: still being prepared" in panel.tasks_waiting.value and panel.message.value == ""
+    monkeypatch.setattr(artifacts, "task_ready", lambda task, preset: True)
+    panel = ElasticPanel(PRESET, task="bbc")
+    assert panel.task.value == "bbc" and len(panel.task.options) == 2 and panel.tasks_waiting.value == ""

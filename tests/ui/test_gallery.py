@@ -55,3 +55,19 @@ def test_a_waiting_page_links_its_quick_version_once_the_quick_preset_has_it(onl
         PrepareStep(name=f"step {i}", run=lambda preset, progress, force: "made", ready=lambda preset: False)
         for i in range(2)])
     assert "wb-quick-link" not in Gallery("full").cards.value            # nothing to offer yet
+
+
+def test_a_ready_page_names_the_steps_of_its_further_choices_still_being_prepared(monkeypatch, tmp_cache):
+    from workbench.ui.gallery import Gallery
+
+    page = Dashboard(page="p.ipynb", title="Page", summary="one line", requires=("first",), later=("second",),
+                     probe_control="x", probe_figure="f")
+    done = {"first"}
+    monkeypatch.setattr(registry, "dashboards", lambda: (page,))
+    monkeypatch.setattr(prepare, "steps", lambda preset, tasks=None, measure_host=True: [
+        PrepareStep(name=n, run=lambda preset, progress, force: "made", ready=lambda preset, n=n: n in done)
+        for n in ("first", "second")])
+    cards = Gallery("quick").cards.value
+    assert "<span class='wb-ready'>ready</span> <small class='wb-later'>(still being prepared: second)" in cards
+    done.add("second")
+    assert "wb-later" not in Gallery("quick").cards.value

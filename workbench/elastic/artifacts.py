@@ -172,6 +172,11 @@ def store_ready(task: str, preset: str) -> bool:
     return model_ready(task, preset) and (store_root(task, preset) / "CURRENT").exists()
 
 
+def task_ready(task: str, preset: str) -> bool:
+    """Everything the elastic page reads for ``task``: its fine-tuned model, shard store and importance."""
+    return importance_ready(task, preset)
+
+
 def _importance_path(store: ShardStore, dev_ids, task: str, seed: int) -> Path:
     key = fingerprint({"store": store.version, "dev": list(dev_ids), "low": min(store.bitwidths), "high": 32,
                        "task": task, "seed": seed})

@@ -55,6 +55,14 @@ def _steps(preset: str) -> list[PrepareStep]:
     return steps
 
 
+FIRST_TASK = "sentiment"
+"""The task the page opens with (the tutorial's): its steps alone make the page ready; the others follow."""
+
+
+def _task_steps(task: str) -> tuple[str, ...]:
+    return tuple(f"{what}: {task}" for what in ("elastic fine-tuning", "shard store", "shard importance"))
+
+
 def _info(preset: str) -> InfoSection:
     """The full model's dev accuracy of each task, None where it is not fine-tuned yet."""
     from workbench.elastic.artifacts import model_summary
@@ -97,8 +105,8 @@ MECHANISM = Mechanism(
         page="elastic.ipynb", title="Elastic pipelining (WRX)",
         summary="target latency, preload buffer and device -> the chosen submodel, per-shard bitwidths, AIBs through "
                 "every allocation step, the IO/compute pipeline predicted and measured, accuracy vs memory",
-        requires=tuple(f"{what}: {task}" for task in TASKS
-                       for what in ("elastic fine-tuning", "shard store", "shard importance")),
+        requires=_task_steps(FIRST_TASK),
+        later=tuple(name for task in TASKS if task != FIRST_TASK for name in _task_steps(task)),
         probe_control="Target (ms)", probe_figure="gantt",
         ends=(("Preload (MB)", "max"), ("Target (ms)", "min")), panel="workbench.ui.elastic:ElasticPanel"),
     notebooks=(

@@ -97,13 +97,13 @@ class CallStream:
 
 class RemoteSession:
     """One app's connection to a served LLM service; safe to share between threads (requests take turns).
-    ``timeout``: seconds to wait for each reply (or the next streamed piece)."""
+    ``timeout``: seconds to wait for each reply (or the next streamed piece); it may be changed between calls."""
 
     def __init__(self, app: str | None, address: str | None = None, timeout: float | None = None, *,
                  token_file: Path | str | None = None):
         self.app = app
         self.address = address or default_address()
-        self.timeout = timeout
+        self._timeout = timeout
         kind, where = parse_address(self.address)
         family = socket.AF_UNIX if kind == "unix" else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -129,6 +129,15 @@ class RemoteSession:
         except BaseException:
             self._sock.close()
             raise
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float | None) -> None:
+        self._timeout = seconds
+        self._sock.settimeout(seconds)
 
     def _bind(self, kind: str, token_file: Path) -> str:
         """Bind the app (presenting its TCP token when this user has one); returns the app's identity."""

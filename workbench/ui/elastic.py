@@ -75,8 +75,12 @@ class ElasticPanel(Panel):
         self.measured = None
         self.plans_computed = 0
         wide = widgets.Layout(width="460px")
-        self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value=task,
-                                     description="Task", layout=wide)
+        tasks, waiting = self._tasks_ready()
+        self.task = widgets.Dropdown(options=[(TASKS[n].title, n) for n in tasks], value=task if task in tasks
+                                     else tasks[0], description="Task", layout=wide)
+        self.tasks_waiting = widgets.HTML(
+            f"<span class='wb-note wb-tasks-waiting'>{html.escape(', '.join(TASKS[n].title for n in waiting))}: "
+            "still being prepared; reload the page once the gallery says it is ready</span>" if waiting else "")
         self.device = widgets.Dropdown(options=list(DEVICES), value=device, description="Device")
         self.target = widgets.FloatSlider(value=target_ms, min=50, max=1000, step=10, description="Target (ms)",
                                           continuous_update=False, layout=wide, readout_format=".0f",
@@ -101,6 +105,7 @@ class ElasticPanel(Panel):
         self.children = [
             widgets.HTML(INTRO),
             widgets.HBox([self.task, self.device]),
+            self.tasks_waiting,
             widgets.HBox([self.target, self.preload]),
             self.message,
             self.submodel,
@@ -117,6 +122,14 @@ class ElasticPanel(Panel):
         for name in ("importance", "candidates"):
             self.figure_slot(name).layout.flex = "1 1 0%"
         self.refresh()
+
+    def _tasks_ready(self) -> tuple[list[str], list[str]]:
+        """The tasks the page offers (those whose artifacts are prepared; every task when none is, so that the
+        message says what to prepare) and those still being prepared (the page opens with its first task's)."""
+        from workbench.elastic.artifacts import task_ready
+
+        ready = [n for n in TASKS if task_ready(n, self.preset)]
+        return (ready, [n for n in TASKS if n not in ready]) if ready else (list(TASKS), [])
 
     def bench_sweeps(self) -> dict[str, tuple[widgets.Widget, list]]:
         return {"target": (self.target, [float(v) for v in range(60, 1001, 20)]),

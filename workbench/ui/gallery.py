@@ -45,6 +45,9 @@ class Gallery(widgets.VBox):
             missing = waiting[d.title]
             state = ("<span class='wb-ready'>ready</span>" if not missing else
                      f"<span class='wb-not-ready'>waiting for {html.escape(', '.join(missing))} ({how})</span>")
+            later = [name for name in d.later if not ready.get(name, False)]
+            if not missing and later:
+                state += f" <small class='wb-later'>(still being prepared: {html.escape(', '.join(later))})</small>"
             if missing and self.preset != QUICK and quick_ready(d.requires):
                 state += (f" &middot; <a class='wb-quick-link' href='{html.escape(d.page)}?preset={QUICK}'>open its "
                           f"quick version now</a> <small>(every step on a few batches: real figures, rough "
