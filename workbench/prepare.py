@@ -92,14 +92,14 @@ def _perplexity_path(preset: str):
 
 
 def _host(preset, progress, force) -> str:
-    from workbench.devices import host_profile
+    from workbench.hostprofile import host_profile
 
     host = host_profile()
     return f"{host.flops_per_s / 1e9:.1f} GFLOP/s, reads {host.read_bytes_per_s / 1e6:.0f} MB/s"
 
 
 def _host_ready(preset) -> bool:
-    from workbench.devices import host_profile_path
+    from workbench.hostprofile import host_profile_path
 
     return host_profile_path().exists()
 

@@ -9,7 +9,8 @@ def parser():
 
 
 def run(args: list[str]) -> list[dict]:
-    from workbench.devices import DISTILBERT, MINILM, measure_layer_times, measure_read_bandwidth
+    from workbench.devices import DISTILBERT, MINILM
+    from workbench.hostprofile import measure_layer_times, measure_read_bandwidth
 
     parser().parse_args(args)
     rows = []

@@ -51,7 +51,7 @@ def _commit() -> str | None:
 def host_facts() -> dict:
     """This machine as a result should name it; the measured device profile only when it is cached."""
     from workbench.argtypes import machine_cores, machine_memory_bytes
-    from workbench.devices import host_profile_path
+    from workbench.hostprofile import host_profile_path
 
     cpu = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor() or platform.machine())

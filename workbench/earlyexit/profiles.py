@@ -297,7 +297,7 @@ def host_layer_profile(seq_len: int | None = None, batch_sizes: Sequence[int] = 
     """:func:`measure_layer_profile` at ``seq_len`` (default: ``task``'s max_length), measured once and cached
     under a key of host, torch version, sequence length, batch sizes and repeats; ``remeasure=True`` measures
     again (as does a damaged or outdated file)."""
-    from workbench.devices import cached_measurement
+    from workbench.hostprofile import cached_measurement
 
     if seq_len is None:
         from workbench.data import task_spec

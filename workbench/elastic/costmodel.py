@@ -212,7 +212,7 @@ def device_cost_model(device: str, store, seq_len: int) -> CostModel:
 
 def host_cost_model(store, seq_len: int, remeasure: bool = False) -> CostModel:
     """The measured host profile for ``store`` at ``seq_len``, cached beside the store."""
-    from workbench.devices import cached_measurement
+    from workbench.hostprofile import cached_measurement
 
     return cached_measurement(store.root / f"profile-host-{store.version}-T{seq_len}.json",
                               lambda: measure_cost_model(store, seq_len), CostModel.from_dict, CostModel.to_dict,

@@ -27,7 +27,8 @@ from typing import Literal
 import numpy as np
 
 from workbench.cache import cache_dir, fingerprint
-from workbench.devices import cached_measurement, emulated_name, get_profile, profile_names
+from workbench.devices import emulated_name, get_profile, profile_names
+from workbench.hostprofile import cached_measurement
 from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, LEVELS, RAW_BITS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.swapfile import COLD_READS, read_chunk_layers, write_chunk
