@@ -67,6 +67,7 @@ def page(browser, request):
     test-artifacts/."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 1600})
     pg = ctx.new_page()
+    pg.set_default_timeout(120_000)          # a loaded 2-core CI host can take longer than 30 s to lay out 64 rows
     pg.outside_requests = []
     pg.console = []
     pg.on("request", lambda r: pg.outside_requests.append(r.url) if outside(r.url) else None)
