@@ -35,6 +35,19 @@ def test_a_shared_step_runs_once_and_only_what_is_left_counts():
     assert [s.name for s in prepare.page_order(steps, pages, "full")] == ["train", "profile", "replay", "unused"]
 
 
+def test_a_pages_later_steps_come_after_every_pages_own():
+    """The flagship opens with its first task; its other task's steps wait until every page has its own."""
+    steps = [_step("first task", 100), _step("other task", 100), _step("service", 500)]
+    flagship = Dashboard(page="f.ipynb", title="f", summary="", requires=("first task",), later=("other task",),
+                         first=True)
+    order = prepare.page_order(steps, [flagship, _page("service", "service")], "full")
+    assert [s.name for s in order] == ["first task", "service", "other task"]
+    names = [s.name for s in prepare.steps("full")]
+    (elastic,) = [d for d in registry.dashboards() if d.first]
+    required = {n for d in registry.dashboards() for n in d.requires}
+    assert min(names.index(n) for n in elastic.later) > max(names.index(n) for n in required)
+
+
 def test_a_tie_keeps_gallery_order_and_steps_keep_their_declared_order():
     steps = [_step("b2", 5), _step("a1", 10), _step("b1", 5)]
     pages = [_page("a", "a1"), _page("b", "b1", "b2")]
