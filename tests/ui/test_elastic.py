@@ -139,3 +139,12 @@ def test_the_page_opens_with_its_first_task_and_says_which_are_still_being_prepa
     monkeypatch.setattr(artifacts, "task_ready", lambda task, preset: True)
     panel = ElasticPanel(PRESET, task="bbc")
     assert panel.task.value == "bbc" and len(panel.task.options) == 2 and panel.tasks_waiting.value == ""
+    # the overview's section needs the first task's fine-tuning only, and offers what is fine-tuned
+    from workbench.ui.elastic import ElasticOverview
+
+    section = next(m.overview for m in registry.mechanisms() if m.name == "elastic")
+    assert section.requires == ("elastic fine-tuning: sentiment",)
+    monkeypatch.setattr(artifacts, "model_ready", lambda task, preset: task == "sentiment")
+    overview = ElasticOverview(PRESET)
+    assert [v for _, v in overview.task.options] == ["sentiment"] and "BBC" in overview.tasks_waiting.value
+    assert overview.figures["grid"].layout.title.text.startswith("Movie-review sentiment")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+from typing import Callable
+
 import ipywidgets as widgets
 import numpy as np
 
@@ -34,18 +36,35 @@ layers, m most important shards per layer) classifies. Pick a task to see its ac
 """
 
 
+def task_menu(task: str, ready: Callable[[str], bool],
+              layout: widgets.Layout) -> tuple[widgets.Dropdown, widgets.HTML]:
+    """The task dropdown of a page that opens with its first task prepared: the tasks ``ready`` accepts (every
+    task when none is, so that the page's message says what to prepare), ``task`` chosen when it is one, and a
+    note naming the tasks still being prepared."""
+    offered = [n for n in TASKS if ready(n)] or list(TASKS)
+    waiting = [n for n in TASKS if n not in offered]
+    menu = widgets.Dropdown(options=[(TASKS[n].title, n) for n in offered], value=task if task in offered
+                            else offered[0], description="Task", layout=layout)
+    names = html.escape(", ".join(TASKS[n].title for n in waiting))
+    note = widgets.HTML(f"<span class='wb-note wb-tasks-waiting'>{names}: still being prepared; reload the page "
+                        "once the gallery says it is ready</span>" if waiting else "")
+    return menu, note
+
+
 class ElasticOverview(Panel):
     """Elastic's part of the overview page: task -> the dev accuracy of every n x m submodel."""
 
     def __init__(self, preset: str | None = None):
         super().__init__()
+        from workbench.elastic.artifacts import model_ready
+
         self.preset = preset or default_preset()
-        self.task = widgets.Dropdown(options=[(s.title, n) for n, s in TASKS.items()], value="sentiment",
-                                     description="Task", layout=widgets.Layout(width="420px"))
+        self.task, self.tasks_waiting = task_menu("sentiment", lambda name: model_ready(name, self.preset),
+                                                  widgets.Layout(width="420px"))
         self.task_info = widgets.HTML()
         self.observe_controls(self.task)
-        self.children = [widgets.HTML(OVERVIEW_INTRO), widgets.HBox([self.task, self.task_info]), self.message,
-                         self.figure_slot("grid")]
+        self.children = [widgets.HTML(OVERVIEW_INTRO), widgets.HBox([self.task, self.task_info]), self.tasks_waiting,
+                         self.message, self.figure_slot("grid")]
         self.refresh()
 
     def _refresh(self) -> None:
@@ -75,12 +94,9 @@ class ElasticPanel(Panel):
         self.measured = None
         self.plans_computed = 0
         wide = widgets.Layout(width="460px")
-        tasks, waiting = self._tasks_ready()
-        self.task = widgets.Dropdown(options=[(TASKS[n].title, n) for n in tasks], value=task if task in tasks
-                                     else tasks[0], description="Task", layout=wide)
-        self.tasks_waiting = widgets.HTML(
-            f"<span class='wb-note wb-tasks-waiting'>{html.escape(', '.join(TASKS[n].title for n in waiting))}: "
-            "still being prepared; reload the page once the gallery says it is ready</span>" if waiting else "")
+        from workbench.elastic.artifacts import task_ready
+
+        self.task, self.tasks_waiting = task_menu(task, lambda name: task_ready(name, self.preset), wide)
         self.device = widgets.Dropdown(options=list(DEVICES), value=device, description="Device")
         self.target = widgets.FloatSlider(value=target_ms, min=50, max=1000, step=10, description="Target (ms)",
                                           continuous_update=False, layout=wide, readout_format=".0f",
@@ -122,14 +138,6 @@ class ElasticPanel(Panel):
         for name in ("importance", "candidates"):
             self.figure_slot(name).layout.flex = "1 1 0%"
         self.refresh()
-
-    def _tasks_ready(self) -> tuple[list[str], list[str]]:
-        """The tasks the page offers (those whose artifacts are prepared; every task when none is, so that the
-        message says what to prepare) and those still being prepared (the page opens with its first task's)."""
-        from workbench.elastic.artifacts import task_ready
-
-        ready = [n for n in TASKS if task_ready(n, self.preset)]
-        return (ready, [n for n in TASKS if n not in ready]) if ready else (list(TASKS), [])
 
     def bench_sweeps(self) -> dict[str, tuple[widgets.Widget, list]]:
         return {"target": (self.target, [float(v) for v in range(60, 1001, 20)]),
