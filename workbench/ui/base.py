@@ -89,12 +89,13 @@ def preset_notice_widget(preset: str | None = None) -> widgets.HTML | None:
 
 
 def show_preset_notice(preset: str | None = None) -> None:
-    """In a notebook: display the quick-preset line, or nothing for the full preset."""
-    from IPython.display import display
+    """In a notebook: display the quick-preset line, or nothing for the full preset. The line is HTML, so a
+    saved or statically rendered notebook keeps it; the stylesheet widget before it styles it in a live one."""
+    from IPython.display import HTML, display
 
-    notice = preset_notice_widget(preset)
-    if notice is not None:
-        display(widgets.VBox([stylesheet(), notice]))
+    notice = preset_notice_html(preset)
+    if notice:
+        display(stylesheet(), HTML(notice))
 
 
 class Panel(widgets.VBox):
