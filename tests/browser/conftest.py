@@ -1,6 +1,7 @@
 """A real Voila server on a free 127.0.0.1 port and Debian's chromium driven by Playwright."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -9,11 +10,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from workbench.serving import chromium, free_port
 from workbench.serving import voila_server as serve
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+VOILA_LOG = ARTIFACTS / f"voila-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
+"""This worker's server log (each pytest-xdist worker serves the pages on a server of its own)."""
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +25,7 @@ def voila_server(prepared):
     """Serve the gallery like `workbench dashboards` does; stopped (with its kernels) by process group afterwards."""
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
-    with serve(port, log_path=ARTIFACTS / "voila.log",
+    with serve(port, log_path=VOILA_LOG,
                       env={"WORKBENCH_PRESET": os.environ.get("WORKBENCH_PRESET", "quick")}) as base:
         yield base
     with socket.socket() as s:
@@ -143,6 +147,28 @@ def assert_seen(locator, label: str, min_px: int = 200, settle_s: float = 3.0, m
     assert seen["hit"], f"{label}: something else is drawn over its centre"
 
 
+PAGE_REPORT_JS = """() => ({
+    slots: [...document.querySelectorAll('.wb-figure')].map(el => `${el.dataset.name}: revision ${el.dataset.revision
+        ?? 'none'}, ${el.querySelector('.main-svg') ? 'plot drawn' : 'no plot'}`),
+    errors: [...document.querySelectorAll('.wb-error, .jp-OutputArea-output[data-mime-type*=error], pre')]
+        .map(el => el.innerText.slice(0, 600)),
+    text: document.body.innerText.slice(0, 1500),
+    plotly: typeof window.Plotly,
+})"""
+
+
+def page_report(page, log_lines: int = 40) -> str:
+    """What a page shows when a wait on it timed out (its figure slots, error texts, the start of its text,
+    the console) and the end of the Voila server's log: the evidence a failure on a CI machine leaves."""
+    try:
+        seen = page.evaluate(PAGE_REPORT_JS)
+    except Exception as exc:                                   # a page that no longer answers says so
+        seen = {"unreadable": repr(exc)}
+    console = [f"{kind}: {text}" for kind, text in getattr(page, "console", [])][-20:]
+    tail = VOILA_LOG.read_text(errors="replace").splitlines()[-log_lines:] if VOILA_LOG.exists() else ["(none)"]
+    return "\n".join([json.dumps(seen, indent=1), "console:", *console, f"{VOILA_LOG.name} (end):", *tail])
+
+
 def assert_figures_visible(page, names, min_px: int = 200, timeout_ms: int = 180_000) -> None:
     """Each named figure slot is drawn (its plot rendered at the current revision) and seen (``assert_seen``),
     as tall as its figure asks to be where that is less than ``min_px`` (a short note such as "no results
@@ -150,6 +176,10 @@ def assert_figures_visible(page, names, min_px: int = 200, timeout_ms: int = 180
     for name in names:
         slot = page.locator(f".wb-figure[data-name='{name}'][data-revision]").first
         svg = slot.locator(".main-svg").first
-        svg.wait_for(timeout=timeout_ms)
+        try:
+            svg.wait_for(timeout=timeout_ms)
+        except PlaywrightTimeout:
+            raise AssertionError(f"figure {name!r} was not drawn in {timeout_ms / 1e3:.0f} s; what the page "
+                                 f"shows:\n{page_report(page)}") from None
         asked = float(svg.get_attribute("height") or min_px)
         assert_seen(slot, f"figure {name!r}", min_px, min_height=min(min_px, int(asked)))

@@ -3,7 +3,7 @@ hidden or scrolled out of reach fails it (the first slice shipped figures inside
 overflow hidden, which a size read from the figure alone passes)."""
 import pytest
 
-from tests.browser.conftest import assert_seen
+from tests.browser.conftest import assert_figures_visible, assert_seen
 
 FIGURE = "<div class='fig' style='width:600px;height:400px;background:#4C78A8'></div>"
 CASES = {
@@ -21,6 +21,16 @@ def test_what_a_person_cannot_see_fails(page, case):
     page.set_content(f"<body style='margin:0'>{CASES[case]}</body>")
     with pytest.raises(AssertionError):
         assert_seen(page.locator(".fig"), case)
+
+
+def test_a_figure_never_drawn_fails_with_what_the_page_shows(page):
+    page.set_content("<body><div class='wb-figure' data-name='times'></div><div class='wb-error'>no partition: "
+                     "the deadline is too tight</div></body>")
+    with pytest.raises(AssertionError) as failed:
+        assert_figures_visible(page, ["times"], timeout_ms=300)
+    said = str(failed.value)
+    assert "figure 'times' was not drawn in 0 s" in said and "times: revision none, no plot" in said
+    assert "no partition: the deadline is too tight" in said
 
 
 def test_a_box_placed_absolutely_escapes_an_unpositioned_clipping_parent_as_css_says(page):

@@ -6,7 +6,9 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.models.encoder import EncoderConfig, EncoderLayer
-from workbench.models.slices import (causal_bias, finish_attention, finish_ffn, head_orders, partitioned_decoder_layer,
+from workbench.models.attention import attention_flops
+from workbench.models.slices import (causal_bias, finish_attention, finish_ffn, head_orders, partitioned_attention,
+                                     partitioned_decoder_layer,
                                         partitioned_layer, tensor_parallel_attention, tensor_parallel_ffn)
 
 ATOL = 2e-5
@@ -55,6 +57,35 @@ def test_the_shipped_encoder_layer_at_both_orders():
         full = layer(x)
         for order in ("qk_first", "x_first"):
             torch.testing.assert_close(partitioned_layer(layer, x, 96, 128, order), full[:, 96:], atol=1e-4, rtol=0)
+
+
+def _counted_flops(layer, x, start, end, orders) -> int:
+    """FLOPs of the matrix products the partitioned attention really runs (torch's counter: 2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        partitioned_attention(layer, x, start, end, orders)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("orders", [("qk_first",) * 4, ("x_first",) * 4, ("qk_first", "x_first", "x_first", "qk_first")])
+@pytest.mark.parametrize("start,end", [(0, 20), (3, 9), (19, 20), (0, 1)])
+def test_the_products_run_are_the_ones_gamma_counts(small, orders, start, end):
+    """Each head computes exactly the multiply-adds of its order's Gamma (Theorems 1 and 3): Eq. (8) never
+    projects K or V of all N rows, Eq. (3) does so once; a product in another order, or K/V projected for
+    Eq. (8)'s heads too, changes the count. The speed that follows is the benchmark's to show."""
+    layer, x = small
+    B, N, F = x.shape
+    expected = 2 * B * sum(attention_flops(o, N, end - start, F, layer.cfg.head_dim) for o in orders)
+    assert _counted_flops(layer, x, start, end, orders) == expected
+
+
+def test_theorem_2s_order_runs_the_fewest_products_at_every_partition(small):
+    layer, x = small
+    N = x.shape[1]
+    for P in range(1, N + 1):
+        counts = {o: _counted_flops(layer, x, 0, P, (o,) * 4) for o in ("qk_first", "x_first")}
+        assert _counted_flops(layer, x, 0, P, head_orders(layer, N, P, "auto")) == min(counts.values()), P
 
 
 def test_theorem_2_chooses_per_head_order(small):
