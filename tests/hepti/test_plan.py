@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from workbench.devices import MINILM, PRESETS, LayerShape
 from workbench.errors import WorkbenchError
-from workbench.hepti.plan import (FLOAT_BYTES, hepti_partition, largest_remainder, layer_latency, memory_bytes,
-                                       mode_blocks, ws_fixed_bytes)
+from workbench.hepti.plan import (FLOAT_BYTES, DeadlineMissed, hepti_partition, largest_remainder, layer_latency,
+                                  memory_bytes, mode_blocks, ws_fixed_bytes)
 
 BOARD = PRESETS["rpi4"]
 FAST_LINKS = 1e12
@@ -102,6 +102,88 @@ def test_a_deadline_no_partition_meets_names_the_best_latency():
     best = hepti_partition(boards(10, 10), MINILM).predicted_latency_s
     with pytest.raises(WorkbenchError, match=rf"best reachable is {1e3 * best:.1f} ms"):
         hepti_partition(boards(10, 10), MINILM, deadline_s=best / 2)
+
+
+def _unequal(K: int) -> list:
+    """K devices of four kinds on unequal links (the page's table at many devices): a mixed-integer program that
+    leaves most of them out."""
+    kinds = [replace(d, net_bytes_per_s=b) for d, b in zip(boards(12, 8, 12, 4), (125e6, 125e6, 125e6, 37.5e6))]
+    return [replace(kinds[i % 4], name=f"b{i}") for i in range(K)]
+
+
+def test_a_missed_deadline_unquoted_is_proven_without_the_full_solve_and_quoted_after_it(monkeypatch):
+    """``quote_best=False``: the mixed-integer program given the deadline proves it missed (DeadlineMissed,
+    naming the deadline) without the solve the quote needs; quoted, the same inputs name the best reachable,
+    and the optimum is remembered, so the quote asked again solves nothing. Just above the best reachable
+    the deadline is met, by the same partition quoted or not; just below it is missed. A feasibility check
+    that compared one layer's time with the whole deadline (or the other way round) fails at one of them."""
+    from workbench.hepti import plan
+
+    devices, L = _unequal(24), 6
+    calls = []
+    solve = plan.solve_sizes
+    monkeypatch.setattr(plan, "solve_sizes", lambda mode, shape, devs, *a, **k:
+                        calls.append((len(devs), k.get("feasible_only", False))) or solve(mode, shape, devs, *a, **k))
+    forget = lambda: [monkeypatch.setattr(plan, name, plan.OrderedDict()) for name in ("_optima", "_last_taking")]
+    forget()
+    with pytest.raises(plan.DeadlineMissed) as missed:
+        hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L, quote_best=False)
+    assert str(missed.value).startswith("no partition meets the deadline of 4.0 ms (weight-stationary (WS)")
+    assert missed.value.best_s is None and calls == [(24, True)]        # the feasibility check only
+    best = hepti_partition(devices, MINILM, num_layers=L)
+    assert calls[1:] == [(24, False)]
+    with pytest.raises(WorkbenchError, match=rf"^no partition meets the deadline of 4.0 ms: the best reachable is "
+                                             rf"{1e3 * best.predicted_latency_s:.1f} ms") as quoted:
+        hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L)
+    assert len(calls) == 2                                             # remembered: nothing solved again
+    forget()
+    above = hepti_partition(devices, MINILM, deadline_s=best.predicted_latency_s * (1 + 1e-6), num_layers=L,
+                            quote_best=False)
+    assert above == best and above.sizes == best.sizes
+    forget()
+    with pytest.raises(plan.DeadlineMissed):
+        hepti_partition(devices, MINILM, deadline_s=best.predicted_latency_s * (1 - 1e-4), num_layers=L,
+                        quote_best=False)
+
+
+def test_a_missed_deadline_is_quoted_at_once_when_the_last_optimums_devices_still_give_the_best(monkeypatch):
+    """After an optimum at another sequence length, a missed deadline is quoted exactly as the full solve quotes
+    it, from the program over the devices that took part then and a proof over all of them (both a few ms),
+    with no full solve; where those devices no longer give the best, the proof fails and nothing is quoted.
+    A quote taken from the restricted program without the proof fails the second case."""
+    from workbench.hepti import plan
+
+    devices, L = _unequal(24), 6
+    forget = lambda: [monkeypatch.setattr(plan, name, plan.OrderedDict()) for name in ("_optima", "_last_taking")]
+    forget()
+    hepti_partition(devices, replace(MINILM, seq_len=100), num_layers=L)
+    taking = next(iter(plan._last_taking.values()))
+    calls = []
+    solve = plan.solve_sizes
+    monkeypatch.setattr(plan, "solve_sizes", lambda mode, shape, devs, *a, **k:
+                        calls.append((len(devs), k.get("feasible_only", False))) or solve(mode, shape, devs, *a, **k))
+    with pytest.raises(plan.DeadlineMissed) as missed:
+        hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L, quote_best=False)
+    assert calls == [(24, True), (len(taking), False), (24, True)]
+    with pytest.raises(WorkbenchError) as full:
+        hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L)
+    assert str(missed.value) == str(full.value) and "the best reachable is" in str(full.value)
+    assert missed.value.best_s == pytest.approx(hepti_partition(devices, MINILM, num_layers=L).predicted_latency_s)
+
+    forget()                                     # a set that cannot give the best: its two slowest-linked boards
+    slow = tuple(sorted(range(1, 24), key=lambda i: devices[i].net_bytes_per_s)[:2])
+    plan._last_taking[("ws", tuple(devices), L, "shared")] = (0, *slow)
+    with pytest.raises(plan.DeadlineMissed) as missed:
+        hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L, quote_best=False)
+    assert missed.value.best_s is None and "best reachable" not in str(missed.value)
+
+
+def test_weights_that_fit_nowhere_are_said_so_quoted_or_not():
+    devices = [replace(d, memory_bytes=1e5) for d in boards(10, 10)]
+    for quote in (True, False):
+        with pytest.raises(WorkbenchError, match="fit nowhere") as refused:
+            hepti_partition(devices, MINILM, deadline_s=0.001, num_layers=6, mode="ws", quote_best=quote)
+        assert not isinstance(refused.value, DeadlineMissed)
 
 
 @pytest.mark.parametrize("devices,message", [

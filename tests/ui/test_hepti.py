@@ -359,3 +359,46 @@ def test_the_timeline_says_why_its_prediction_is_not_the_decisions_and_draws_no_
     assert [float(x) for x in said.groups()] == [round(1e3 * timed, 1), round(1e3 * decided, 1),
                                                  round(1e3 * latency, 1), round(1e3 * (timed - decided - latency), 1)]
     assert latency > 0 and timed > decided
+
+
+@pytest.mark.parametrize("remembered", [True, False], ids=["last optimum remembered", "nothing remembered"])
+def test_a_missed_deadline_shows_at_once_in_the_browser_and_its_best_reachable_as_soon_as_known(monkeypatch,
+                                                                                              remembered):
+    """At many devices the full solve that quotes the best reachable latency is the costliest part of a change.
+    A change from the browser that misses the deadline says so at once (the program given the deadline proves
+    it) with the best reachable where the last optimum's devices prove it; otherwise the quote follows with the
+    comparison once the hand pauses. Either way the page ends with the engine's full quote, as a change from
+    Python shows it at once."""
+    import asyncio
+
+    from tests.ui.test_base import in_event_loop
+    from workbench.hepti import plan
+    from workbench.ui.base import DEFER_S, SETTLE_S
+
+    panel = HeptiPanel(deadline_ms=20)
+    panel.count.value = 24
+    assert "the best reachable is" in text(panel.message)           # a change from Python: the quote at once
+    if not remembered:
+        for name in ("_optima", "_last_taking"):
+            monkeypatch.setattr(plan, name, plan.OrderedDict())
+    seen = {}
+
+    async def move():
+        panel.seq_len.set_state({"value": 200})
+        await asyncio.sleep(SETTLE_S * 3)
+        seen["steered"] = (text(panel.message), panel.deferred, panel.figures["breakdown"].layout.annotations[0].text)
+        await asyncio.sleep(DEFER_S * 3)
+
+    in_event_loop(move())
+    said, deferred, drawn = seen["steered"]
+    with pytest.raises(WorkbenchError) as refused:
+        hepti_partition(panel.devices(), shape_of(SHAPES["encoder"], 200), 0.02, num_layers=6)
+    quote = str(refused.value)
+    assert quote.startswith("no partition meets the deadline of 20.0 ms: the best reachable is")
+    assert deferred == [panel._refresh_compare] and "no partition meets the deadline of 20.0 ms" in drawn
+    if remembered:
+        assert said == quote
+    else:
+        assert said.startswith("no partition meets the deadline of 20.0 ms (") and "best reachable" not in said
+    assert text(panel.message) == quote
+    assert "best reachable" in panel.figures["breakdown"].layout.annotations[0].text.replace("<br>", " ")

@@ -35,6 +35,7 @@ each axis of 2D-tiled WS. Pure Python + SciPy.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -338,7 +339,8 @@ def split_units(mode: str, shape: LayerShape) -> int:
 
 
 def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1,
-                deadline_s: float = math.inf, network: str = "shared") -> tuple[list[int], float, str] | None:
+                deadline_s: float = math.inf, network: str = "shared", *,
+                feasible_only: bool = False) -> tuple[list[int], float, str] | None:
     """P2 as the paper states it, a mixed-integer program (HiGHS through ``scipy.optimize.milp``): integer
     units a_i of the split dimension per device, a binary z_i for taking part (the primary always does, with at
     least one unit), memory per device, Eq. 7 as the objective, Eq. 6 summed over the devices taking part, and
@@ -352,13 +354,15 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
     tensor; an All-Reduce 2 (G-1)/G of its tensor for each of the G devices taking part, linearised exactly
     as 2 z_i - 2 y_i with y_i = z_i / G (y_i <= z_i, y_i <= g, y_i >= g - (1 - z_i), sum y_i = 1, where g
     is 1/G). On a ``shared`` medium these terms are summed into the objective; on a ``switch`` each
-    collective's time is one more variable above every device's term."""
+    collective's time is one more variable above every device's term. ``feasible_only``: any split within the
+    deadline, not the best (HiGHS stops at its first; a deadline that none meets is proven so in milliseconds)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     if mode not in ("ws", "1d"):
         raise WorkbenchError(f"the mixed-integer program splits one axis (ws or 1d), got {mode!r}")
     check_network(network)
-    K, U = len(devices), split_units(mode, shape)
+    K = len(devices)
+    U, caps = unit_caps(mode, shape, devices, num_layers)
     blocks = mode_blocks(mode, shape, K)
     A_, Z, Y, G, M, C = 0, K, 2 * K, 3 * K, 3 * K + 1, 3 * K + 2     # where each kind of variable starts
     n = 3 * K + 2 + len(blocks)
@@ -374,10 +378,6 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
 
     add({A_ + i: 1.0 for i in range(K)}, U, U)
     add({Y + i: 1.0 for i in range(K)}, 1.0, 1.0)
-    fixed = memory_bytes(mode, shape, 0.0, num_layers)
-    per_unit = (memory_bytes(mode, shape, 1.0, num_layers) - fixed) / U
-    caps = [(U if fixed <= dev.memory_bytes else -1) if per_unit <= 0
-            else int(min(U, max(-1.0, (dev.memory_bytes - fixed) / per_unit))) for dev in devices]   # units each holds
     if caps[0] < 1:
         return None
     # times in units of the primary's whole layer: HiGHS's tolerances are absolute, and a layer takes microseconds
@@ -434,7 +434,8 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
                            np.ones(K), [1.0, np.inf], np.full(len(blocks), np.inf)])
     low[Z] = 1.0                                                        # the primary always takes part
     integrality = np.concatenate([np.ones(2 * K), np.zeros(n - 2 * K)])
-    res = milp(num_layers * c, constraints=LinearConstraint(np.array(rows), lows, highs), integrality=integrality,
+    res = milp(np.zeros(n) if feasible_only else num_layers * c,
+               constraints=LinearConstraint(np.array(rows), lows, highs), integrality=integrality,
                bounds=Bounds(low, high))
     if res.status != 0 or res.x is None:
         return None
@@ -448,6 +449,89 @@ def solve_sizes(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
     if at_memory:
         binding = f"memory of {', '.join(at_memory)} (no room for another unit); {binding}"
     return units, latency * num_layers, binding
+
+
+def unit_caps(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1
+              ) -> tuple[int, list[int]]:
+    """(units of the split dimension, the units each device's free memory holds: -1 where it holds none)."""
+    U = split_units(mode, shape)
+    fixed = memory_bytes(mode, shape, 0.0, num_layers)
+    per_unit = (memory_bytes(mode, shape, 1.0, num_layers) - fixed) / U
+    return U, [(U if fixed <= dev.memory_bytes else -1) if per_unit <= 0
+               else int(min(U, max(-1.0, (dev.memory_bytes - fixed) / per_unit))) for dev in devices]
+
+
+def fits_memory(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], num_layers: int = 1) -> bool:
+    """Whether some integer split holds in the devices' memory (the primary with one unit at least): what
+    tells a deadline the mixed-integer program cannot meet from weights that fit nowhere."""
+    U, caps = unit_caps(mode, shape, devices, num_layers)
+    return caps[0] >= 1 and sum(max(c, 0) for c in caps) >= U
+
+
+OPTIMA_KEPT = 64
+_optima: OrderedDict = OrderedDict()
+
+
+def optimal_sizes(mode: str, shape: LayerShape, devices: tuple[DeviceProfile, ...], num_layers: int = 1,
+                  network: str = "shared", *, known_only: bool = False) -> tuple[tuple[int, ...], float, str] | None:
+    """:func:`solve_sizes` without a deadline, remembered by its inputs (the last :data:`OPTIMA_KEPT`): a page
+    asks the same optimum for its decision, its comparison and each mode forced, and the solve takes a
+    fraction of a second at 32 devices. ``known_only``: the remembered answer or None, never a solve."""
+    key = (mode, shape, tuple(devices), num_layers, network)
+    if key in _optima:
+        _optima.move_to_end(key)
+        return _optima[key]
+    if known_only:
+        return None
+    solved = solve_sizes(mode, shape, devices, num_layers, network=network)
+    _optima[key] = None if solved is None else (tuple(solved[0]), solved[1], solved[2])
+    if solved is not None:
+        _last_taking[key[0:1] + key[2:]] = tuple(i for i, a in enumerate(solved[0]) if a)
+    while len(_optima) > OPTIMA_KEPT:
+        _optima.popitem(last=False)
+    while len(_last_taking) > OPTIMA_KEPT:
+        _last_taking.popitem(last=False)
+    return _optima[key]
+
+
+_last_taking: OrderedDict = OrderedDict()
+"""(mode, devices, layers, network) -> the devices taking part in the last optimum solved for them, whatever the
+workload: where the next optimum is looked for first."""
+
+PROOF_MARGIN = 1e-6
+"""A latency this much (relative) below a reachable one that no split meets proves the reachable one best."""
+
+
+def proven_best(mode: str, shape: LayerShape, devices: tuple[DeviceProfile, ...], num_layers: int = 1,
+                network: str = "shared") -> tuple[int, float] | None:
+    """(devices taking part, latency) of the best split, found without the full solve when the devices that
+    took part in the last optimum for these devices (another workload) still give it: their own program
+    (a few devices: milliseconds) gives a reachable latency, and the full program given a deadline just
+    below it finds no split (HiGHS proves that in milliseconds too). None when there is no such set or the
+    proof fails, or when one device alone is best (the page then says serial, from the full solve)."""
+    taking = _last_taking.get((mode, tuple(devices), num_layers, network))
+    if taking is None:
+        return None
+    reachable = solve_sizes(mode, shape, [devices[i] for i in taking], num_layers, network=network)
+    if reachable is None or sum(1 for a in reachable[0] if a) < 2 or solve_sizes(mode, shape, devices, num_layers, reachable[1] * (1 - PROOF_MARGIN), network,
+                                        feasible_only=True) is not None:
+        return None
+    return sum(1 for a in reachable[0] if a), reachable[1]
+
+
+class DeadlineMissed(WorkbenchError):
+    """No partition meets the deadline, proven by the mixed-integer program given it (``quote_best=False``).
+    ``best_s``: the best reachable latency where :func:`proven_best` found it without the full solve, else
+    None (``str`` then says only that the deadline is missed)."""
+
+    def __init__(self, deadline_s: float, mode: str, best: tuple[int, float] | None = None, K: int = 1):
+        self.deadline_s, self.mode = deadline_s, mode
+        self.best_s = None if best is None else best[1]
+        if best is None:
+            said = f" ({MODE_TITLES[mode]}: the mixed-integer program has no solution within it)"
+        else:
+            said = f": the best reachable is {1e3 * best[1]:.1f} ms ({MODE_TITLES[mode]} over {_taking(best[0], K)})"
+        super().__init__(f"no partition meets the deadline of {1e3 * deadline_s:.1f} ms{said}")
 
 
 def _binding(res, labels, bounds, devices, K) -> str:
@@ -546,7 +630,7 @@ def _taking(n: int, K: int) -> str:
 def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, deadline_s: float = math.inf, *,
                     num_layers: int = 1, mode: str | None = None,
                     fixed_shares: Sequence[float] | None = None, solver: str = "milp",
-                    network: str = "shared") -> Partition:
+                    network: str = "shared", quote_best: bool = True) -> Partition:
     """Hepti's partition of ``workload`` over ``devices`` (the first the primary) within ``deadline_s``.
 
     Mode: serial when no secondary device can take part; WS when every secondary taking part holds what WS
@@ -558,7 +642,9 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     "milp" (default) solves WS and 1D-tiled as the mixed-integer program; 2D-tiled solves each axis as an LP;
     "lp" is the relaxation with the greedy participation search (a baseline). ``network``: how collectives
     cross the links (:data:`~workbench.network.NETWORKS`; a cluster's ``network`` says which):
-    Eq. 6's shared medium, or a switch."""
+    Eq. 6's shared medium, or a switch. A deadline no partition meets raises an error quoting the best
+    reachable latency; with ``quote_best=False`` the mixed-integer program is given the deadline and an
+    infeasible one raises :class:`DeadlineMissed` at once, without the full solve (a page's first answer)."""
     check_network(network)
     if solver not in SOLVERS:
         raise WorkbenchError(f"Hepti's solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
@@ -592,7 +678,8 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
                            f"{len(taking)} devices {'< 16' if mode == '1d' else '>= 16'}")
         if mode == "2d" and solver == "milp" and fixed_shares is None:
             # the rule counts the devices taking part, which the mixed-integer program decides
-            tiled = presolved = solve_sizes("1d", workload, [devices[i] for i in taking], num_layers, network=network)
+            tiled = presolved = optimal_sizes("1d", workload, tuple(devices[i] for i in taking), num_layers,
+                                              network)
             few = sum(1 for a in tiled[0] if a) if tiled is not None else TILED_2D_FROM
             if few < TILED_2D_FROM:
                 mode = "1d"
@@ -643,8 +730,17 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
 
     exact = solver == "milp" and mode in ("ws", "1d") and len(taking) > 1     # the MILP decides participation
     if exact:
-        solved = presolved if mode == "1d" and presolved is not None else \
-            solve_sizes(mode, workload, [devices[i] for i in taking], num_layers, network=network)
+        subset = tuple(devices[i] for i in taking)
+        if mode == "1d" and presolved is not None:
+            solved = presolved
+        elif quote_best or not math.isfinite(deadline_s):
+            solved = optimal_sizes(mode, workload, subset, num_layers, network)
+        else:
+            solved = optimal_sizes(mode, workload, subset, num_layers, network, known_only=True)
+            if solved is None and fits_memory(mode, workload, subset, num_layers) and \
+                    solve_sizes(mode, workload, subset, num_layers, deadline_s, network, feasible_only=True) is None:
+                raise DeadlineMissed(deadline_s, mode, proven_best(mode, workload, subset, num_layers, network), K)
+            solved = solved or optimal_sizes(mode, workload, subset, num_layers, network)
         if solved is None:
             have = ", ".join(f"{devices[i].name} {devices[i].memory_bytes / 1e6:.1f} MB" for i in taking)
             raise WorkbenchError(f"the weights of {num_layers} layers ({whole / 1e6:.1f} MB) fit nowhere in "

@@ -245,8 +245,9 @@ def shape_of(model_shape, seq_len: int) -> LayerShape:
 def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[DeviceProfile], shape: LayerShape,
            num_layers: int, layer: int, deadline_s: float, ranks: Sequence[int],
            mode: str | None = None, adapt: bool = True, fixed_shares: Sequence[float] | None = None,
-           network: str = "shared") -> tuple[LayerSplit | None, str, Partition | None]:
+           network: str = "shared", quote_best: bool = True) -> tuple[LayerSplit | None, str, Partition | None]:
     """(split, why it changed, partition) for the next layer; (None, "", None) when the current split holds.
+    ``quote_best``: as :func:`hepti_partition`'s, for the first decision (the one held to the deadline).
 
     Re-partitions when there is none yet, when a participant's free memory no longer holds what its share
     of the current mode needs, or when a speed estimate (:class:`SpeedEstimate`) moved by more than
@@ -272,7 +273,8 @@ def decide(previous: LayerSplit | None, previous_speed, devices_now: Sequence[De
         return None, "", None
     # the deadline is checked when the run is planned; a later decision must carry on whatever it costs
     partition = hepti_partition(devices_now, shape, deadline_s if previous is None else math.inf,
-                                num_layers=num_layers, mode=mode, fixed_shares=fixed_shares, network=network)
+                                num_layers=num_layers, mode=mode, fixed_shares=fixed_shares, network=network,
+                                quote_best=quote_best or previous is not None)
     return split_of(partition, list(ranks), shape), why, partition
 
 

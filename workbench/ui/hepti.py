@@ -18,7 +18,7 @@ from workbench.devices import DeviceProfile, get_cluster
 from workbench.errors import WorkbenchError
 from workbench.distributed import limits
 from workbench.models.shapes import SHAPES, get_shape
-from workbench.hepti.plan import MODE_TITLES, Partition, hepti_partition, memory_bytes
+from workbench.hepti.plan import MODE_TITLES, DeadlineMissed, Partition, hepti_partition, memory_bytes
 from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.distributed.shares import proportional_shares
 from workbench.distributed.steps import steps_timeline
@@ -175,6 +175,8 @@ class HeptiPanel(Panel):
         self.layers: list[LayerDecision] | None = None
         self.predicted = None                  # the predicted Timeline of ``layers``
         self._compare_for = None               # the settings the last change compares
+        self._quote_for = None                 # settings whose missed deadline awaits its best reachable latency
+        self._quoted: WorkbenchError | None = None    # ... and that deadline's error with the quote
         self.compared: dict[str, Partition | str] = {}
         self.runs: KeptRuns = KeptRuns(RUNS_KEPT)    # run key -> the last real run with those settings
         label = {"description_width": "130px"}
@@ -318,9 +320,10 @@ class HeptiPanel(Panel):
             return s.mode
         return self.partition(s.devices, s.shape, s.deadline_s, s.num_layers).mode
 
-    def schedule(self, s: Settings) -> list[LayerDecision]:
+    def schedule(self, s: Settings, quote_best: bool = True) -> list[LayerDecision]:
         """The partition of every layer as the ranks decide it from their reports (:func:`decide` on each
-        layer's free memory; the measured speeds of a real run are the devices' own here)."""
+        layer's free memory; the measured speeds of a real run are the devices' own here). ``quote_best=False``:
+        a deadline no partition meets raises :class:`DeadlineMissed` at once, before the best reachable is known."""
         def make():
             shape, L, K = s.shape, s.num_layers, len(s.devices)
             mode, fixed = self.run_mode(s), s.fixed()
@@ -329,12 +332,12 @@ class HeptiPanel(Panel):
             for layer in range(L):
                 now = [replace(d, memory_bytes=reports.free_bytes(i, layer)) for i, d in enumerate(s.devices)]
                 new, why, partition = decide(split, None, now, shape, L, layer, s.deadline_s, list(range(K)), mode,
-                                             False, fixed)
+                                             False, fixed, quote_best=quote_best)
                 if new is not None:
                     split, current = new, partition
                 out.append(LayerDecision(current, why))
             return out
-        return self._cached(("schedule", s), make)
+        return self._cached(("schedule", s) if quote_best else ("schedule", s, "unquoted"), make)
 
     def predicted_steps(self, s: Settings, layers: list[LayerDecision]):
         """Every layer's steps with its own partition, as the split executes them."""
@@ -415,14 +418,19 @@ class HeptiPanel(Panel):
             self.settings = self.layers = None
             self._no_plan(("decision", "breakdown", "compare", "timeline"), f"no devices: {exc}")
             raise
+        self._quote_for = self._quoted = None
         try:
-            layers = self.schedule(settings)
+            layers = self.schedule(settings, quote_best=False)
             predicted = self.predicted_timeline(settings, layers)
         except WorkbenchError as exc:
             self.settings = self.layers = None
             self._no_plan(("decision", "breakdown", "timeline"), f"no partition: {exc}")
             self._compare_for = settings                    # the comparison still says what each choice gives
+            if isinstance(exc, DeadlineMissed) and exc.best_s is None:   # the best comes with the comparison's solve
+                self._quote_for, self._quoted = settings, None
             self.defer(self._refresh_compare, "compare")
+            if self._quoted is not None:                    # the comparison ran at once (a change from Python)
+                raise self._quoted
             raise
         self.settings, self.layers, self.predicted = settings, layers, predicted
         title = SHAPES[model].name
@@ -439,6 +447,19 @@ class HeptiPanel(Panel):
         self._show_compare(self._compare_for)
         if self.settings is not None:
             self._show_run()
+        elif self._quote_for is not None:
+            self._quote_best(self._quote_for)
+
+    def _quote_best(self, s: Settings) -> None:
+        """A deadline missed, said again with the best reachable latency (the comparison's solve, remembered by
+        the engine, makes it instant)."""
+        self._quote_for = None
+        try:
+            self.schedule(s)
+        except WorkbenchError as exc:
+            self._quoted = exc
+            self._no_plan(("decision", "breakdown", "timeline"), f"no partition: {exc}")
+            self.report(self._refresh, exc)
 
     def _show_compare(self, s: Settings) -> None:
         self.compared = self.compare(s)
