@@ -64,6 +64,8 @@ def test_voila_command_binds_loopback_and_culls_kernels():
     cmd = voila_command(8999)
     assert "--Voila.ip=127.0.0.1" in cmd and "--port=8999" in cmd
     assert "--MappingKernelManager.cull_idle_timeout=300" in cmd
+    # a page's output waits behind megabytes of widget state: nbclient's 4 s left pre-heated pages blank under load
+    assert "--VoilaExecutor.iopub_timeout=120" in cmd
 
 
 @pytest.mark.integration

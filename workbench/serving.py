@@ -75,10 +75,16 @@ def voila_env(extra: dict | None = None) -> dict:
 
 KERNEL_CULL_S = 300
 """Seconds a served kernel may sit idle before the server stops it."""
+IOPUB_WAIT_S = 120
+"""Seconds Voila waits for a cell's output after the kernel says the cell is done (nbclient's ``iopub_timeout``,
+4 s by default). A page's output follows its widgets' state on the same channel, megabytes of it (plotly.js, the
+figures); on a loaded host, pre-heating a kernel per page at once, reading them took longer than 4 s, and
+Voila stopped listening before the output came: a blank page, whose widgets the browser still loaded."""
 
 
 def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
-    """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes.
+    """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes, a cell's
+    output awaited up to :data:`IOPUB_WAIT_S`.
 
     ``preheat`` keeps one started kernel per dashboard, its notebook already run, so a
     page shows its figures without waiting for a kernel to start and import the engine.
@@ -86,7 +92,8 @@ def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = T
     cmd = [sys.executable, "-m", "voila", str(directory), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
            "--Voila.port_retries=0", "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
            f"--template={TEMPLATE}",
-           "--MappingKernelManager.cull_interval=60", f"--MappingKernelManager.cull_idle_timeout={KERNEL_CULL_S}"]
+           "--MappingKernelManager.cull_interval=60", f"--MappingKernelManager.cull_idle_timeout={KERNEL_CULL_S}",
+           f"--VoilaExecutor.iopub_timeout={IOPUB_WAIT_S}"]
     if preheat:
         cmd += ["--preheat_kernel=True", "--pool_size=1"]
     return cmd

@@ -165,8 +165,10 @@ def page_report(page, log_lines: int = 40) -> str:
     except Exception as exc:                                   # a page that no longer answers says so
         seen = {"unreadable": repr(exc)}
     console = [f"{kind}: {text}" for kind, text in getattr(page, "console", [])][-20:]
-    tail = VOILA_LOG.read_text(errors="replace").splitlines()[-log_lines:] if VOILA_LOG.exists() else ["(none)"]
-    return "\n".join([json.dumps(seen, indent=1), "console:", *console, f"{VOILA_LOG.name} (end):", *tail])
+    lines = VOILA_LOG.read_text(errors="replace").splitlines() if VOILA_LOG.exists() else ["(none)"]
+    warned = [line for line in lines if "WARNING" in line or "ERROR" in line or "Traceback" in line][-20:]
+    return "\n".join([json.dumps(seen, indent=1), "console:", *console, f"{VOILA_LOG.name}, its warnings:", *warned,
+                      f"{VOILA_LOG.name} (end):", *lines[-log_lines:]])
 
 
 def assert_figures_visible(page, names, min_px: int = 200, timeout_ms: int = 180_000) -> None:
