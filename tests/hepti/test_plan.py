@@ -178,26 +178,8 @@ def test_a_missed_deadline_is_quoted_at_once_when_the_last_optimums_devices_stil
     assert missed.value.best_s is None and "best reachable" not in str(missed.value)
 
 
-def test_few_devices_are_solved_whole_and_quoted_even_unasked(monkeypatch):
-    """Below DEADLINE_FIRST_FROM devices the full program is cheap: ``quote_best=False`` solves it once, with no
-    deadline check beside it, and the error quotes the best reachable."""
-    from workbench.hepti import plan
-
-    devices = _unequal(plan.DEADLINE_FIRST_FROM - 1)
-    calls = []
-    solve = plan.solve_sizes
-    monkeypatch.setattr(plan, "solve_sizes", lambda mode, shape, devs, *a, **k:
-                        calls.append((len(devs), k.get("feasible_only", False))) or solve(mode, shape, devs, *a, **k))
-    monkeypatch.setattr(plan, "_optima", plan.OrderedDict())
-    with pytest.raises(WorkbenchError, match="the best reachable is") as refused:
-        hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=6, quote_best=False)
-    assert not isinstance(refused.value, DeadlineMissed) and calls == [(len(devices), False)]
-
-
 def test_weights_that_fit_nowhere_are_said_so_quoted_or_not():
-    from workbench.hepti.plan import DEADLINE_FIRST_FROM
-
-    devices = [replace(d, memory_bytes=1e5) for d in _unequal(DEADLINE_FIRST_FROM)]
+    devices = [replace(d, memory_bytes=1e5) for d in boards(10, 10)]
     for quote in (True, False):
         with pytest.raises(WorkbenchError, match="fit nowhere") as refused:
             hepti_partition(devices, MINILM, deadline_s=0.001, num_layers=6, mode="ws", quote_best=quote)

@@ -498,11 +498,6 @@ _last_taking: OrderedDict = OrderedDict()
 """(mode, devices, layers, network) -> the devices taking part in the last optimum solved for them, whatever the
 workload: where the next optimum is looked for first."""
 
-DEADLINE_FIRST_FROM = 12
-"""Devices taking part from which ``quote_best=False`` checks the deadline before the full solve. Below, the full
-program takes tens of ms (18 ms at 4 devices, 90 ms at 12, 200 ms at 32 on a 2-core host) and the check, about
-10 ms at any size, would only add to it."""
-
 PROOF_MARGIN = 1e-6
 """A latency this much (relative) below a reachable one that no split meets proves the reachable one best."""
 
@@ -648,9 +643,8 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
     "lp" is the relaxation with the greedy participation search (a baseline). ``network``: how collectives
     cross the links (:data:`~workbench.network.NETWORKS`; a cluster's ``network`` says which):
     Eq. 6's shared medium, or a switch. A deadline no partition meets raises an error quoting the best
-    reachable latency; with ``quote_best=False`` (from :data:`DEADLINE_FIRST_FROM` devices) the mixed-integer
-    program is given the deadline and an infeasible one raises :class:`DeadlineMissed` at once, without the full
-    solve (a page's first answer)."""
+    reachable latency; with ``quote_best=False`` the mixed-integer program is given the deadline and an
+    infeasible one raises :class:`DeadlineMissed` at once, without the full solve (a page's first answer)."""
     check_network(network)
     if solver not in SOLVERS:
         raise WorkbenchError(f"Hepti's solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
@@ -739,7 +733,7 @@ def hepti_partition(devices: Sequence[DeviceProfile], workload: LayerShape, dead
         subset = tuple(devices[i] for i in taking)
         if mode == "1d" and presolved is not None:
             solved = presolved
-        elif quote_best or not math.isfinite(deadline_s) or len(subset) < DEADLINE_FIRST_FROM:
+        elif quote_best or not math.isfinite(deadline_s):
             solved = optimal_sizes(mode, workload, subset, num_layers, network)
         else:
             solved = optimal_sizes(mode, workload, subset, num_layers, network, known_only=True)
