@@ -49,9 +49,15 @@ def _damaged_copy(store: ShardStore, root, layer: int, shard: int) -> ShardStore
     return ShardStore.open(root)
 
 
-def test_damaged_shard_ranks_first_and_profile_is_deterministic(bbc_store, dev, tmp_path, monkeypatch):
-    store = _damaged_copy(bbc_store, tmp_path / "store", *DAMAGED)
-    a = imp.measure_importance(store, dev, MAX_LEN, progress=False)
+@pytest.fixture(scope="module")
+def damaged(bbc_store, tmp_path_factory):
+    """A damaged copy of the store and its profile, measured once for the tests below."""
+    store = _damaged_copy(bbc_store, tmp_path_factory.mktemp("importance") / "store", *DAMAGED)
+    return store, imp.measure_importance(store, load_task("bbc").dev.sample(16, seed=3), MAX_LEN, progress=False)
+
+
+def test_damaged_shard_ranks_first_and_profile_is_deterministic(damaged, dev):
+    store, a = damaged
     n, m = store.cfg.num_layers, store.cfg.num_heads
     assert a.accuracy.shape == a.loss.shape == (n, m) and a.dev_examples == 16
     assert a.order()[0] == DAMAGED
@@ -61,8 +67,8 @@ def test_damaged_shard_ranks_first_and_profile_is_deterministic(bbc_store, dev, 
     assert again.shape == (n, m) and np.array_equal(a.accuracy, again)
 
 
-def test_interrupted_run_resumes_to_the_same_result(bbc_store, dev, tmp_path, monkeypatch):
-    reference = imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False)
+def test_interrupted_run_resumes_to_the_same_result(damaged, dev, tmp_path, monkeypatch):
+    store, reference = damaged
     saved = tmp_path / "resume.json"
     original = imp._Runner.parts
 
@@ -73,10 +79,10 @@ def test_interrupted_run_resumes_to_the_same_result(bbc_store, dev, tmp_path, mo
 
     monkeypatch.setattr(imp._Runner, "parts", interrupt_in_layer_2)
     with pytest.raises(KeyboardInterrupt):
-        imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False, resume_path=saved)
+        imp.measure_importance(store, dev, MAX_LEN, progress=False, resume_path=saved)
     assert sorted(json.loads(saved.read_text())) == ["0", "1", "baseline"]
     monkeypatch.setattr(imp._Runner, "parts", original)
-    resumed = imp.measure_importance(bbc_store, dev, MAX_LEN, progress=False, resume_path=saved)
+    resumed = imp.measure_importance(store, dev, MAX_LEN, progress=False, resume_path=saved)
     assert np.array_equal(resumed.accuracy, reference.accuracy) and np.array_equal(resumed.loss, reference.loss)
 
 

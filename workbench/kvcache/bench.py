@@ -76,7 +76,7 @@ tolerance-aware level counts placed at random (what ranking chunks by density is
 
 QUICK = {"contexts": [2, 3], "calls": 2, "max_new_tokens": 2, "prompt_words": 12, "budgets": [0.5, 0.75, 1.0],
          "reference_contexts": 3, "max_contexts": 2, "articles": 2, "prefix": 64, "target": 16, "windows": 2,
-         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128, 256], "kernel_chunks": 8,
+         "load_clients": 2, "load_calls": 3, "load_contexts": 3, "memory_tokens": [128], "kernel_chunks": 8,
          "http_turns": 3, "http_conversations": 3, "http_rounds": 2, "http_new_tokens": 4, "http_prompt_words": 6,
          "http_memory_mb": 2.0}
 """--quick: tiny sizes so every table is made in a minute or two (the tests)."""
