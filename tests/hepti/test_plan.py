@@ -124,7 +124,7 @@ def test_a_missed_deadline_unquoted_is_proven_without_the_full_solve_and_quoted_
     solve = plan.solve_sizes
     monkeypatch.setattr(plan, "solve_sizes", lambda mode, shape, devs, *a, **k:
                         calls.append((len(devs), k.get("feasible_only", False))) or solve(mode, shape, devs, *a, **k))
-    forget = lambda: [monkeypatch.setattr(plan, name, plan.OrderedDict()) for name in ("_optima", "_last_taking")]
+    forget = lambda: monkeypatch.setattr(plan, "OPTIMA", plan.Optima())
     forget()
     with pytest.raises(plan.DeadlineMissed) as missed:
         hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L, quote_best=False)
@@ -154,10 +154,10 @@ def test_a_missed_deadline_is_quoted_at_once_when_the_last_optimums_devices_stil
     from workbench.hepti import plan
 
     devices, L = _unequal(24), 6
-    forget = lambda: [monkeypatch.setattr(plan, name, plan.OrderedDict()) for name in ("_optima", "_last_taking")]
+    forget = lambda: monkeypatch.setattr(plan, "OPTIMA", plan.Optima())
     forget()
     hepti_partition(devices, replace(MINILM, seq_len=100), num_layers=L)
-    taking = next(iter(plan._last_taking.values()))
+    taking = next(iter(plan.OPTIMA.taking.values()))
     calls = []
     solve = plan.solve_sizes
     monkeypatch.setattr(plan, "solve_sizes", lambda mode, shape, devs, *a, **k:
@@ -172,7 +172,7 @@ def test_a_missed_deadline_is_quoted_at_once_when_the_last_optimums_devices_stil
 
     forget()                                     # a set that cannot give the best: its two slowest-linked boards
     slow = tuple(sorted(range(1, 24), key=lambda i: devices[i].net_bytes_per_s)[:2])
-    plan._last_taking[("ws", tuple(devices), L, "shared")] = (0, *slow)
+    plan.OPTIMA.taking[("ws", tuple(devices), L, "shared")] = (0, *slow)
     with pytest.raises(plan.DeadlineMissed) as missed:
         hepti_partition(devices, MINILM, deadline_s=0.004, num_layers=L, quote_best=False)
     assert missed.value.best_s is None and "best reachable" not in str(missed.value)

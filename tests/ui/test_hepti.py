@@ -379,8 +379,7 @@ def test_a_missed_deadline_shows_at_once_in_the_browser_and_its_best_reachable_a
     panel.count.value = 24
     assert "the best reachable is" in text(panel.message)           # a change from Python: the quote at once
     if not remembered:
-        for name in ("_optima", "_last_taking"):
-            monkeypatch.setattr(plan, name, plan.OrderedDict())
+        monkeypatch.setattr(plan, "OPTIMA", plan.Optima())
     seen = {}
 
     async def move():

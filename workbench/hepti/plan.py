@@ -469,34 +469,52 @@ def fits_memory(mode: str, shape: LayerShape, devices: Sequence[DeviceProfile], 
 
 
 OPTIMA_KEPT = 64
-_optima: OrderedDict = OrderedDict()
+
+
+class Optima:
+    """The optima solved last (the last :data:`OPTIMA_KEPT`, by their inputs) and, per device set whatever the
+    workload, which devices took part in the last one: where the next optimum is looked for first."""
+
+    def __init__(self):
+        self.solved: OrderedDict = OrderedDict()
+        self.taking: OrderedDict = OrderedDict()
+
+    def get(self, key: tuple):
+        """(found, the optimum or None where none exists)."""
+        if key not in self.solved:
+            return False, None
+        self.solved.move_to_end(key)
+        return True, self.solved[key]
+
+    def remember(self, key: tuple, solved) -> None:
+        mode, _, devices, num_layers, network = key
+        self.solved[key] = None if solved is None else (tuple(solved[0]), solved[1], solved[2])
+        if solved is not None:
+            self.taking[(mode, devices, num_layers, network)] = tuple(i for i, a in enumerate(solved[0]) if a)
+        for kept in (self.solved, self.taking):
+            while len(kept) > OPTIMA_KEPT:
+                kept.popitem(last=False)
+
+    def forget(self) -> None:
+        self.solved.clear()
+        self.taking.clear()
+
+
+OPTIMA = Optima()
 
 
 def optimal_sizes(mode: str, shape: LayerShape, devices: tuple[DeviceProfile, ...], num_layers: int = 1,
                   network: str = "shared", *, known_only: bool = False) -> tuple[tuple[int, ...], float, str] | None:
-    """:func:`solve_sizes` without a deadline, remembered by its inputs (the last :data:`OPTIMA_KEPT`): a page
-    asks the same optimum for its decision, its comparison and each mode forced, and the solve takes a
-    fraction of a second at 32 devices. ``known_only``: the remembered answer or None, never a solve."""
+    """:func:`solve_sizes` without a deadline, remembered in :data:`OPTIMA`: a page asks the same optimum for its
+    decision, its comparison and each mode forced, and the solve takes a fraction of a second at 32 devices.
+    ``known_only``: the remembered answer or None, never a solve."""
     key = (mode, shape, tuple(devices), num_layers, network)
-    if key in _optima:
-        _optima.move_to_end(key)
-        return _optima[key]
-    if known_only:
-        return None
-    solved = solve_sizes(mode, shape, devices, num_layers, network=network)
-    _optima[key] = None if solved is None else (tuple(solved[0]), solved[1], solved[2])
-    if solved is not None:
-        _last_taking[key[0:1] + key[2:]] = tuple(i for i, a in enumerate(solved[0]) if a)
-    while len(_optima) > OPTIMA_KEPT:
-        _optima.popitem(last=False)
-    while len(_last_taking) > OPTIMA_KEPT:
-        _last_taking.popitem(last=False)
-    return _optima[key]
+    found, optimum = OPTIMA.get(key)
+    if found or known_only:
+        return optimum
+    OPTIMA.remember(key, solve_sizes(mode, shape, devices, num_layers, network=network))
+    return OPTIMA.get(key)[1]
 
-
-_last_taking: OrderedDict = OrderedDict()
-"""(mode, devices, layers, network) -> the devices taking part in the last optimum solved for them, whatever the
-workload: where the next optimum is looked for first."""
 
 PROOF_MARGIN = 1e-6
 """A latency this much (relative) below a reachable one that no split meets proves the reachable one best."""
@@ -509,14 +527,16 @@ def proven_best(mode: str, shape: LayerShape, devices: tuple[DeviceProfile, ...]
     (a few devices: milliseconds) gives a reachable latency, and the full program given a deadline just
     below it finds no split (HiGHS proves that in milliseconds too). None when there is no such set or the
     proof fails, or when one device alone is best (the page then says serial, from the full solve)."""
-    taking = _last_taking.get((mode, tuple(devices), num_layers, network))
+    taking = OPTIMA.taking.get((mode, tuple(devices), num_layers, network))
     if taking is None:
         return None
     reachable = solve_sizes(mode, shape, [devices[i] for i in taking], num_layers, network=network)
-    if reachable is None or sum(1 for a in reachable[0] if a) < 2 or solve_sizes(mode, shape, devices, num_layers, reachable[1] * (1 - PROOF_MARGIN), network,
-                                        feasible_only=True) is not None:
+    count = 0 if reachable is None else sum(1 for a in reachable[0] if a)
+    if count < 2:
         return None
-    return sum(1 for a in reachable[0] if a), reachable[1]
+    below = solve_sizes(mode, shape, devices, num_layers, reachable[1] * (1 - PROOF_MARGIN), network,
+                        feasible_only=True)
+    return (count, reachable[1]) if below is None else None
 
 
 class DeadlineMissed(WorkbenchError):

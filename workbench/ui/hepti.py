@@ -427,7 +427,7 @@ class HeptiPanel(Panel):
             self._no_plan(("decision", "breakdown", "timeline"), f"no partition: {exc}")
             self._compare_for = settings                    # the comparison still says what each choice gives
             if isinstance(exc, DeadlineMissed) and exc.best_s is None:   # the best comes with the comparison's solve
-                self._quote_for, self._quoted = settings, None
+                self._quote_for = settings
             self.defer(self._refresh_compare, "compare")
             if self._quoted is not None:                    # the comparison ran at once (a change from Python)
                 raise self._quoted
