@@ -14,6 +14,20 @@ REPO = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "integration", "browser", "notebooks")
 
 
+def _hypothesis_profile() -> None:
+    """Under ``CI=true`` the property tests draw the same examples on every run, so a red CI is the change's and
+    not the draw's; elsewhere they draw anew each run, which is how they find new cases (a failing draw prints
+    its example: make it a test of its own)."""
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True)
+    if os.environ.get("CI", "").lower() == "true":
+        settings.load_profile("ci")
+
+
+_hypothesis_profile()
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test's tier by what it starts: ``browser`` (tests/browser), ``notebooks`` (nbclient kernels),
     ``integration`` where marked so (processes, servers, Ray, gloo), ``unit`` otherwise: one process and no

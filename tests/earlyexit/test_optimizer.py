@@ -226,6 +226,20 @@ def test_not_pipelined_every_split_runs_in_turn_on_one_pool():
     assert plan.bottlenecks == [] and "not pipelined" in plan.binding
 
 
+def test_not_pipelined_a_round_an_ulp_shorter_over_more_splits_loses_to_fewer_splits():
+    # Found by the brute-force comparison below: cut after layer 0, the summed round is an ulp shorter than the
+    # whole model's; the 2 s wait for a batch at 0.5 requests/s rounds that away in the latency and the time
+    # per input is the rate's floor, so the plans tie and the paper's fewer splits must win.
+    table = {(0, "a"): 1.504, (0, "b"): 0.05, (1, "a"): 2.248, (1, "b"): 0.05, (2, "a"): 3.0, (2, "b"): 1.203,
+             (3, "a"): 2.546, (3, "b"): 2.076, (4, "a"): 3.0, (4, "b"): 0.069}
+    kwargs = dict(batch_profile=[1.0, 0.25, 0.0, 0.0, 0.0], gpus={"a": 1, "b": 1}, slo_s=4.0, batch_size=1,
+                  pipelined=False, slack=0.0, transfer_s=0.0, request_rate=0.5)
+    lat = lambda k, b, g: table[k, g]
+    plan, brute = optimize_splits(lat, **kwargs), brute_force_splits(lat, **kwargs)
+    assert plan.objective == brute.objective and plan.splits == brute.splits == [(0, 5)]
+    assert plan.gpu_types == ["b"]
+
+
 def test_a_split_after_every_sample_has_left_still_holds_its_layers():
     plan = optimize_splits(unit_layer, [0.0, 0.0, 0.0], {"v100": 2}, 100.0, batch_size=4)
     check_plan(plan, unit_layer, [0.0, 0.0, 0.0], {"v100": 2}, 100.0, batch_size=4)

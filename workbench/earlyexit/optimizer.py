@@ -829,36 +829,47 @@ def _solve(P: _Problem) -> tuple[list | None, list[dict], _Result | None]:
     return final.plan, probes, final
 
 
-def _serial_paths(P: _Problem) -> list[tuple[float, list[tuple[int, int]]]]:
-    """Per GPU type, the cuts with the shortest round (stage times and transfers summed): a shortest path."""
+def _serial_paths(P: _Problem) -> list[list[tuple[float, list[tuple[int, int]]]]]:
+    """Per GPU type, for each number of splits that can cut the layers, the cuts with the shortest round (stage
+    times and transfers summed in plan order, as :meth:`_Problem.measure` sums them): a shortest path per split
+    count. Per count and not overall, because the plan key rounds the round into a latency and time per input
+    (a fill wait added, a floor), where a round an ulp longer over fewer splits ties and fewer splits win."""
     out = []
     for g in range(P.G):
-        best = np.full(P.L + 1, np.inf)
-        prev = np.zeros(P.L + 1, np.int64)
-        best[0] = 0.0
+        best = np.full((P.L + 1, P.L + 1), np.inf)      # [boundary, splits so far]
+        prev = np.zeros((P.L + 1, P.L + 1), np.int64)
+        best[0, 0] = 0.0
         for e in range(1, P.L + 1):
-            for s in range(e):
-                v = best[s] + float(P.T3[s, e, g] + P.x[s])
-                if v < best[e]:
-                    best[e], prev[e] = v, s
-        cuts, e = [], P.L
-        while e > 0:
-            cuts.append((int(prev[e]), e))
-            e = int(prev[e])
-        out.append((float(best[P.L]), cuts[::-1]))
+            for n in range(1, e + 1):
+                for s in range(n - 1, e):
+                    v = best[s, n - 1] + float(P.T3[s, e, g] + P.x[s])
+                    if v < best[e, n]:
+                        best[e, n], prev[e, n] = v, s
+        paths = []
+        for n in range(1, P.L + 1):
+            if not np.isfinite(best[P.L, n]):
+                continue
+            cuts, e, k = [], P.L, n
+            while e > 0:
+                cuts.append((int(prev[e, k]), e))
+                e, k = int(prev[e, k]), k - 1
+            paths.append((float(best[P.L, n]), cuts[::-1]))
+        out.append(paths)
     return out
 
 
 def _solve_serial(P: _Problem) -> list | None:
-    """Not pipelined: per type the shortest round, on every pool size that fits; the best by the plan key."""
+    """Not pipelined: per type and split count the shortest round, on every pool size that fits; the best by the
+    plan key (fewer splits on a tie)."""
     best = None
-    for g, (_, cuts) in enumerate(_serial_paths(P)):
-        for pool in range(1, int(P.counts[g]) + 1):
-            plan = [(s, e, g, pool) for s, e in cuts]
-            per, cost, gpus, lam, used = P.evaluate(plan)
-            key = (per, cost, gpus, lam, len(plan))
-            if P.feasible(lam, cost, used) and (best is None or key < best[0]):
-                best = (key, plan)
+    for g, paths in enumerate(_serial_paths(P)):
+        for _, cuts in paths:
+            for pool in range(1, int(P.counts[g]) + 1):
+                plan = [(s, e, g, pool) for s, e in cuts]
+                per, cost, gpus, lam, used = P.evaluate(plan)
+                key = (per, cost, gpus, lam, len(plan))
+                if P.feasible(lam, cost, used) and (best is None or key < best[0]):
+                    best = (key, plan)
     return best[1] if best else None
 
 
@@ -932,7 +943,7 @@ def _empty_reason(P: _Problem) -> str:
     budget = (f"the budget is {_ms(P.budget)} (SLO {_ms(P.slo)} less {100 * P.slack:g}% slack"
               + (f", batches filling at {P.rate:,.4g} requests/s" if P.rate else "") + ")")
     if not P.pipelined:
-        rounds = [(rnd + P.round_fill(1), g) for g, (rnd, _) in enumerate(_serial_paths(P))]
+        rounds = [(min(rnd for rnd, _ in paths) + P.round_fill(1), g) for g, paths in enumerate(_serial_paths(P))]
         lam, g = min(rounds)
         if lam > P.budget * (1 + _TOL):
             return (f"no plan meets the SLO: not pipelined, the shortest round (one GPU of the fastest type, "
