@@ -54,7 +54,7 @@ test: setup browser-deps net-deps
 	exit $$status
 
 test-fast: setup
-	$(PYTEST) -n $(TEST_WORKERS) -m unit --durations=10 tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m unit --durations=10 tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -14,6 +14,8 @@ from workbench import argtypes
 from workbench.bench import bench_parser, benchmarks
 from workbench.cli import build_parser, main
 
+pytestmark = pytest.mark.xdist_group("cli-arguments")     # one worker makes the module's shared fixture, once
+
 HOSTILE = ("0", "-1", "nan", "1e12", str(10**18), "x")
 """What every numeric option is given; 0 and -1 are skipped where the option's type accepts them."""
 LIMIT_S, LIMIT_BYTES = 5, 500 * 2**20

@@ -3,6 +3,8 @@ import pytest
 
 from workbench.hepti import evaluation as ev
 
+pytestmark = pytest.mark.xdist_group("hepti-evaluation")     # one worker makes the module's shared fixture, once
+
 
 @pytest.fixture(scope="module")
 def tables():

@@ -15,6 +15,8 @@ from workbench.kvcache.traces import Trace, TraceCall
 from workbench.models.config import DecoderConfig
 from workbench.models.decoder import decoder_tokenizer, load_decoder
 
+pytestmark = pytest.mark.xdist_group("kvcache-replay")     # one worker makes the module's shared fixture, once
+
 ORDER = (0, 1, 2, 0, 1, 0)
 PROMPTS = ("Name three colors of the rainbow and say which one you like best.",
            "Summarize: the city council voted to build a new bridge over the river next year.",
