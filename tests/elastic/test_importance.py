@@ -50,10 +50,10 @@ def _damaged_copy(store: ShardStore, root, layer: int, shard: int) -> ShardStore
 
 
 @pytest.fixture(scope="module")
-def damaged(bbc_store, tmp_path_factory):
+def damaged(bbc_store, dev, tmp_path_factory):
     """A damaged copy of the store and its profile, measured once for the tests below."""
     store = _damaged_copy(bbc_store, tmp_path_factory.mktemp("importance") / "store", *DAMAGED)
-    return store, imp.measure_importance(store, load_task("bbc").dev.sample(16, seed=3), MAX_LEN, progress=False)
+    return store, imp.measure_importance(store, dev, MAX_LEN, progress=False)
 
 
 def test_damaged_shard_ranks_first_and_profile_is_deterministic(damaged, dev):

@@ -486,18 +486,17 @@ class Optima:
         self.solved.move_to_end(key)
         return True, self.solved[key]
 
-    def remember(self, key: tuple, solved) -> None:
+    def remember(self, key: tuple, solved):
+        """Keeps ``solved`` (a :func:`solve_sizes` answer) under ``key``; returns it as kept."""
         mode, _, devices, num_layers, network = key
         self.solved[key] = None if solved is None else (tuple(solved[0]), solved[1], solved[2])
         if solved is not None:
             self.taking[(mode, devices, num_layers, network)] = tuple(i for i, a in enumerate(solved[0]) if a)
-        for kept in (self.solved, self.taking):
-            while len(kept) > OPTIMA_KEPT:
-                kept.popitem(last=False)
-
-    def forget(self) -> None:
-        self.solved.clear()
-        self.taking.clear()
+        kept = self.solved[key]
+        for memo in (self.solved, self.taking):
+            while len(memo) > OPTIMA_KEPT:
+                memo.popitem(last=False)
+        return kept
 
 
 OPTIMA = Optima()
@@ -512,8 +511,7 @@ def optimal_sizes(mode: str, shape: LayerShape, devices: tuple[DeviceProfile, ..
     found, optimum = OPTIMA.get(key)
     if found or known_only:
         return optimum
-    OPTIMA.remember(key, solve_sizes(mode, shape, devices, num_layers, network=network))
-    return OPTIMA.get(key)[1]
+    return OPTIMA.remember(key, solve_sizes(mode, shape, devices, num_layers, network=network))
 
 
 PROOF_MARGIN = 1e-6
