@@ -655,28 +655,41 @@ cdef extern from *:
 
     #if defined(__GNUC__) && defined(__x86_64__)
     #include <immintrin.h>
-    #define WB_F16C __attribute__((target("avx2,f16c")))
+    #define WB_F16C __attribute__((target("avx2,f16c,fma")))
     static int wb_f16c_available(void) {
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
     }
-    /* eight 2-bit codes from code j (a multiple of 8) as eight int32: one 16-bit word shifted per lane */
-    WB_F16C static inline __attribute__((always_inline)) __m256i wb_pairs8(const uint8_t *codes, int64_t j) {
-        uint16_t word;
-        memcpy(&word, codes + (j >> 2), 2);
-        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word),
+    /* eight codes from code j (a multiple of 8) as eight int32, in stream order: 8 bits widened from their
+       bytes; 4 and 2 bits from one word broadcast to every lane and shifted right by each lane's offset */
+    WB_F16C static inline __attribute__((always_inline)) __m256i wb_codes8(const uint8_t *codes, const int bits,
+                                                                          int64_t j) {
+        if (bits == 8)
+            return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + j)));
+        if (bits == 4) {
+            int32_t word;
+            memcpy(&word, codes + (j >> 1), 4);
+            return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word),
+                                                      _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                    _mm256_set1_epi32(15));
+        }
+        int16_t half;
+        memcpy(&half, codes + (j >> 2), 2);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi16(half),
                                                   _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
                                 _mm256_set1_epi32(3));
     }
-    /* eight int32 codes scaled and offset (a product, then a sum: two roundings, no FMA, the scalar kernel's
-       and NumPy's arithmetic), rounded to float16 and stored */
+    /* eight int32 codes scaled and offset, rounded to float16 and stored. A fused multiply-add gives the
+       product-then-sum of the scalar kernel and NumPy bit for bit: a code (8 bits at most) times a float16
+       step (11 significant bits) is exact in float32, so only the sum rounds, in both. */
     WB_F16C static inline __attribute__((always_inline)) void wb_store8(__m256i codes, const float *s, const float *o,
                                                                         uint16_t *out) {
-        __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(codes), _mm256_loadu_ps(s)), _mm256_loadu_ps(o));
+        const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(codes), _mm256_loadu_ps(s), _mm256_loadu_ps(o));
         _mm_storeu_si128((__m128i *)out, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     }
     /* the row sixteen values at a time (D a multiple of 16, at most WB_ROW_FLOATS): the channels' scales
-       and offsets widened to float once per row, then per position unpack, scale, offset, round, store */
+       and offsets widened to float once per row, then per position unpack in order, scale, offset, round,
+       store; every level runs the same arithmetic, only the unpacking differs */
     WB_F16C static inline __attribute__((always_inline)) void wb_row_bits(const uint8_t *codes, const int bits, const uint16_t *low,
                                     const uint16_t *step, int64_t n, int64_t D, uint16_t *out) {
         float s[WB_ROW_FLOATS], o[WB_ROW_FLOATS];
@@ -684,50 +697,21 @@ cdef extern from *:
             _mm256_storeu_ps(s + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(step + d))));
             _mm256_storeu_ps(o + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(low + d))));
         }
-        if (bits == 4) {
-            /* each byte holds two channels' codes: widen the bytes, split the nibbles into even and odd
-               channels (their scales reordered to match once per row), interleave the halves as stored */
-            float se[WB_ROW_FLOATS], oe[WB_ROW_FLOATS];
-            for (int64_t d = 0; d < D; d += 16)
-                for (int k = 0; k < 8; k++) {
-                    se[d + k] = s[d + 2 * k]; se[d + 8 + k] = s[d + 2 * k + 1];
-                    oe[d + k] = o[d + 2 * k]; oe[d + 8 + k] = o[d + 2 * k + 1];
-                }
-            const __m256i m = _mm256_set1_epi32(15);
-            for (int64_t t = 0; t < n; t += D) {
-                for (int64_t d = 0; d < D; d += 16) {
-                    const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + ((t + d) >> 1))));
-                    const __m256 ev = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w, m)),
-                                                                  _mm256_loadu_ps(se + d)), _mm256_loadu_ps(oe + d));
-                    const __m256 od = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4)),
-                                                                  _mm256_loadu_ps(se + d + 8)), _mm256_loadu_ps(oe + d + 8));
-                    const __m128i he = _mm256_cvtps_ph(ev, _MM_FROUND_TO_NEAREST_INT);
-                    const __m128i ho = _mm256_cvtps_ph(od, _MM_FROUND_TO_NEAREST_INT);
-                    _mm_storeu_si128((__m128i *)(out + t + d), _mm_unpacklo_epi16(he, ho));
-                    _mm_storeu_si128((__m128i *)(out + t + d + 8), _mm_unpackhi_epi16(he, ho));
-                }
-            }
-            return;
-        }
         for (int64_t t = 0; t < n; t += D) {
             for (int64_t d = 0; d < D; d += 16) {
-                __m256i c0, c1;
-                if (bits == 2) {
-                    c0 = wb_pairs8(codes, t + d);
-                    c1 = wb_pairs8(codes, t + d + 8);
-                } else {
-                    c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + t + d)));
-                    c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + t + d + 8)));
-                }
-                wb_store8(c0, s + d, o + d, out + t + d);
-                wb_store8(c1, s + d + 8, o + d + 8, out + t + d + 8);
+                wb_store8(wb_codes8(codes, bits, t + d), s + d, o + d, out + t + d);
+                wb_store8(wb_codes8(codes, bits, t + d + 8), s + d + 8, o + d + 8, out + t + d + 8);
             }
         }
     }
     /* one copy of the loop per level, so each inlines its own unpacking */
     WB_F16C static void wb_row_f16c(const uint8_t *codes, int bits, const uint16_t *low, const uint16_t *step,
                                     int64_t n, int64_t D, uint16_t *out) {
-        if (bits == 8) wb_row_bits(codes, 8, low, step, n, D, out);
+        if (D == 64) {                   /* the common head width, a constant the compiler unrolls */
+            if (bits == 8) wb_row_bits(codes, 8, low, step, n, 64, out);
+            else if (bits == 4) wb_row_bits(codes, 4, low, step, n, 64, out);
+            else wb_row_bits(codes, 2, low, step, n, 64, out);
+        } else if (bits == 8) wb_row_bits(codes, 8, low, step, n, D, out);
         else if (bits == 4) wb_row_bits(codes, 4, low, step, n, D, out);
         else wb_row_bits(codes, 2, low, step, n, D, out);
     }
