@@ -10,6 +10,7 @@ from workbench.kvcache.loadtest import (budget_bytes, check_replies, plan_calls,
 from workbench.models.decoder import load_decoder
 
 CLIENTS, CALLS, CONTEXTS, MEMORY_MB = 8, 10, 16, 2.0          # 2 MB holds a few contexts: calls evict and reload
+pytestmark = pytest.mark.xdist_group("kvcache-loadtest")     # one worker runs the module's load check, once
 
 
 @pytest.fixture(scope="module")
