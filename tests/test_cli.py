@@ -66,6 +66,8 @@ def test_voila_command_binds_loopback_and_culls_kernels():
     assert "--MappingKernelManager.cull_idle_timeout=300" in cmd
     # a page's output waits behind megabytes of widget state: nbclient's 4 s left pre-heated pages blank under load
     assert "--VoilaExecutor.iopub_timeout=120" in cmd
+    # kernels on Unix sockets: a TCP port taken between the server's pick and the kernel's bind killed a page's kernel
+    assert "--KernelManager.transport=ipc" in cmd
 
 
 @pytest.mark.integration

@@ -75,6 +75,11 @@ def voila_env(extra: dict | None = None) -> dict:
 
 KERNEL_CULL_S = 300
 """Seconds a served kernel may sit idle before the server stops it."""
+KERNEL_TRANSPORT = "--KernelManager.transport=ipc"
+"""Kernels talk to the server over Unix sockets in Jupyter's runtime folder, not TCP ports on 127.0.0.1. With TCP,
+the server picks free ports and the kernel binds them later; a test or program that took one of them in between
+killed the kernel at start ("Address already in use") and its page stayed at "Running ...". Sockets in a folder
+of the user's own also keep other local users from reaching a kernel's channels."""
 IOPUB_WAIT_S = 120
 """Seconds Voila waits for a cell's output after the kernel says the cell is done (nbclient's ``iopub_timeout``,
 4 s by default). A page's output follows its widgets' state on the same channel, megabytes of it (plotly.js, the
@@ -83,8 +88,8 @@ Voila stopped listening before the output came: a blank page, whose widgets the 
 
 
 def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = True) -> list[str]:
-    """The Voila server command for the gallery: loopback only, idle kernels culled after 5 minutes, a cell's
-    output awaited up to :data:`IOPUB_WAIT_S`.
+    """The Voila server command for the gallery: loopback only, kernels on Unix sockets (:data:`KERNEL_TRANSPORT`),
+    idle kernels culled after 5 minutes, a cell's output awaited up to :data:`IOPUB_WAIT_S`.
 
     ``preheat`` keeps one started kernel per dashboard, its notebook already run, so a
     page shows its figures without waiting for a kernel to start and import the engine.
@@ -93,7 +98,7 @@ def voila_command(port: int, directory: Path = DASHBOARDS_DIR, preheat: bool = T
            "--Voila.port_retries=0", "--Voila.identity_provider_class=workbench.serving.XsrfCookieIdentityProvider",
            f"--template={TEMPLATE}",
            "--MappingKernelManager.cull_interval=60", f"--MappingKernelManager.cull_idle_timeout={KERNEL_CULL_S}",
-           f"--VoilaExecutor.iopub_timeout={IOPUB_WAIT_S}"]
+           f"--VoilaExecutor.iopub_timeout={IOPUB_WAIT_S}", KERNEL_TRANSPORT]
     if preheat:
         cmd += ["--preheat_kernel=True", "--pool_size=1"]
     return cmd
@@ -110,7 +115,7 @@ def lab_command(port: int, root: Path, token: str | None = None) -> list[str]:
     (tests), ``None`` keeps Jupyter's own random one (printed in the log with the URL)."""
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}", "--allow-root",
-           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+           "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", KERNEL_TRANSPORT]
     if token is not None:
         cmd += [f"--IdentityProvider.token={token}"]
     return cmd
