@@ -42,6 +42,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.notebooks)
         elif not any(item.get_closest_marker(tier) for tier in TIERS[1:]):
             item.add_marker(pytest.mark.unit)
+    if getattr(config.option, "loadgroup", False):
+        _group_node_ids(items)
+
+
+def _group_node_ids(items) -> None:
+    """On an xdist worker under ``--dist loadgroup``: end each grouped test's node id with ``@group``, which is
+    what the scheduler groups by. pytest-xdist 3.8 writes that suffix to ``item._nodeid``, which pytest 9 no
+    longer reads (a node id is built from ``item._id``), so without this every ``xdist_group`` is ignored."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 _SLOT = None
