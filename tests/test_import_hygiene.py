@@ -89,11 +89,17 @@ def imported_modules(path: Path, modules: dict[str, Path] | None = None) -> set[
     return names
 
 
+_GRAPHS: dict[Path, dict[str, set[str]]] = {}
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the workbench modules it imports (lazily or not), from the sources."""
-    modules = module_paths()
-    return {name: {m for m in imported_modules(path, modules) if m in modules and m != name}
-            for name, path in modules.items()}
+    """Module -> the workbench modules it imports (lazily or not), from the sources (parsed once per package
+    folder; each caller gets its own copy)."""
+    if PACKAGE not in _GRAPHS:
+        modules = module_paths()
+        _GRAPHS[PACKAGE] = {name: {m for m in imported_modules(path, modules) if m in modules and m != name}
+                            for name, path in modules.items()}
+    return {name: set(edges) for name, edges in _GRAPHS[PACKAGE].items()}
 
 
 def loading_graph() -> dict[str, set[str]]:
