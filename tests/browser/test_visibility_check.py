@@ -20,7 +20,7 @@ CASES = {
 def test_what_a_person_cannot_see_fails(page, case):
     page.set_content(f"<body style='margin:0'>{CASES[case]}</body>")
     with pytest.raises(AssertionError):
-        assert_seen(page.locator(".fig"), case)
+        assert_seen(page.locator(".fig"), case, settle_s=0.5)      # a static page: nothing left to lay out
 
 
 def test_a_figure_never_drawn_fails_with_what_the_page_shows(page):
