@@ -160,12 +160,26 @@ def test_more_devices_than_worker_processes_is_refused_beside_the_button():
 
 @pytest.mark.alone
 @pytest.mark.integration
-def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
-    """Two worker processes on the encoder at N = 32: the measured run overlays the prediction; the bytes each
-    device sent per layer are the runtime's counts, and after tensor parallelism ran too, their ratio."""
+def test_cancel_stops_the_workers_then_run_for_real_draws_the_measured_timeline_and_the_counted_bytes(monkeypatch):
+    """Cancel pressed as the first run starts: the runtime stops its processes, the page says so beside the
+    button and keeps no run. The next run starts a fresh group: two worker processes on the encoder at N = 32,
+    the measured run overlays the prediction; the bytes each device sent per layer are the runtime's counts,
+    and after tensor parallelism ran too, their ratio."""
+    from workbench.ui.base import RunHandle
+
+    def cancel_at_once(self, done, total):
+        self.cancelled.set()
+
     panel = PartitionPanel(devices=2, seq_len=32)
+    with monkeypatch.context() as m:
+        m.setattr(RunHandle, "progress", cancel_at_once)
+        panel.runner.button.click()
+    assert "cancelled: its worker processes were stopped" in panel.run_info.value
+    assert panel.runner.message.value == "" and len(panel.runs) == 0
+    assert "cancelled" in panel.runner.status.value
+
     panel.runner.button.click()                            # no event loop in a test: the run completes here
-    assert panel.runner.message.value == "" and panel.message.value == ""
+    assert panel.runner.message.value == "" and panel.message.value == "" and len(panel.runs) == 1
     (run,) = panel.runs.values()
     result, plan = run.result, panel.plan
     assert run.made_with is plan and run.key == panel.plan_key(plan)
@@ -209,22 +223,3 @@ def test_run_for_real_draws_the_measured_timeline_and_the_counted_bytes():
     assert f"<b>1 : {ratio:.2f}</b>" in panel.bytes_info.value
 
 
-@pytest.mark.alone
-@pytest.mark.integration
-def test_cancel_stops_the_worker_processes_and_says_so(monkeypatch):
-    """Cancel pressed as the run starts: the runtime stops its processes, the page says so beside the button and
-    keeps no run; the next run starts a fresh group."""
-    from workbench.ui.base import RunHandle
-
-    def cancel_at_once(self, done, total):
-        self.cancelled.set()
-
-    panel = PartitionPanel(devices=2, seq_len=32)
-    with monkeypatch.context() as m:
-        m.setattr(RunHandle, "progress", cancel_at_once)
-        panel.runner.button.click()
-    assert "cancelled: its worker processes were stopped" in panel.run_info.value
-    assert panel.runner.message.value == "" and len(panel.runs) == 0
-    assert "cancelled" in panel.runner.status.value
-    panel.runner.button.click()
-    assert panel.runner.message.value == "" and len(panel.runs) == 1
