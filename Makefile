@@ -44,7 +44,10 @@ net-deps:
 # Tests run on TEST_WORKERS pytest-xdist workers (one per core, at most 4), then the tests marked `alone` (they
 # time work under CPU limits, shaped links or deadlines) one at a time; both parts always run.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
-PYTEST := WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider
+# PYTHONDONTWRITEBYTECODE is cleared for the tests (images often set it): without it every pytest process and every
+# process a test starts compiles the package and the test modules anew (pytest's assertion rewriting alone took
+# 5 s of each process's 13 s of collection); the bytecode goes to __pycache__ folders git ignores.
+PYTEST := PYTHONDONTWRITEBYTECODE= WORKBENCH_PRESET=quick $(PY) -m pytest -p no:cacheprovider
 
 test: setup browser-deps net-deps
 	WORKBENCH_PRESET=quick $(VENV)/bin/workbench prepare --preset quick --quiet
