@@ -1,3 +1,4 @@
+import functools
 import shutil
 
 import numpy as np
@@ -15,11 +16,25 @@ def decoder():
     return load_decoder()
 
 
-def test_generates_the_same_tokens_as_the_reference(decoder):
+def test_generates_the_same_tokens_as_the_reference(decoder, monkeypatch):
+    import gguf
     from transformers import AutoModelForCausalLM
 
     from workbench.assets import smollm2_gguf
 
+    readers, opened = {}, gguf.GGUFReader
+
+    def read_once(path, *args, **kwargs):
+        """transformers reads the file's metadata twice (the config, then the weights), each a Python loop
+        over the 49,152-entry vocabulary: one reader serves both."""
+        if str(path) not in readers:
+            readers[str(path)] = opened(path, *args, **kwargs)
+        return readers[str(path)]
+
+    monkeypatch.setattr(gguf, "GGUFReader", read_once)
+    # and it builds the same tensor-name table (a pure function of the architecture and block count) once per
+    # submodule, 397 times: built once here
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
     path = smollm2_gguf()
     ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
     ids = decoder_tokenizer().encode(PROMPT)
