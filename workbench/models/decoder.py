@@ -206,11 +206,12 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: Path) -> tuple[DecoderConfig, dict[str, np.ndarray], dict]:
-    """Dequantise every tensor of a Llama GGUF into float32 arrays named for :class:`Decoder`."""
+def read_gguf(path: Path, reader=None) -> tuple[DecoderConfig, dict[str, np.ndarray], dict]:
+    """Dequantise every tensor of a Llama GGUF into float32 arrays named for :class:`Decoder` (``reader``: the
+    file already opened with ``gguf.GGUFReader``, whose opening parses the whole vocabulary, seconds)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = reader or gguf.GGUFReader(str(path))
     meta = {k: f.contents() for k, f in reader.fields.items()
             if not k.startswith("tokenizer.ggml.") or k.endswith("_id") or k.endswith(".pre") or k.endswith(".model")}
     arch = meta.get("general.architecture")
@@ -242,12 +243,12 @@ def read_gguf(path: Path) -> tuple[DecoderConfig, dict[str, np.ndarray], dict]:
     return cfg, out, meta
 
 
-def _tokenizer_json_from_gguf(path: Path) -> str:
+def _tokenizer_json_from_gguf(path: Path, reader=None) -> str:
     """A `tokenizers` JSON for the GGUF's byte-level BPE vocabulary (SmolLM2 splits digits singly)."""
     import gguf
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    reader = gguf.GGUFReader(str(path))
+    reader = reader or gguf.GGUFReader(str(path))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
     types = reader.fields["tokenizer.ggml.token_type"].contents()
@@ -275,16 +276,18 @@ def converted_decoder_dir() -> Path:
             return target
         except CorruptArtifactError as exc:
             print(f"workbench: converted decoder is damaged ({exc}); converting again")
+    import gguf
     from safetensors.numpy import save_file
 
     target.mkdir(parents=True, exist_ok=True)
-    cfg, tensors, _ = read_gguf(src)
+    reader = gguf.GGUFReader(str(src))                  # one read of the file for the weights and the vocabulary
+    cfg, tensors, _ = read_gguf(src, reader)
     with atomic_path(target / "model.safetensors") as tmp:
         save_file(tensors, str(tmp))
     with atomic_path(target / "config.json") as tmp:
         tmp.write_text(json.dumps(cfg.__dict__, indent=2))
     with atomic_path(target / "tokenizer.json") as tmp:
-        tmp.write_text(_tokenizer_json_from_gguf(src))
+        tmp.write_text(_tokenizer_json_from_gguf(src, reader))
     record([target / "model.safetensors", target / "config.json", target / "tokenizer.json"], manifest,
            {"source": src.name, "package": f"{SMOLLM2.package}=={SMOLLM2.version}"})
     return target
