@@ -325,19 +325,9 @@ def test_a_killed_device_is_marked_as_a_fault_and_the_run_goes_on_over_the_rest(
 
 @pytest.mark.alone
 @pytest.mark.integration
-def test_cancel_stops_the_worker_processes_and_says_so(monkeypatch):
-    from workbench.ui.base import RunHandle
-
-    def cancel_at_once(self, done, total):
-        self.cancelled.set()
-
+def test_cancel_stops_the_worker_processes_and_says_so(cancel_a_run):
     panel = HeptiPanel(seq_len=16, deadline_ms=None, devices=2)
-    with monkeypatch.context() as m:
-        m.setattr(RunHandle, "progress", cancel_at_once)
-        panel.runner.button.click()
-    assert "cancelled: its worker processes were stopped" in panel.run_info.value
-    assert panel.runner.message.value == "" and len(panel.runs) == 0
-    assert "cancelled" in panel.runner.status.value
+    cancel_a_run(panel)
     assert not math.isnan(panel.figures["breakdown"].data[0].y[0])
 
 

@@ -160,24 +160,13 @@ def test_more_devices_than_worker_processes_is_refused_beside_the_button():
 
 @pytest.mark.alone
 @pytest.mark.integration
-def test_cancel_stops_the_workers_then_run_for_real_draws_the_measured_timeline_and_the_counted_bytes(monkeypatch):
+def test_cancel_stops_the_workers_then_run_for_real_draws_the_measured_timeline_and_the_counted_bytes(cancel_a_run):
     """Cancel pressed as the first run starts: the runtime stops its processes, the page says so beside the
     button and keeps no run. The next run starts a fresh group: two worker processes on the encoder at N = 32,
     the measured run overlays the prediction; the bytes each device sent per layer are the runtime's counts,
     and after tensor parallelism ran too, their ratio."""
-    from workbench.ui.base import RunHandle
-
-    def cancel_at_once(self, done, total):
-        self.cancelled.set()
-
     panel = PartitionPanel(devices=2, seq_len=32)
-    with monkeypatch.context() as m:
-        m.setattr(RunHandle, "progress", cancel_at_once)
-        panel.runner.button.click()
-    assert "cancelled: its worker processes were stopped" in panel.run_info.value
-    assert panel.runner.message.value == "" and len(panel.runs) == 0
-    assert "cancelled" in panel.runner.status.value
-
+    cancel_a_run(panel)
     panel.runner.button.click()                            # no event loop in a test: the run completes here
     assert panel.runner.message.value == "" and panel.message.value == "" and len(panel.runs) == 1
     (run,) = panel.runs.values()
