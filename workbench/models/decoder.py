@@ -211,7 +211,8 @@ def read_gguf(path: Path, reader=None) -> tuple[DecoderConfig, dict[str, np.ndar
     file already opened with ``gguf.GGUFReader``, whose opening parses the whole vocabulary, seconds)."""
     import gguf
 
-    reader = reader or gguf.GGUFReader(str(path))
+    if reader is None:
+        reader = gguf.GGUFReader(str(path))
     meta = {k: f.contents() for k, f in reader.fields.items()
             if not k.startswith("tokenizer.ggml.") or k.endswith("_id") or k.endswith(".pre") or k.endswith(".model")}
     arch = meta.get("general.architecture")
@@ -243,12 +244,11 @@ def read_gguf(path: Path, reader=None) -> tuple[DecoderConfig, dict[str, np.ndar
     return cfg, out, meta
 
 
-def _tokenizer_json_from_gguf(path: Path, reader=None) -> str:
-    """A `tokenizers` JSON for the GGUF's byte-level BPE vocabulary (SmolLM2 splits digits singly)."""
-    import gguf
+def _tokenizer_json_from_gguf(reader) -> str:
+    """A `tokenizers` JSON for the byte-level BPE vocabulary of the GGUF ``reader`` (a ``gguf.GGUFReader``)
+    holds (SmolLM2 splits digits singly)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    reader = reader or gguf.GGUFReader(str(path))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     merges = [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]
     types = reader.fields["tokenizer.ggml.token_type"].contents()
@@ -287,7 +287,7 @@ def converted_decoder_dir() -> Path:
     with atomic_path(target / "config.json") as tmp:
         tmp.write_text(json.dumps(cfg.__dict__, indent=2))
     with atomic_path(target / "tokenizer.json") as tmp:
-        tmp.write_text(_tokenizer_json_from_gguf(src, reader))
+        tmp.write_text(_tokenizer_json_from_gguf(reader))
     record([target / "model.safetensors", target / "config.json", target / "tokenizer.json"], manifest,
            {"source": src.name, "package": f"{SMOLLM2.package}=={SMOLLM2.version}"})
     return target
