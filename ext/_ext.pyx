@@ -636,18 +636,20 @@ cdef extern from *:
     }
 
     /* one row of a chunk: n codes from code ``first`` of the stream (D per position) -> float16, value =
-       code * step[d] + low[d] in float32 */
+       code * step + low in float32, the scales per feature (step[d], a key row) or, with ``per_position``,
+       per position (step[t], a value row) */
     #define WB_ROW_FLOATS 512
     static void wb_row_scalar(const uint8_t *codes, int64_t first, int bits, const uint16_t *low,
-                              const uint16_t *step, int64_t n, int64_t D, uint16_t *out) {
+                              const uint16_t *step, int64_t n, int64_t D, int per_position, uint16_t *out) {
         float s[WB_ROW_FLOATS], o[WB_ROW_FLOATS];
-        int held = D <= WB_ROW_FLOATS;
+        int held = !per_position && D <= WB_ROW_FLOATS;
         for (int64_t d = 0; held && d < D; d++) { s[d] = wb_h2f(step[d]); o[d] = wb_h2f(low[d]); }
         int64_t j = 0;
         for (int64_t t = 0; j < n; t++) {
             for (int64_t d = 0; d < D; d++, j++) {
-                float v = (float)wb_code(codes, bits, first + j) * (held ? s[d] : wb_h2f(step[d]));
-                v = v + (held ? o[d] : wb_h2f(low[d]));
+                int64_t at = per_position ? t : d;
+                float v = (float)wb_code(codes, bits, first + j) * (held ? s[d] : wb_h2f(step[at]));
+                v = v + (held ? o[d] : wb_h2f(low[at]));
                 out[j] = wb_f2h(v);
             }
         }
@@ -704,10 +706,25 @@ cdef extern from *:
             }
         }
     }
-    /* one copy of the loop per level, so each inlines its own unpacking */
+    /* a value row: one scale and offset per position, broadcast over its D features (D a multiple of 8) */
+    WB_F16C static inline __attribute__((always_inline)) void wb_row_pos_bits(const uint8_t *codes, const int bits,
+                                    const uint16_t *low, const uint16_t *step, int64_t n, int64_t D, uint16_t *out) {
+        float s[8], o[8];
+        for (int64_t t = 0, p = 0; t < n; t += D, p++) {
+            _mm256_storeu_ps(s, _mm256_set1_ps(wb_h2f(step[p])));
+            _mm256_storeu_ps(o, _mm256_set1_ps(wb_h2f(low[p])));
+            for (int64_t d = 0; d < D; d += 8)
+                wb_store8(wb_codes8(codes, bits, t + d), s, o, out + t + d);
+        }
+    }
+    /* one copy of the loop per level and scale axis, so each inlines its own unpacking */
     WB_F16C static void wb_row_f16c(const uint8_t *codes, int bits, const uint16_t *low, const uint16_t *step,
-                                    int64_t n, int64_t D, uint16_t *out) {
-        if (D == 64) {                   /* the common head width, a constant the compiler unrolls */
+                                    int64_t n, int64_t D, int per_position, uint16_t *out) {
+        if (per_position) {
+            if (bits == 8) wb_row_pos_bits(codes, 8, low, step, n, D, out);
+            else if (bits == 4) wb_row_pos_bits(codes, 4, low, step, n, D, out);
+            else wb_row_pos_bits(codes, 2, low, step, n, D, out);
+        } else if (D == 64) {            /* the common head width, a constant the compiler unrolls */
             if (bits == 8) wb_row_bits(codes, 8, low, step, n, 64, out);
             else if (bits == 4) wb_row_bits(codes, 4, low, step, n, 64, out);
             else wb_row_bits(codes, 2, low, step, n, 64, out);
@@ -718,16 +735,18 @@ cdef extern from *:
     #else
     static int wb_f16c_available(void) { return 0; }
     static void wb_row_f16c(const uint8_t *codes, int bits, const uint16_t *low, const uint16_t *step,
-                            int64_t n, int64_t D, uint16_t *out) { wb_row_scalar(codes, 0, bits, low, step, n, D, out); }
+                            int64_t n, int64_t D, int per_position, uint16_t *out) {
+        wb_row_scalar(codes, 0, bits, low, step, n, D, per_position, out);
+    }
     #endif
     """
     bint wb_f16c_available() noexcept nogil
     float wb_h2f(uint16_t h) noexcept nogil
     uint16_t wb_f2h(float f) noexcept nogil
     void wb_row_scalar(const uint8_t* codes, int64_t first, int bits, const uint16_t* low, const uint16_t* step,
-                       int64_t n, int64_t D, uint16_t* out) noexcept nogil
+                       int64_t n, int64_t D, int per_position, uint16_t* out) noexcept nogil
     void wb_row_f16c(const uint8_t* codes, int bits, const uint16_t* low, const uint16_t* step,
-                     int64_t n, int64_t D, uint16_t* out) noexcept nogil
+                     int64_t n, int64_t D, int per_position, uint16_t* out) noexcept nogil
 
 
 cdef bint _HAVE_F16C = wb_f16c_available()
@@ -740,23 +759,25 @@ def f16c_available() -> bool:
 cdef void _chunk_row(const uint8_t* payload, int bits, const uint16_t* low, const uint16_t* step,
                      uint16_t* k_out, uint16_t* v_out, Py_ssize_t row, Py_ssize_t H, Py_ssize_t T, Py_ssize_t D,
                      Py_ssize_t capacity, Py_ssize_t start, bint vector) noexcept nogil:
-    """Row ``row`` of a chunk (layer l, K or V, head h: T x D values) into its cache rows from ``start``."""
+    """Row ``row`` of a chunk (layer l, K or V, head h: T x D values) into its cache rows from ``start``. The
+    scales of (l, h) are D per-feature ones for K, then T per-position ones for V."""
     cdef Py_ssize_t l = row // (2 * H), kv = (row // H) % 2, h = row % H
     cdef uint16_t* dst = (k_out if kv == 0 else v_out) + ((l * H + h) * capacity + start) * D
     cdef Py_ssize_t n = T * D
+    cdef Py_ssize_t scales = (l * H + h) * (D + T) + (D if kv else 0)
     if bits == 16:
         memcpy(dst, payload + row * n * 2, n * 2)
     elif vector:
-        wb_row_f16c(payload + row * n * bits // 8, bits, low + row * D, step + row * D, n, D, dst)
+        wb_row_f16c(payload + row * n * bits // 8, bits, low + scales, step + scales, n, D, kv, dst)
     else:
-        wb_row_scalar(payload, row * n, bits, low + row * D, step + row * D, n, D, dst)
+        wb_row_scalar(payload, row * n, bits, low + scales, step + scales, n, D, kv, dst)
 
 
 def chunk_to_half(const uint8_t[::1] payload, int bits, const uint16_t[::1] low, const uint16_t[::1] step,
                   uint16_t[:, :, :, ::1] k_out, uint16_t[:, :, :, ::1] v_out, Py_ssize_t start, Py_ssize_t T,
                   int num_threads=1, bint simd=True):
-    """One chunk (layers, 2, heads, T, D) stored at ``bits`` (8, 4 or 2: codes with channel-wise float16
-    ``low`` and ``step``, (layers, 2, heads, 1, D); 16: float16 values) straight into the float16 cache
+    """One chunk (layers, 2, heads, T, D) stored at ``bits`` (8, 4 or 2: codes with float16 ``low`` and
+    ``step``, (layers, heads, D + T): per key feature, then per value position; 16: float16 values) straight into the float16 cache
     ``k_out``/``v_out`` (layers, heads, capacity, D) at positions ``start`` to ``start + T``: unpack, scale,
     offset and round in one pass, no temporary. Rows (layer, K/V, head) are shared by ``num_threads``. The
     Python layer checks the shapes; this trusts them."""

@@ -17,31 +17,53 @@ SHAPE = (3, 2, 2, 16, 8)
 def test_quantization_error_is_bounded_by_half_a_step_and_bytes_add_up():
     rng = np.random.default_rng(0)
     kv = rng.standard_normal(SHAPE).astype(np.float32) * 3
-    kv[0, 0, 0, :, 0] = 1.25                                      # a constant channel
+    kv[0, 0, 0, :, 0] = 1.25                                      # a constant key channel
+    kv[1, 1, 1, 5, :] = -0.5                                      # a constant value token
     raw = encode_chunk(kv, 32)
     assert np.array_equal(raw.to_array(), kv) and raw.nbytes == kv.nbytes
     for bits in (8, 4, 2):
         q = encode_chunk(kv, bits)
-        step = q.step.astype(np.float32)
+        low, step = q.scales()
         err = np.abs(q.to_array() - kv)
         assert (err <= step / 2 + 1e-3 * np.abs(kv).max()).all(), bits
         assert q.nbytes == chunk_nbytes(SHAPE, bits)
         assert q.to_array()[0, 0, 0, :, 0] == pytest.approx(1.25, abs=1e-3)
+        assert q.to_array()[1, 1, 1, 5, :] == pytest.approx(-0.5, abs=1e-3)
         back = ChunkData.from_bytes(q.to_bytes())
         assert np.array_equal(back.to_array(), q.to_array()) and back.bits == bits
     assert chunk_nbytes(SHAPE, 2) < chunk_nbytes(SHAPE, 4) < chunk_nbytes(SHAPE, 8) < chunk_nbytes(SHAPE, 32)
 
 
+def test_keys_are_scaled_per_channel_and_values_per_token():
+    """The groups a scale covers: a key channel (layer, head, feature) over the chunk's tokens, a value token
+    (layer, head, token) over its features. A large outlier in one key channel widens that channel's step
+    only; one in a value token widens that token's only. Scales per channel for values, or per token for
+    keys, fail this."""
+    kv = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
+    plain = encode_chunk(kv, 4).scales()[1]
+    kv[1, 0, 0, 3, 5] = 200.0                                     # one key channel (layer 1, head 0, feature 5)
+    kv[2, 1, 1, 9, 2] = -200.0                                    # one value token (layer 2, head 1, token 9)
+    widened = encode_chunk(kv, 4).scales()[1] != plain
+    want = np.zeros(SHAPE, bool)
+    want[1, 0, 0, :, 5] = True
+    want[2, 1, 1, 9, :] = True
+    assert np.array_equal(widened, want)
+    L, _, H, T, D = SHAPE
+    q = encode_chunk(kv, 8)
+    assert q.low.shape == q.step.shape == (L, H, D + T) and q.low.dtype == np.float16
+    assert chunk_nbytes(SHAPE, 8) == kv.size + 2 * 2 * L * H * (D + T)
+
+
 def test_half_precision_raw_chunks_hold_float16_values_in_half_the_bytes():
     """The paper's FP16 baselines: a raw 16-bit chunk is the float16 rounding of the values, twice the codes
-    of an 8-bit chunk (whose per-channel minimum and step add a quarter at 16 tokens), half a float32 one."""
+    of an 8-bit chunk, half a float32 one."""
     kv = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
     half = encode_chunk(kv, 16)
     assert half.payload.dtype == np.float16 and half.bits == 16 and half.low is None
     assert np.array_equal(half.to_array(), kv.astype(np.float16).astype(np.float32))
     assert half.to_array().dtype == np.float32
     assert half.nbytes == chunk_nbytes(SHAPE, 16) == kv.size * 2 == chunk_nbytes(SHAPE, 32) // 2
-    assert chunk_nbytes(SHAPE, 16) / chunk_nbytes(SHAPE, 8) == pytest.approx(1.6)
+    assert chunk_nbytes(SHAPE, 16) == 2 * chunk_nbytes(SHAPE, 8) - 2 * 2 * 2 * 3 * 2 * (8 + 16)
     back = ChunkData.from_bytes(half.to_bytes())
     assert back.bits == 16 and np.array_equal(back.payload, half.payload)
 
@@ -56,20 +78,21 @@ def test_sub_byte_codes_are_packed_by_the_extension_as_the_numpy_reference_packs
 
 
 @pytest.mark.parametrize("source, bits", [(8, 4), (8, 2), (4, 2)])
-def test_a_lower_level_keeps_each_channels_range_and_errs_by_at_most_half_its_step(source, bits):
-    """Further compression works on the values the chunk holds: each channel's minimum and maximum
-    survive (to float16), every value moves by at most half the new step, and the codes use the level's
-    whole range. Checked from 8 bits and, as the service does today, 4 -> 2."""
+def test_a_lower_level_keeps_each_groups_range_and_errs_by_at_most_half_its_step(source, bits):
+    """Further compression works on the values the chunk holds: each group's minimum and maximum (a key
+    channel's over the tokens, a value token's over the features) survive (to float16), every value moves by
+    at most half the new step, and the codes use the level's whole range. Checked from 8 bits and 4 -> 2."""
     kv = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32) * 2
     held = encode_chunk(kv, 8) if source == 8 else encode_chunk(encode_chunk(kv, 8).to_array(), 4)
     values = held.to_array()
     lower = recompress(held, bits)
     assert lower.bits == bits and lower.shape == held.shape and lower.nbytes == chunk_nbytes(SHAPE, bits)
     out = lower.to_array()
-    step = lower.step.astype(np.float32)
+    step = lower.scales()[1]
     assert (np.abs(out - values) <= step / 2 + 2e-3 * np.abs(values).max()).all()
-    np.testing.assert_allclose(out.min(axis=3), values.min(axis=3), rtol=0, atol=2e-3)
-    np.testing.assert_allclose(out.max(axis=3), values.max(axis=3), rtol=0, atol=2e-2)
+    for kv, axis in ((0, 2), (1, 3)):
+        np.testing.assert_allclose(out[:, kv].min(axis=axis), values[:, kv].min(axis=axis), rtol=0, atol=2e-3)
+        np.testing.assert_allclose(out[:, kv].max(axis=axis), values[:, kv].max(axis=axis), rtol=0, atol=2e-2)
     codes = bitpack.unpack_bits_reference(lower.payload, int(np.prod(SHAPE)), bits)
     assert codes.min() == 0 and codes.max() == (1 << bits) - 1
     assert recompress(held, held.bits) is held
@@ -277,7 +300,7 @@ def test_the_kernel_rounds_like_numpy_at_the_edges_of_float16():
     to infinity): the vector and the portable kernel give NumPy's float16 bits for every value."""
     rng = np.random.default_rng(3)
     shape = (2, 2, 4, 16, 64)
-    halves = rng.integers(0, 0x7c00, size=(2, *shape[:3], 1, shape[4]), dtype=np.uint16)      # finite, >= 0
+    halves = rng.integers(0, 0x7c00, size=(2, shape[0], shape[2], shape[4] + shape[3]), dtype=np.uint16)  # finite, >= 0
     signs = rng.integers(0, 2, size=halves.shape[1:], dtype=np.uint16) << 15
     step, low = halves[0].view(np.float16), (halves[1] | signs).view(np.float16)
     codes = rng.integers(0, 256, size=int(np.prod(shape)), dtype=np.uint8)

@@ -18,9 +18,9 @@ def fresh_tries():
     labs.forget_tries()
 
 
-def test_exercise_one_counts_codes_and_channel_numbers():
-    assert lab.chunk_bytes(4) == 30 * 2 * 3 * 16 * 64 // 2 + 30 * 2 * 3 * 64 * 2 * 2 == 138240
-    assert lab.check_chunk_bytes("138240").right and lab.check_chunk_bytes(138240.0).right
+def test_exercise_one_counts_codes_and_the_scales_of_key_channels_and_value_tokens():
+    assert lab.chunk_bytes(4) == 30 * 2 * 3 * 16 * 64 // 2 + 30 * 3 * (64 + 16) * 2 * 2 == 120960
+    assert lab.check_chunk_bytes("120960").right and lab.check_chunk_bytes(120960.0).right
     assert lab.check_chunk_bytes(92160).status == "low" and "float16 minimum and step" in \
         lab.check_chunk_bytes(92160).text
     assert lab.check_chunk_bytes(10**6).status == "high"
@@ -29,11 +29,11 @@ def test_exercise_one_counts_codes_and_channel_numbers():
 
 def test_exercise_one_hints_before_it_tells_and_calls_a_negative_size_impossible():
     first = lab.check_chunk_bytes(92160)
-    assert first.status == "low" and "138,240" not in first.text and "138240" not in first.text
+    assert first.status == "low" and "120,960" not in first.text and "120960" not in first.text
     for _ in range(labs.TRIES - 2):
         lab.check_chunk_bytes(92160)
-    assert "the answer: 138240" in lab.check_chunk_bytes(92160).text
-    assert "the answer: 138240" in lab.check_chunk_bytes("answer").text
+    assert "the answer: 120960" in lab.check_chunk_bytes(92160).text
+    assert "the answer: 120960" in lab.check_chunk_bytes("answer").text
     impossible = lab.check_chunk_bytes(-1)
     assert impossible.status == "impossible" and "too low" not in impossible.text
 
@@ -131,7 +131,7 @@ def test_the_search_finds_the_split_that_balances_reading_and_recomputing():
 @pytest.mark.notebooks
 def test_the_lab_with_right_and_with_wrong_answers(prepared):
     pipeline = tx2_recomputes_by_search()
-    right = run_lab({"my_bytes": "138240", "my_eight_bit": 2, "my_pipeline": pipeline.title(), "my_first_out": "b1"})
+    right = run_lab({"my_bytes": "120960", "my_eight_bit": 2, "my_pipeline": pipeline.title(), "my_first_out": "b1"})
     assert len(right) == 4 and all("wb-check-right" in box for box in right)
     other = next(c for c in lab.MORE_OR_FEWER if c != pipeline)
     wrong = run_lab({"my_bytes": 92160, "my_eight_bit": 5, "my_pipeline": other, "my_first_out": "A1"})

@@ -208,10 +208,10 @@ def test_the_host_is_measured_once_and_cached(decoder, tmp_cache, monkeypatch):
     host = profile_host(decoder, repeats=1)
     assert host.source == "measured" and host.device == "host" and host.num_layers == 30
     assert [x for x, _ in host.recompute_points] == [1, 2, 4, 8]
-    assert [(n, nbytes) for n, nbytes, _ in host.io_points] == [(n, n * size) for size in (230_400, 138_240, 92_160)
+    assert [(n, nbytes) for n, nbytes, _ in host.io_points] == [(n, n * size) for size in (213_120, 120_960, 74_880)
                                                                 for n in (1, 2, 4, 8)]
-    assert host.t_re(2) >= host.t_re(1) > 0 and host.t_io(230_400) > 0
-    assert host.chunk_bytes[8] == 230_400
+    assert host.t_re(2) >= host.t_re(1) > 0 and host.t_io(213_120) > 0
+    assert host.chunk_bytes[8] == 213_120
     assert list((tmp_cache / "profiles").glob("kvcache-host-*.json"))
 
     def measure_again(*args, **kwargs):

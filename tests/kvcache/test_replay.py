@@ -141,9 +141,12 @@ def test_budgets_are_fractions_of_the_working_set_at_8_bits():
     tok = CountingTokenizer()
     assert context_tokens(trace, 4, tok) == [10 + 4 + 5 + 4 - 1, 10 + 4 - 1]       # 22 and 13 tokens
     per_token_8 = 30 * 2 * 3 * 64                                                   # codes, one byte each
-    scales = 2 * 2 * 30 * 2 * 3 * 64                                                # float16 min and step per channel
-    full, six, thirteen = 16 * per_token_8 + scales, 6 * per_token_8 + scales, 13 * per_token_8 + scales
-    assert full == 230400 and context_bytes(22, cfg) == full + six
+
+    def scales(tokens):                          # float16 min and step per key channel and per value token
+        return 2 * 2 * 30 * 3 * (64 + tokens)
+
+    full, six, thirteen = (n * per_token_8 + scales(n) for n in (16, 6, 13))
+    assert full == 213120 and context_bytes(22, cfg) == full + six
     ws = full + six + thirteen
     assert working_set_bytes(trace, 8, 4, stub, tok) == ws
     assert call_tokens(trace, 4, tok) == 23                                         # the last call's pending token too

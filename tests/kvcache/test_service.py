@@ -23,6 +23,10 @@ LIMIT = 256
 """The context limit of the services whose budgets hold one context but not two: their working-cache reserve
 (``RESERVE``) stays small, so a budget is that reserve and the bytes chunks may take beside it."""
 RESERVE = LIMIT * 2 * 30 * 3 * 64 * 2                     # K and V of 30 layers, 3 heads of 64, float16
+LLMS_ROOM, VLLM_SQ_ROOM = 520_000, 630_000
+"""Bytes for chunks beside the reserve that hold one context of these tests with room for its call, not two:
+A and B after one call each hold about 239 and 227 KB under LLMS (8-bit chunks, full ones at 4 bits), 331
+and 319 KB at vLLM-SQ's 8 bits."""
 
 
 def limited(config: ServiceConfig | None = None) -> ServiceConfig:
@@ -115,8 +119,8 @@ def test_the_fair_lock_serves_callers_in_arrival_order():
 
 RUNS = {
     # name: (config, budget). A budget that holds one context with room for its call, not two.
-    "llms": (limited(), RESERVE + 600_000),
-    "vllm_sq": (limited(PRESETS["vllm_sq"]), RESERVE + 700_000),              # 8-bit, LRU, written only at eviction
+    "llms": (limited(), RESERVE + LLMS_ROOM),
+    "vllm_sq": (limited(PRESETS["vllm_sq"]), RESERVE + VLLM_SQ_ROOM),         # 8-bit, LRU, written only at eviction
     "kill": (limited(ServiceConfig(compression="none", eviction="kill")), RESERVE + 1_050_000),   # float16 chunks
 }
 
@@ -367,7 +371,7 @@ def test_empty_and_over_long_prompts_are_refused_and_leave_the_context_as_it_was
 
 
 
-@pytest.mark.parametrize("name, budget, fail_at", [("llms", RESERVE + 600_000, 1), ("vllm_sq", RESERVE + 900_000, 2)])
+@pytest.mark.parametrize("name, budget, fail_at", [("llms", RESERVE + LLMS_ROOM, 1), ("vllm_sq", RESERVE + 810_000, 2)])
 def test_a_full_disk_undoes_the_call_or_eviction_and_every_context_continues_as_without_it(
         tmp_path, model, monkeypatch, name, budget, fail_at):
     """LLMS writes chunks as a call returns, vLLM-SQ when it evicts: a full disk at that write is refused with
@@ -439,7 +443,7 @@ def test_a_context_limit_beyond_the_decoders_is_refused_before_any_context_exist
     assert not list(tmp_path.iterdir())                     # refused before the swap folder is made
 
 
-def _conversation(model, folder, steps, *, config=None, budget=600_000, during=None):
+def _conversation(model, folder, steps, *, config=None, budget=LLMS_ROOM, during=None):
     """Run ``steps`` (context index, prompt) on a fresh service, calling ``during(n, svc, app, stubs)``
     before step n when given (it may raise the expected error itself and return True to run the step
     again); the service is closed and reopened half way, so what the index holds is what continues."""
@@ -516,9 +520,9 @@ def test_a_rename_that_fails_after_the_index_commit_keeps_the_call(tmp_path, mod
         state["failing"] = n == 1
 
     config = PRESETS["vllm_sq"]                         # B's chunks written at A's eviction, read back exactly
-    failed, failed_out = _conversation(model, tmp_path / "failed", STEPS, config=config, budget=700_000,
+    failed, failed_out = _conversation(model, tmp_path / "failed", STEPS, config=config, budget=VLLM_SQ_ROOM,
                                        during=during)
-    clean, clean_out = _conversation(model, tmp_path / "clean", STEPS, config=config, budget=700_000)
+    clean, clean_out = _conversation(model, tmp_path / "clean", STEPS, config=config, budget=VLLM_SQ_ROOM)
     assert state["failed"] > 0 and failed_out == clean_out
     assert failed.store.verify() == [] and not list((tmp_path / "failed").glob("*/*.next"))
     failed.close(), clean.close()
@@ -544,7 +548,7 @@ def test_a_damaged_swap_file_is_caught_by_its_check_dropped_and_recomputed(tmp_p
         else:
             path.unlink()
 
-    damaged = LLMService(model, tmp_path / "damaged", memory_budget_bytes=RESERVE + 700_000, config=limited(config))
+    damaged = LLMService(model, tmp_path / "damaged", memory_budget_bytes=RESERVE + VLLM_SQ_ROOM, config=limited(config))
     app = damaged.bind("a")
     stubs = [app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)]
     out, stats = [], []
@@ -552,7 +556,7 @@ def test_a_damaged_swap_file_is_caught_by_its_check_dropped_and_recomputed(tmp_p
         during(n, damaged, app, stubs)
         text, s = app.call_with_stats(stubs[which], prompt, max_new_tokens=NEW)
         out.append(text), stats.append(s)
-    clean, clean_out = _conversation(model, tmp_path / "clean", STEPS, config=config, budget=700_000)
+    clean, clean_out = _conversation(model, tmp_path / "clean", STEPS, config=config, budget=VLLM_SQ_ROOM)
     assert out == clean_out
     assert damaged.metrics.registry.get_sample_value("llms_damaged_chunk_files_total") == 1
     assert stats[2].chunks_recomputed == 1 and stats[2].chunks_loaded == stats[2].chunks_missing - 1
@@ -568,7 +572,7 @@ def test_a_damaged_chunk_with_an_intact_base_is_restored_bit_for_bit(tmp_path, m
     its file written again; the reply's stats say which chunk came back how, and the output is unchanged."""
     from workbench.kvcache.swapfile import read_chunk
 
-    budget, config = 600_000, limited(PRESETS["llms"])
+    budget, config = LLMS_ROOM, limited(PRESETS["llms"])
     svc = LLMService(model, tmp_path / "damaged", memory_budget_bytes=RESERVE + budget, config=config)
     app = svc.bind("a")
     stubs = [app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)]

@@ -9,10 +9,10 @@ from workbench.cache import cache_dir
 from workbench.errors import WorkbenchError
 from workbench.kvcache.replays import METHODS
 
-REPLAYS_FORMAT = 4
+REPLAYS_FORMAT = 5
 """Bumped when what a replay records or how it emulates a device changes (2: presets read at their
-bandwidth and pace eviction writes; 4: budgets hold the working cache of the call served); replays of
-another format are made again."""
+bandwidth and pace eviction writes; 4: budgets hold the working cache of the call served; 5: values
+quantized per token, so chunks are smaller); replays of another format are made again."""
 
 DEFAULTS = {
     "full": {"contexts": 6, "calls": 30, "pattern": "markov", "device": "orin-nx", "budget_fraction": 0.3,

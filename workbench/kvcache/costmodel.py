@@ -33,8 +33,9 @@ from workbench.errors import UnknownNameError, WorkbenchError
 from workbench.kvcache.chunks import CHUNK_SIZE, LEVELS, RAW_BITS, ChunkedKV, chunk_nbytes, recompress
 from workbench.kvcache.swapfile import COLD_READS, read_chunk_layers, write_chunk
 
-PROFILE_FORMAT = 2
-"""Version of the saved JSON; format 1 had no per-chunk read term (measured again when found)."""
+PROFILE_FORMAT = 3
+"""Version of the saved JSON; format 1 had no per-chunk read term, format 2 measured chunks whose values
+had per-channel scales (either is measured again when found)."""
 
 # The paper's setting the presets reproduce: Llama2-7B (32 layers, hidden 4096, 6.74e9 parameters,
 # full multi-head attention), 16-token chunks, KV at 8 bits, a 4K-token context.

@@ -9,7 +9,7 @@ Level assignment (equation 3, read for its stated intent): denser chunks keep mo
 context's mean compression ratio (bits / 8) meets the global ratio as exactly as the chunk count
 allows without exceeding it. Among the level counts that do, the one that disturbs attention least
 wins. A chunk quantized at b bits adds noise of power proportional to (2^b - 1)^-2 (the squared
-step of a channel's range); a query reads the chunk's values weighted by the attention it pays
+step of a group's range); a query reads the chunk's values weighted by the attention it pays
 them, so to first order the chunk adds noise of power density^2 x (2^b - 1)^-2 to what attention
 returns. :func:`assign_levels` minimises the sum over chunks (:func:`context_noise`).
 
@@ -47,7 +47,7 @@ def _ratios(levels) -> np.ndarray:
 
 
 def level_noise(bits) -> np.ndarray:
-    """Relative noise power of channel-wise linear quantization at ``bits``: the squared step, (2^b - 1)^-2."""
+    """Relative noise power of linear quantization at ``bits``: the squared step, (2^b - 1)^-2."""
     return (2.0 ** np.asarray(bits, dtype=np.float64) - 1.0) ** -2
 
 

@@ -28,15 +28,16 @@ def check_chunk_bytes(answer) -> Feedback:
     """Exercise 1: bytes of one full chunk at 4 bits."""
     values = int(np.prod(CHUNK_SHAPE))
     payload = values * 4 // 8
-    channels = values // CHUNK_SHAPE[3]
+    layers, _, heads, tokens, features = CHUNK_SHAPE
+    keys, tokens_v = layers * heads * features, layers * heads * tokens
     return check_number(
         "Exercise 1", answer, chunk_bytes(4), whole=True, minimum=1, quantity="a chunk's size in bytes",
-        right=f"{values:,} values at 4 bits take {payload:,} bytes of codes (two share a byte), plus {channels:,} "
-              f"channels x 2 numbers (minimum, step) x 2 bytes.",
+        right=f"{values:,} values at 4 bits take {payload:,} bytes of codes (two share a byte), plus {keys:,} key "
+              f"channels and {tokens_v:,} value tokens x 2 numbers (minimum, step) x 2 bytes.",
         why_high="at 4 bits two codes share one byte; count the bytes of the codes first, then add what each "
-                 "channel keeps.",
-        why_low="besides the 4-bit codes, each channel (layer, K or V, head, feature) keeps a float16 minimum "
-                "and step.",
+                 "key channel and each value token keeps.",
+        why_low="besides the 4-bit codes, each key channel (layer, head, feature) and each value token (layer, "
+                "head, token) keeps a float16 minimum and step.",
         hint="a chunk is 30 layers x (K, V) x 3 heads x 16 tokens x 64 features.")
 
 

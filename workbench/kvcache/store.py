@@ -55,7 +55,8 @@ from workbench.errors import CorruptArtifactError, WorkbenchError
 from workbench.kvcache.chunks import LEVELS, ChunkData, ChunkedKV
 from workbench.kvcache.swapfile import check_file_size, read_chunk, write_chunk
 
-FORMAT = 1
+FORMAT = 2
+"""Version of the swap directory; format 1 held values with per-channel scales, as keys still are."""
 BASE_BITS = LEVELS[0]
 log = logging.getLogger("workbench.kvcache")
 INDEX_NAME = "index.sqlite3"

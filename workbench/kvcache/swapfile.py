@@ -1,7 +1,8 @@
 """A swapped-out chunk on disk: one file, layer-major, so a loader can read one layer of it at a time.
 
 Layout: the payload (float32 or float16 values, or the codes, bit-packed below 8 bits), then for quantized
-chunks the float16 per-channel minimum, then the step. The chunk's leading axis is the layer, so
+chunks the float16 minimum of every group (per key feature, then per value token, of each layer and head),
+then the step. The chunk's leading axis is the layer, so
 layer ``l`` of each part is one contiguous byte range (a layer holds 2 x heads x tokens x head_dim
 values, a multiple of 4, so packed codes of 2 and 4 bits never straddle layers). The bit width and
 shape are kept by the caller (the service's index), not in the file.
@@ -19,21 +20,22 @@ import numpy as np
 
 from workbench import bitpack
 from workbench.errors import CorruptArtifactError
-from workbench.kvcache.chunks import RAW_BITS, ChunkData, raw_dtype
+from workbench.kvcache.chunks import RAW_BITS, ChunkData, raw_dtype, scale_shape
 
 
 def layer_part_sizes(bits: int, shape: tuple[int, ...]) -> tuple[int, int]:
-    """Bytes per layer of the payload and of each float16 channel array (0 when raw)."""
+    """Bytes per layer of the payload and of each float16 scale array (0 when raw)."""
     per_layer = int(np.prod(shape[1:]))
     if bits in RAW_BITS:
         return bits // 8 * per_layer, 0
     payload = per_layer if bits == 8 else bitpack.packed_nbytes(per_layer, bits)
-    return payload, 2 * (per_layer // shape[3])
+    _, heads, groups = scale_shape(shape)
+    return payload, 2 * heads * groups
 
 
 def file_size(bits: int, shape: tuple[int, ...]) -> int:
-    payload, channels = layer_part_sizes(bits, shape)
-    return shape[0] * (payload + 2 * channels)
+    payload, scales = layer_part_sizes(bits, shape)
+    return shape[0] * (payload + 2 * scales)
 
 
 def write_chunk(path: Path, chunk: ChunkData) -> int:
@@ -78,14 +80,14 @@ def read_layer(handle, bits: int, shape: tuple[int, ...], layer: int) -> np.ndar
 
 
 LayerBytes = tuple[bytes, bytes, bytes]
-"""One layer of a swap file as stored: payload, channel minimum and channel step (both empty when raw)."""
+"""One layer of a swap file as stored: payload, group minimum and group step (both empty when raw)."""
 
 
 def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
                      sizes: tuple[int, int] | None = None) -> LayerBytes:
     """Layer ``layer`` of the swap file of a chunk of ``shape`` opened as ``handle``: three positioned reads.
-    ``sizes``: bytes per layer of the payload and of each channel array, when the caller has them."""
-    payload_bytes, channel_bytes = sizes or layer_part_sizes(bits, shape)
+    ``sizes``: bytes per layer of the payload and of each scale array, when the caller has them."""
+    payload_bytes, scale_bytes = sizes or layer_part_sizes(bits, shape)
     layers, fd = shape[0], handle.fileno()
 
     def read(nbytes: int, offset: int) -> bytes:
@@ -98,8 +100,8 @@ def read_layer_bytes(handle, bits: int, shape: tuple[int, ...], layer: int,
     if bits in RAW_BITS:
         return payload, b"", b""
     base = layers * payload_bytes
-    return (payload, read(channel_bytes, base + layer * channel_bytes),
-            read(channel_bytes, base + (layers + layer) * channel_bytes))
+    return (payload, read(scale_bytes, base + layer * scale_bytes),
+            read(scale_bytes, base + (layers + layer) * scale_bytes))
 
 
 def stack_layers(bits: int, layer_shape: tuple[int, ...], parts: list[LayerBytes]) -> ChunkData:
@@ -111,7 +113,7 @@ def stack_layers(bits: int, layer_shape: tuple[int, ...], parts: list[LayerBytes
     if bits in RAW_BITS:
         writable = np.frombuffer(payload, raw_dtype(bits)).copy()       # torch warns on read-only arrays
         return ChunkData(bits=bits, shape=shape, payload=writable)
-    scales = (len(parts), layer_shape[0], layer_shape[1], 1, layer_shape[3])
+    scales = scale_shape(shape)
     return ChunkData(bits=bits, shape=shape, payload=np.frombuffer(payload, np.uint8),
                      low=np.frombuffer(b"".join(p[1] for p in parts), np.float16).reshape(scales),
                      step=np.frombuffer(b"".join(p[2] for p in parts), np.float16).reshape(scales))
