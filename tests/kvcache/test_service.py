@@ -131,13 +131,16 @@ def switching(tmp_path, model, config, budget):
     svc = LLMService(model, tmp_path, memory_budget_bytes=budget, config=config)
     app = svc.bind("a")
     a, b = app.new_ctx(SYSTEM), app.new_ctx(SYSTEM)
-    calls = []
+    calls, statements = [], []
+    svc.store._db.set_trace_callback(statements.append)
     for stub, prompt in [(a, A_PROMPTS[0]), (b, B_PROMPT), (a, A_PROMPTS[1])]:
         before = len(svc.evictions)
+        statements.clear()
         text, stats = app.call_with_stats(stub, prompt, NEW)
         ctx = svc._contexts[stats.ctx]
         calls.append({"text": text, "stats": stats, "evicted": svc.evictions[before:], "snapshot": svc.snapshot(),
-                      "held": [c.to_array() if c is not None else None for c in ctx.kv.chunks]})
+                      "held": [c.to_array() if c is not None else None for c in ctx.kv.chunks],
+                      "lax_commits": statements.count("PRAGMA synchronous=NORMAL")})
         if len(calls) == 2:
             a_rows = svc._contexts[calls[0]["stats"].ctx].chunks
             calls[0]["from_files"] = {r.idx: svc.store.read(r).to_array() for r in a_rows if r.state == "file"}
@@ -158,6 +161,8 @@ def test_switching_evicts_only_other_contexts_and_records_why(runs, name, action
     svc, calls = runs[name]
     first, b_call, a_again = calls
     assert first["evicted"] == [] and b_call["evicted"] and a_again["evicted"]
+    # evictions that write nothing (drops, kills) do not wait for the disk; swap-outs do
+    assert [c["lax_commits"] for c in calls] == ([0, 0, 0] if action == SWAP_OUT else [0, 1, 1])
     a_id, b_id = first["stats"].ctx, b_call["stats"].ctx
     assert {r.ctx for r in b_call["evicted"]} == {a_id} and {r.ctx for r in a_again["evicted"]} == {b_id}
     for call in calls:

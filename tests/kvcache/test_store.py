@@ -54,6 +54,34 @@ def test_contexts_and_chunks_come_back_after_reopening_and_memory_states_are_res
         assert store.apps() == ["a"] and store.verify() == []
 
 
+def test_only_changes_that_write_nothing_commit_without_waiting_for_the_disk(tmp_path):
+    """A drop (memory+file -> file) or a kill is what recovery does by itself, so its commit does not wait for
+    the disk (SQLite's synchronous=NORMAL for that transaction, FULL again after); a commit that writes a
+    file, or asks to be durable, waits. Catches every commit made lax, or none."""
+    datas = [chunk(0, 8), chunk(1, 4)]
+    with SwapStore(tmp_path, META) as store:
+        store.add_app("a")
+        store.add_context(context_row(range(8)))
+        statements = []
+        store._db.set_trace_callback(statements.append)
+
+        def commit(**kwargs):
+            statements.clear()
+            store.commit(**kwargs)
+            lax = statements.index("PRAGMA synchronous=NORMAL") < statements.index("BEGIN IMMEDIATE") \
+                if "PRAGMA synchronous=NORMAL" in statements else False
+            return lax, store._db.execute("PRAGMA synchronous").fetchone()[0]
+
+        rows = chunk_rows(datas)
+        assert commit(chunks=rows, files={r.key: d for r, d in zip(rows, datas)}, durable=False) == (False, 2)
+        for r in rows:
+            r.state = FILE
+        assert commit(chunks=rows, durable=False) == (True, 2)          # 2: FULL, restored
+        assert commit(chunks=rows) == (False, 2)
+    with SwapStore(tmp_path, META) as store:
+        assert [c.state for c in store.load()[0][1]] == [FILE, FILE]
+
+
 WRITER = textwrap.dedent("""
     import sys
     from test_store import META, chunk, chunk_rows, context_row

@@ -95,3 +95,47 @@ def test_the_buffer_grows_in_steps_up_to_the_limit_and_refuses_a_cache_of_the_wr
     assert working.for_call(kv, "c", 2, 10, 8)[1] and not working.for_call(kv, "c", 2, 10, 8)[1]
     with pytest.raises(WorkbenchError, match=r"the cache given holds 300 torch.float16 slots; this call needs 320"):
         kv.to_cache(model.cfg, extra=300, into=cache)
+
+
+@pytest.mark.parametrize("preset, room", [("llms", 1_000_000), ("vllm_sq", 1_400_000)])
+def test_the_pipeline_writes_the_chunks_in_memory_while_the_rest_is_read_and_the_call_runs_on_a_rebuild(
+        tmp_path, model, preset, room):
+    """Under a budget (``room`` beside the working cache) of about two contexts, switches bring part of a
+    context back. LLMS's pipeline writes the chunks still in memory into the buffer while its IO thread
+    reads the rest (a "decompress" span that starts before the last read ends); the baselines read, then
+    rebuild. Either way the cache each call
+    runs on is bit for bit a fresh rebuild from the chunks. Catches a fill that skips chunks the load
+    replaced, or leaves the loaded ones unwritten."""
+    config = replace(ServiceConfig.preset(preset), max_context_tokens=256)
+    reserve = 256 * 2 * 30 * 3 * 64 * 2
+    svc = LLMService(model, tmp_path, memory_budget_bytes=reserve + room, config=config)
+    real, runs = svc.working.for_call, []
+
+    def for_call(kv, *args):
+        cache, reused = real(kv, *args)
+        n = len(kv.tokens)
+        fresh = kv.to_cache(model.cfg, extra=0, new_bits=config.base_bits)
+        same = all(np.array_equal(mine[:, :, :n].numpy().view(np.uint16), theirs[:, :, :n].numpy().view(np.uint16))
+                   for mine, theirs in ((cache.k, fresh.k), (cache.v, fresh.v)))
+        last = svc.loader.last
+        spans = () if last is None else last.timeline.spans
+        runs.append((same, [s for s in spans if s.kind == "decompress"], [s for s in spans if s.kind == "swap_in"],
+                     len(kv.chunks)))
+        svc.loader.last = None
+        return cache, reused
+
+    svc.working.for_call = for_call
+    app = svc.bind("a")
+    stubs = [app.new_ctx("Be brief.") for _ in range(3)]
+    for c, prompt in STEPS + [(1, "Why?"), (2, "Name a tree."), (0, "Once more.")]:
+        stats = app.call_with_stats(stubs[c], prompt, 4)[1]
+        partial = 0 < stats.chunks_loaded < len(svc._contexts[stats.ctx].kv.chunks) and not stats.chunks_recomputed
+        runs[-1] += (partial,)
+    svc.close()
+    assert all(same for same, *_ in runs)
+    partial = [(fills, reads) for _, fills, reads, _, was_partial in runs if was_partial]
+    assert len(partial) >= 2
+    if preset == "llms":
+        assert all(len(fills) == 1 and fills[0].start < max(r.end for r in reads) for fills, reads in partial)
+    else:
+        assert all(fills == [] for fills, _ in partial)

@@ -99,7 +99,9 @@ class MemoryBudget:
 
     def evict(self, deficit: int, served: str) -> list[EvictionRecord]:
         """Free at least ``deficit`` bytes of other contexts' chunks, as the policy orders them: one index
-        transaction for all, writing only chunks without a current file. A failed write evicts nothing."""
+        transaction for all, writing only chunks without a current file. A failed write evicts nothing.
+        Evictions that write nothing (drops of chunks whose file is current, kills) commit without waiting
+        for the disk: recovery after a crash moves such rows the same way."""
         kill = self.config.eviction == "kill"
         with self.lock:
             victims = self.queue.victims(deficit, whole_contexts=kill)
@@ -122,7 +124,7 @@ class MemoryBudget:
                                               action=action, served_ctx=served))
             t0 = time.perf_counter()
             try:
-                written = self.store.commit(chunks=rows, files=files)
+                written = self.store.commit(chunks=rows, files=files, durable=bool(files))
             except (OSError, sqlite3.Error) as exc:
                 for e, row, state, data in undo:
                     row.state = state

@@ -293,12 +293,13 @@ class ChunkedKV:
         raw32 = new_bits == FLOAT_BITS or any(c is not None and c.bits == FLOAT_BITS for c in self.chunks)
         return torch.float32 if raw32 else torch.float16
 
-    def to_cache(self, cfg, extra: int = 0, new_bits: int = LEVELS[0], into=None):
+    def to_cache(self, cfg, extra: int = 0, new_bits: int = LEVELS[0], into=None, written=None):
         """A decoder ``KVCache`` holding this context, with room for ``extra`` more tokens written at
         ``new_bits``, in :meth:`working_dtype`; built one chunk at a time, so the context is never held
         twice in float. ``into``: a cache to write in place of a new one (its dtype must be
         :meth:`working_dtype` and its capacity at least the context and ``extra``; slots past the context are
-        left as they are)."""
+        left as they are). ``written``: chunk -> the ChunkData already written into ``into`` at its place;
+        a chunk that still holds that very object is not written again."""
         import torch
 
         from workbench.models.decoder import KVCache
@@ -314,7 +315,8 @@ class ChunkedKV:
                                  f"{n + extra} of {dtype}")
         else:
             cache = into
-        self.write_chunks(cache, range(len(self.chunks)))
+        written = written if into is not None and written else {}
+        self.write_chunks(cache, [i for i, c in enumerate(self.chunks) if written.get(i) is not c])
         cache.positions[:n] = torch.arange(n)
         cache.length = n
         return cache

@@ -10,7 +10,10 @@ With ``emulate`` (a preset :class:`~workbench.kvcache.costmodel.SwapCostModel`) 
 and recompute are padded to the preset's share of ``T_IO`` and ``T_re`` per layer, so the run takes
 as long as it would on that device; a host slower than the preset stays as slow as it is.
 
-Loaded chunks are kept as stored (their level, codes and channel scales as in the file);
+While the IO thread reads and nothing is to be recomputed, the calling thread runs the caller's
+``meanwhile`` work (the service writes the chunks already in memory into its working cache).
+
+Loaded chunks are kept as stored (their level, codes and scales as in the file);
 recomputed chunks are stored at the level they were swapped out with, encoded as every route encodes it
 (``encode_at_level``: 8 bits first, then the lower level), so reading and recomputing agree.
 """
@@ -53,7 +56,8 @@ def chunk_shape(kv: ChunkedKV, index: int) -> tuple[int, ...]:
 @dataclass(frozen=True, kw_only=True)
 class LoadResult:
     """What one load did, measured, beside the plan's prediction."""
-    timeline: Timeline                  # measured: "swap_in" on lane "io", "recompute" and "stall" on "compute"
+    timeline: Timeline                  # measured: "swap_in" on lane "io"; "recompute", "stall" and the
+                                        # meanwhile work ("decompress") on "compute"
     predicted: Timeline                 # the plan's timeline
     latency_s: float                    # seconds from the start of the load to the last chunk in memory
     predicted_s: float                  # the plan's predicted seconds
@@ -117,12 +121,15 @@ def _check_crcs(to_load, indices, stored: list[list[LayerBytes]], crcs: Mapping[
 @torch.no_grad()
 def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, int]], plan: SwapPlan,
                  emulate: SwapCostModel | None = None, cold: bool = True,
-                 crcs: Mapping[int, int | None] | None = None) -> LoadResult:
+                 crcs: Mapping[int, int | None] | None = None,
+                 meanwhile: Callable[[], None] | None = None) -> LoadResult:
     """Bring every missing chunk of ``kv`` back following ``plan``; ``missing_files`` maps each missing chunk
     to ``(swap file, bits)``. ``cold`` drops the files to read from the page cache as they are opened.
 
     ``crcs``: the index's CRC-32 per chunk file; a file of the wrong size, or whose bytes fail the check,
-    raises :class:`DamagedChunkFileError` naming every such chunk, and ``kv`` is left as it was."""
+    raises :class:`DamagedChunkFileError` naming every such chunk, and ``kv`` is left as it was.
+    ``meanwhile``: work for this thread while the reads are in flight, run once when chunks are read and
+    none recomputed (a "decompress" span on the compute lane), else not at all."""
     _check_plan(kv, missing_files, plan)
     device = device_label(emulate)
     layers = kv.layers
@@ -155,6 +162,11 @@ def load_context(model, kv: ChunkedKV, missing_files: Mapping[int, tuple[Path, i
 
     io_thread = threading.Thread(target=io_worker, name="llms-io", daemon=True)
     io_thread.start()
+    if meanwhile is not None and to_load and not job.missing:
+        start = time.perf_counter()
+        meanwhile()
+        spans.append(Span("compute", "decompress", start - t0, time.perf_counter() - t0,
+                          "rebuild the chunks in memory", device=device))
     held = held_layers(kv, from_memory)                   # dequantized while the first layer is read
     stored: list[list[LayerBytes]] = [[] for _ in to_load]
     outputs = []
@@ -215,11 +227,14 @@ class ChunkSpec:
 @dataclass(frozen=True, kw_only=True)
 class LoadRequest:
     """Bring ``specs``' chunks of ``kv`` into memory (fill ``kv.chunks[i]``), at their recorded levels.
-    ``loading``: the service's ``pipeline`` or ``swap_only`` (read every chunk that has a file)."""
+    ``loading``: the service's ``pipeline`` or ``swap_only`` (read every chunk that has a file).
+    ``meanwhile``: work the loader may run once on the calling thread while reads are in flight
+    (:func:`load_context`); a loader that does not leaves it to the service, which runs it after."""
     model: object
     kv: ChunkedKV
     specs: dict[int, ChunkSpec]
     loading: str
+    meanwhile: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +311,7 @@ class PipelineLoader:
         self.last = None
         emulate = costs if costs.source == "emulated" else None
         result = load_context(request.model, request.kv, files, plan, emulate=emulate,
-                              crcs={i: s.crc32 for i, s in specs.items()})
+                              crcs={i: s.crc32 for i, s in specs.items()}, meanwhile=request.meanwhile)
         self.last = result
         spans = result.timeline.spans
         return LoadReport(loaded=result.loaded, recomputed=result.recomputed, bytes_read=result.bytes_read,

@@ -161,7 +161,8 @@ class CtxStub:
 class CallStats:
     """What one call cost. ``switch_s`` (switching latency, as the paper measures it) = ``reclaim_s``
     (evicting others) + ``load_s`` (bringing the context's missing chunks into memory) + ``dequantize_s``
-    (turning every chunk into the decoder's float cache), all before inference."""
+    (turning every chunk into the decoder's float cache), all before inference. LLMS's pipeline writes the
+    chunks already in memory into that cache during ``load_s``; ``dequantize_s`` is then what is left."""
     ctx: str
     app: str
     tick: int                 # the service's call counter: calls are served in this order

@@ -378,7 +378,7 @@ class LLMService:
                 missing = kv.missing()
                 records = self.budget.make_room(ctx, missing, adding)
                 t_loaded = time.perf_counter()
-                report = self._load(ctx, missing)
+                report = self._load(ctx, missing, self._fill_ahead(kv, missing, adding))
                 t_dequantize = time.perf_counter()
                 cache, reused = self.working.for_call(kv, ctx.row.id, ctx.row.last_tick, adding,
                                                       self.config.base_bits)
@@ -448,7 +448,16 @@ class LLMService:
                                  f"or max_new_tokens); a new call needs a new call_id")
         return saved["text"], CallStats.from_dict(saved["stats"])
 
-    def _load(self, ctx: ServedContext, missing: list[int]) -> LoadReport:
+    def _fill_ahead(self, kv: ChunkedKV, missing: list[int], adding: int) -> Callable[[], None] | None:
+        """The pipeline's work beside the reads: the chunks in memory written into the working cache."""
+        if self.config.loading != "pipeline" or not missing:
+            return None
+        gone = set(missing)
+        present = [i for i in range(len(kv.chunks)) if i not in gone]
+        return lambda: self.working.fill_ahead(kv, adding, self.config.base_bits, present)
+
+    def _load(self, ctx: ServedContext, missing: list[int],
+              meanwhile: Callable[[], None] | None = None) -> LoadReport:
         """Bring ``missing`` chunks into memory through the loader. A swap file that fails its size or
         CRC-32 check is logged and counted; its chunk is restored from its intact 8-bit base where it has one
         (exact: the level is made from the base, as compression made it) and its file written again, else
@@ -462,7 +471,8 @@ class LLMService:
             specs = {i: self._chunk_spec(ctx, i, damaged) for i in missing if i not in restored}
             try:
                 report = self.loader(LoadRequest(model=self.model, kv=ctx.kv, specs=specs,
-                                                 loading=self.config.loading)) if specs else LoadReport()
+                                                 loading=self.config.loading, meanwhile=meanwhile)) \
+                    if specs else LoadReport()
                 break
             except DamagedChunkFileError as exc:
                 for i in specs:

@@ -232,17 +232,25 @@ class SwapStore:
     def chunk_path(self, ctx: str, idx: int) -> Path:
         return self.root / ctx / f"{idx}.bin"
 
-    def _transaction(self, statements: Iterable[tuple[str, tuple]]) -> None:
+    def _transaction(self, statements: Iterable[tuple[str, tuple]], durable: bool = True) -> None:
+        """Run ``statements`` as one transaction; ``durable=False`` commits it to the journal without waiting
+        for the disk (SQLite's ``synchronous=NORMAL`` for this one: a crash may lose it, never corrupt)."""
         with self._lock:
             cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
+            if not durable:
+                cur.execute("PRAGMA synchronous=NORMAL")
             try:
-                for sql, args in statements:
-                    cur.execute(sql, args)
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    for sql, args in statements:
+                        cur.execute(sql, args)
+                    cur.execute("COMMIT")
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+            finally:
+                if not durable:
+                    cur.execute("PRAGMA synchronous=FULL")
 
     def _rows(self, sql: str) -> list[tuple]:
         with self._lock:
@@ -312,17 +320,22 @@ class SwapStore:
 
     def commit(self, *, contexts: Iterable[ContextRow] = (), chunks: Iterable[ChunkRow] = (),
                files: Mapping[tuple[str, int], ChunkData] | None = None,
-               bases: Mapping[tuple[str, int], ChunkData] | None = None) -> int:
-        """Record a state change durably: write ``files`` (keyed by (context, chunk)) beside their
+               bases: Mapping[tuple[str, int], ChunkData] | None = None, durable: bool = True) -> int:
+        """Record a state change: write ``files`` (keyed by (context, chunk)) beside their
         final names and ``bases`` (a full chunk's 8-bit base, written once, never replaced), commit
         ``contexts`` and ``chunks`` (whose rows get the new files' bytes and CRC) in one transaction,
-        then move the files into place. Returns the bytes written."""
+        then move the files into place. Returns the bytes written.
+
+        ``durable=False``, for a change recovery would make by itself (chunks leaving memory without a
+        write: memory+file -> file, memory -> dropped), does not wait for the disk; a crash that loses it
+        leaves rows recovery moves the same way. Files or bases always commit durably."""
         with self._lock:
             return self._commit(list(contexts), {row.key: row for row in chunks}, dict(files or {}),
-                                dict(bases or {}))
+                                dict(bases or {}), durable or bool(files) or bool(bases))
 
     def _commit(self, contexts: list[ContextRow], rows: dict[tuple[str, int], ChunkRow],
-                files: dict[tuple[str, int], ChunkData], bases: dict[tuple[str, int], ChunkData]) -> int:
+                files: dict[tuple[str, int], ChunkData], bases: dict[tuple[str, int], ChunkData],
+                durable: bool = True) -> int:
         """The index transaction is the one commit point: a failure before it removes every file this
         commit wrote and raises (nothing changed); after it nothing raises, and a rename that fails is
         retried before the next commit or read of that chunk (``current_path`` serves it meanwhile)."""
@@ -358,7 +371,7 @@ class SwapStore:
             _failpoint("chunk_files_written")
             self._transaction([*((UPSERT_CONTEXT, self._context_args(c)) for c in contexts),
                                *(("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?,?,?,?,?,?,?)", self._chunk_args(r))
-                                 for r in rows.values())])
+                                 for r in rows.values())], durable)
         except BaseException:
             for path in made:
                 path.unlink(missing_ok=True)

@@ -11,6 +11,11 @@ another level) are written back from their stored form, so the buffer holds bit 
 rebuilding it from the chunks would. A next call on the same context, with nothing served in between,
 then has nothing to rebuild: its switch is the eviction check alone. Every method's service does this
 (it is the runtime's, not a policy), so no method gains from it over another.
+
+A switch that reads chunks can write the chunks already in memory into the buffer while the reads are in
+flight (:meth:`WorkingCache.fill_ahead`, which the pipeline loader runs on its calling thread while its IO
+thread reads); :meth:`~WorkingCache.for_call` then writes only what the load brought or changed. That
+overlap is part of LLMS's pipeline (``loading="pipeline"``); the baselines read, then rebuild.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ class WorkingCache:
         self.cache = None
         self.allocations = 0
         self._holds: tuple[str, int] | None = None
+        self._ahead: dict[int, object] = {}              # chunk -> the ChunkData fill_ahead wrote for it
 
     def holds(self, ctx_id: str, tick: int) -> bool:
         """Whether the buffer mirrors context ``ctx_id`` as its call ``tick`` left it."""
@@ -41,10 +47,23 @@ class WorkingCache:
                   and self.cache.capacity >= len(kv.tokens) + extra and self.cache.k.dtype == dtype
                   and not kv.missing())
         self._holds = None
+        ahead, self._ahead = self._ahead, {}
         if reused:
             return self.cache, True
+        if self.cache is None or self.cache.capacity < len(kv.tokens) + extra or self.cache.k.dtype != dtype:
+            ahead = {}
         self._fit(len(kv.tokens) + extra, dtype)
-        return kv.to_cache(self.cfg, extra, new_bits, into=self.cache), False
+        return kv.to_cache(self.cfg, extra, new_bits, into=self.cache, written=ahead), False
+
+    def fill_ahead(self, kv, extra: int, new_bits: int, indices) -> None:
+        """Write chunks ``indices`` of ``kv`` (in memory) into the buffer for a call adding up to ``extra``
+        tokens, before the rest of the context is loaded; the next :meth:`for_call` skips each of them that
+        still holds the chunk written here. The buffer mirrors no context from here on."""
+        self._holds = None
+        self._fit(len(kv.tokens) + extra, kv.working_dtype(new_bits))
+        indices = list(indices)
+        kv.write_chunks(self.cache, indices)
+        self._ahead = {i: kv.chunks[i] for i in indices}
 
     def _fit(self, tokens: int, dtype) -> None:
         import torch
@@ -70,3 +89,4 @@ class WorkingCache:
 
     def forget(self) -> None:
         self._holds = None
+        self._ahead = {}
