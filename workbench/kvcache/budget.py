@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from workbench.kvcache.chunks import ChunkData, chunk_nbytes
 from workbench.kvcache.config import ServiceConfig
@@ -82,6 +82,13 @@ class MemoryBudget:
                 f"ask for fewer new tokens or start a new context")
         deficit = self.used_bytes() + sum(ctx.chunks[i].nbytes for i in missing) + growth - self.chunk_bytes
         return self.evict(deficit, ctx.row.id) if deficit > 0 else []
+
+    def buffer_room(self, ctx: ServedContext | None = None, missing: Sequence[int] = (), adding: int = 0) -> int:
+        """Bytes the working caches may take (``working.WorkingCache.room``): the budget less the chunks in
+        memory and, for a call on ``ctx``, its ``missing`` chunks and a growth of ``adding`` tokens. At least
+        the reserve once :meth:`make_room` has made room for that call."""
+        needed = 0 if ctx is None else sum(ctx.chunks[i].nbytes for i in missing) + self.growth_bytes(ctx, adding)
+        return self.total_bytes - self.used_bytes() - needed
 
     def room_for_raised(self, ctx: ServedContext, raised: Mapping[int, ChunkData]) -> bool:
         """Whether the served context, with ``raised`` chunks at their new (higher) level, fits the budget,

@@ -19,6 +19,7 @@ fragment), so a chunk that is not in memory can be recomputed from its text.
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -75,7 +76,7 @@ class ChunkData:
         """The chunk's K and V as float32 (layers, 2, kv_heads, tokens, head_dim)."""
         if self.bits in RAW_BITS:
             return self.payload.reshape(self.shape).astype(np.float32, copy=False)
-        count = int(np.prod(self.shape))
+        count = int(math.prod(self.shape))
         codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
         low, step = self.scales()
         return codes.reshape(self.shape).astype(np.float32) * step + low
@@ -96,7 +97,7 @@ class ChunkData:
 
         if self.bits in RAW_BITS:
             return tensor(self.payload).view(self.shape).float()
-        count = int(np.prod(self.shape))
+        count = int(math.prod(self.shape))
         codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
         D = self.shape[4]
         low, step = tensor(self.low).float(), tensor(self.step).float()
@@ -131,7 +132,7 @@ class ChunkData:
         ``code * step + low`` in float32 (a product, then a sum), rounded to nearest even."""
         if self.bits in RAW_BITS:
             return self.payload.reshape(self.shape).astype(np.float16)
-        count = int(np.prod(self.shape))
+        count = int(math.prod(self.shape))
         codes = self.payload if self.bits == 8 else bitpack.unpack_bits(self.payload, count, self.bits)
         low, step = self.scales()
         return (codes.reshape(self.shape).astype(np.float32) * step + low).astype(np.float16)
@@ -223,11 +224,11 @@ def working_nbytes(cfg, tokens: int, new_bits: int = LEVELS[0]) -> int:
 
 def chunk_nbytes(shape: tuple[int, ...], bits: int) -> int:
     """Bytes of a chunk of ``shape`` at ``bits`` without building it (memory accounting, planning)."""
-    count = int(np.prod(shape))
+    count = int(math.prod(shape))
     if check_bits(bits) in RAW_BITS:
         return bits // 8 * count
     payload = count if bits == 8 else bitpack.packed_nbytes(count, bits)
-    return int(payload + 2 * 2 * int(np.prod(scale_shape(shape))))
+    return int(payload + 2 * 2 * math.prod(scale_shape(shape)))
 
 
 @dataclass(eq=False)

@@ -299,7 +299,7 @@ class LLMService:
     def _drop(self, ctx: ServedContext) -> None:
         """Delete ``ctx`` (its files, index rows and queue entries); the caller holds the turn."""
         self.store.delete_context(ctx.row.id)
-        self.working.forget()
+        self.working.forget(ctx.row.id)
         with self._state:
             del self._contexts[ctx.row.id]
             del self._stubs[ctx.row.stub_sha256]
@@ -376,7 +376,10 @@ class LLMService:
                 self.queue.lock(ctx.row.id)
             try:
                 missing = kv.missing()
+                if missing:                              # a kept buffer is stale once its chunks came back
+                    self.working.forget(ctx.row.id)
                 records = self.budget.make_room(ctx, missing, adding)
+                self.working.trim(self.budget.buffer_room(ctx, missing, adding), keep=(ctx.row.id, ctx.row.last_tick))
                 t_loaded = time.perf_counter()
                 report = self._load(ctx, missing, self._fill_ahead(kv, missing, adding))
                 t_dequantize = time.perf_counter()
@@ -416,6 +419,7 @@ class LLMService:
                         {"request": request, "text": text, "stats": stats_until(t_write, 0).to_dict()})
                     written_bytes, written_files = self._finish_call(ctx, dirty, bases, call_id, reply)
                     self.working.keep(ctx.row.id, ctx.row.last_tick)
+                    self.working.trim(self.budget.buffer_room())
                 except BaseException as exc:
                     self.working.forget()
                     with self._state:
@@ -656,6 +660,7 @@ class LLMService:
             "swap_dir": str(self.swap_dir), "config": self.config.to_dict(),
             "memory_budget_bytes": self.memory_budget_bytes, "max_contexts_per_app": self.max_contexts_per_app,
             "working_reserve_bytes": self.working_reserve_bytes, "chunk_budget_bytes": self.chunk_budget_bytes,
+            "working_bytes": self.working.nbytes(),
             "memory": state.memory_dict(),
             "contexts": [c.to_dict() for c in state.contexts],
             "queue": {"policy": self.queue.policy, "granularity": self.queue.granularity,
