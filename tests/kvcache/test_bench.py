@@ -53,6 +53,43 @@ def test_switching_ratios_average_each_method_over_every_cell():
     assert llms.switching_ratios(rows) == {"llms": 1.0, "vllm_sq": 5.0, "vllm_s": 3.0, "swapping": 4.0, "lmk": 20.0}
 
 
+def test_each_switching_cell_starts_with_the_next_method_and_rows_keep_the_methods_order(monkeypatch):
+    """The first replay after a new trace runs cold; rotating the order spreads that over the methods
+    (catches a table that always runs LLMS first, or rows that follow the run order)."""
+    from types import SimpleNamespace
+
+    from workbench.kvcache import replay
+    from workbench.kvcache.replays import METHODS
+
+    order = []
+
+    class Replays:
+        opts = SimpleNamespace(patterns=["markov", "random"], contexts=[2, 4, 8], device="orin-nx", max_new_tokens=4,
+                               budget=0.375)
+        model = None
+
+        def trace(self, n, pattern):
+            return (n, pattern)
+
+        def budget(self, fraction):
+            return 1000
+
+        def run(self, method, n, pattern, budget):
+            order.append(method)
+            return SimpleNamespace(mean_switch_s=lambda: 1.0 + METHODS.index(method))
+
+    monkeypatch.setattr(replay, "working_set_bytes", lambda *a, **k: 1e6)
+    monkeypatch.setattr(llms, "_summary_of", lambda result: {"mean_switch_ms": 1e3 * result.mean_switch_s()})
+    rows = llms.switching_table(Replays())
+    firsts = order[::len(METHODS)]
+    assert firsts == [METHODS[k % len(METHODS)] for k in range(6)]
+    assert all(sorted(order[i:i + len(METHODS)]) == sorted(METHODS) for i in range(0, len(order), len(METHODS)))
+    assert [r["method"] for r in rows] == list(METHODS) * 6
+    assert [(r["pattern"], r["contexts"]) for r in rows[::len(METHODS)]] == [(p, n) for p in ("markov", "random")
+                                                                             for n in (2, 4, 8)]
+    assert [r["ratio_to_llms"] for r in rows[:len(METHODS)]] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_quick_bench_makes_every_table():

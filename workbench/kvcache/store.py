@@ -2,7 +2,7 @@
 
 Layout of a swap directory::
 
-    index.sqlite3          the index (WAL journal, synchronous=FULL)
+    index.sqlite3          the index (WAL journal, synchronous=FULL; NORMAL for evictions that write no file)
     lock                   held (flock) by the one service using the directory
     <context id>/<i>.bin   chunk i of a context, as ``swapfile.write_chunk`` writes it
     <context id>/<i>.base  its 8-bit base, for chunks compressed by tolerance
