@@ -62,29 +62,17 @@ def test_after_every_call_the_buffer_holds_bit_for_bit_what_rebuilding_from_the_
     assert len(checked) == len(STEPS)
 
 
-@pytest.mark.parametrize("budget, reused", [
-    (60_000_000, [False, True, False, True, True, True, False]),
-    (ONE_BUFFER + 1_000_000, [False, True, False, True, False, True, False])])
+@pytest.mark.parametrize("budget, reused, buffers", [
+    (60_000_000, [False, True, False, True, True, True, False], [1, 1, 2, 2, 2, 2, 3]),
+    (ONE_BUFFER + 1_000_000, [False, True, False, True, False, True, False], [1] * 7)])
 def test_a_kept_buffer_is_reused_only_while_it_mirrors_its_context_and_answers_as_a_rebuild_would(
-        tmp_path, model, budget, reused):
+        tmp_path, model, budget, reused, buffers):
     """With room for a buffer per context, the switch back to context 0 runs on its kept buffer; with room
     for one buffer (a 256-token limit's reserve and 1 MB for chunks), only a repeat with nothing served
     between does. The replies equal those of a service that rebuilds every call (catches a stale buffer
-    reused after its context changed, or a buffer kept past the room)."""
-    config = replace(ServiceConfig.preset("llms"), max_context_tokens=256)
-    kept = _session(model, tmp_path / "kept", config, True, budget=budget)
-    rebuilt = _session(model, tmp_path / "rebuilt", config, False, budget=budget)
-    assert [r for _, r in kept] == reused
-    assert [t for t, _ in kept] == [t for t, _ in rebuilt]
-    assert not any(r for _, r in rebuilt)
-
-
-@pytest.mark.parametrize("budget, buffers", [(60_000_000, [1, 1, 2, 2, 2, 2, 3]), (ONE_BUFFER + 1_000_000, [1] * 7)])
-def test_only_a_contexts_first_call_allocates_and_the_buffers_never_outgrow_the_room_chunks_leave(
-        tmp_path, model, budget, buffers):
-    """No allocation per switch: a buffer is made for a context's first call at most (with room for one,
-    one buffer for every call, at one address); after every call the chunks in memory and the buffers
-    together fit the budget."""
+    reused after its context changed, or a buffer kept past the room). No allocation per switch: a buffer
+    is made for a context's first call at most (with room for one, one buffer at one address for every
+    call), and after every call the chunks in memory and the buffers together fit the budget."""
     config = replace(ServiceConfig.preset("llms"), max_context_tokens=256)
     seen = []
 
@@ -92,8 +80,11 @@ def test_only_a_contexts_first_call_allocates_and_the_buffers_never_outgrow_the_
         used = svc.budget.used_bytes() + svc.working.nbytes()
         seen.append((svc.working.allocations, len(svc.working.buffers), svc.working.cache.k.data_ptr(), used))
 
-    out = _session(model, tmp_path, config, True, record, budget=budget)
-    assert len(out) == len(STEPS)
+    kept = _session(model, tmp_path / "kept", config, True, record, budget=budget)
+    rebuilt = _session(model, tmp_path / "rebuilt", config, False, budget=budget)
+    assert [r for _, r in kept] == reused
+    assert [t for t, _ in kept] == [t for t, _ in rebuilt]
+    assert not any(r for _, r in rebuilt)
     assert [a for a, *_ in seen] == [n for _, n, *_ in seen] == buffers
     assert all(used <= budget for *_, used in seen)
     if buffers[-1] == 1:
@@ -119,18 +110,17 @@ def test_the_buffer_grows_in_steps_up_to_the_limit_and_refuses_a_cache_of_the_wr
         kv.to_cache(model.cfg, extra=300, into=cache)
 
 
-@pytest.mark.parametrize("preset, room, limit", [("llms", 1_000_000, 256), ("vllm_sq", 1_400_000, 256),
-                                                 ("llms", 1_000_000, 512), ("vllm_sq", 1_400_000, 512)])
+@pytest.mark.parametrize("preset, room", [("llms", 1_000_000), ("vllm_sq", 1_400_000)])
 def test_the_pipeline_writes_the_chunks_in_memory_while_the_rest_is_read_and_the_call_runs_on_a_rebuild(
-        tmp_path, model, preset, room, limit):
+        tmp_path, model, preset, room):
     """Under a budget (``room`` beside the working cache) of about two contexts, switches bring part of a
     context back. LLMS's pipeline writes the chunks still in memory into the buffer while its IO thread
     reads the rest (a "decompress" span that starts before the last read ends); the baselines read, then
     rebuild. Either way the cache each call
     runs on is bit for bit a fresh rebuild from the chunks. Catches a fill that skips chunks the load
     replaced, or leaves the loaded ones unwritten."""
-    config = replace(ServiceConfig.preset(preset), max_context_tokens=limit)
-    reserve = limit * 2 * 30 * 3 * 64 * 2
+    config = replace(ServiceConfig.preset(preset), max_context_tokens=256)
+    reserve = ONE_BUFFER
     svc = LLMService(model, tmp_path, memory_budget_bytes=reserve + room, config=config)
     real, runs = svc.working.for_call, []
 
