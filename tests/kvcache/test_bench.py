@@ -90,6 +90,24 @@ def test_each_switching_cell_starts_with_the_next_method_and_rows_keep_the_metho
     assert [r["ratio_to_llms"] for r in rows[:len(METHODS)]] == [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
+def test_the_bench_states_the_speeds_its_device_replays_at():
+    """An emulated preset follows the host's cached profile, so a run prints what its device read and
+    recomputed at, and says how to measure the host again (a host run has nothing to add)."""
+    from dataclasses import replace
+
+    from workbench.kvcache.costmodel import SwapCostModel
+
+    costs = SwapCostModel(device="orin-nx", source="emulated", num_layers=30, chunk_size=16,
+                          chunk_bytes={8: 2_000_000, 4: 1_000_000}, recompute_fixed_s=0.005,
+                          recompute_per_chunk_s=0.010, io_fixed_s=0.0, read_bytes_per_s=100e6)
+    line = llms.device_line(costs, model=None)
+    assert line.startswith("device orin-nx (emulated): an 8-bit chunk read in 20.00 ms (100.0 MB/s), "
+                           "recomputed in 5 ms + 10 ms per chunk; derived from this host's cached swap profile")
+    assert "workbench kvcache costs --remeasure" in line
+    host = llms.device_line(replace(costs, device="host", source="measured", io_fixed_s=0.02), model=None)
+    assert host == "device host (measured): an 8-bit chunk read in 40.00 ms (50.0 MB/s), recomputed in 5 ms + 10 ms per chunk"
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_quick_bench_makes_every_table():

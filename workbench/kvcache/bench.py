@@ -499,6 +499,22 @@ def load_table(opts, model) -> list[dict]:
 
 # ----------------------------------------------------------------------------- the run
 
+def device_line(device, model) -> str:
+    """What the replays' device is: an emulated preset follows this host's cached swap profile, which moves
+    between measurements, so each run says the speeds it replayed at (compare ratios within a run)."""
+    from workbench.kvcache.replay import cost_model
+
+    costs = cost_model(device, model)
+    load8 = costs.t_io(costs.chunk_bytes[8])
+    line = (f"device {costs.device} ({costs.source}): an 8-bit chunk read in {1e3 * load8:.2f} ms "
+            f"({costs.chunk_bytes[8] / load8 / 1e6:.1f} MB/s), recomputed in {1e3 * costs.recompute_fixed_s:.0f} ms "
+            f"+ {1e3 * costs.recompute_per_chunk_s:.0f} ms per chunk")
+    if costs.source == "emulated":
+        line += ("; derived from this host's cached swap profile, which moves between measurements "
+                 "(`workbench kvcache costs --remeasure` measures it again)")
+    return line
+
+
 def run(args: list[str]) -> dict[str, list[dict]]:
     from workbench.models.decoder import load_decoder
 
@@ -509,6 +525,7 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     tables: dict[str, list[dict]] = {}
     print(f"LLMS bench on {opts.device}: {opts.calls} calls per context, patterns {' '.join(opts.patterns)}, "
           f"{opts.max_new_tokens} new tokens per call", flush=True)
+    print(device_line(opts.device, model), flush=True)
     if "kernel" in opts.tables:
         tables["kernel"] = rows = kernel_table(opts)
         copy = rows[0]["copy_gb_per_s"]
