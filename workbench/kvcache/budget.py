@@ -5,6 +5,8 @@ whole context in float16), reserved for the longest context the service allows, 
 memory, which get what that reserve leaves. A call first makes room for its context's missing chunks
 and its growth by evicting other contexts' chunks in the order of the LCTRU queue (or the configured
 policy); a context that cannot fit by itself is refused, since a served context is never evicted.
+The reserve and whatever the chunks leave also hold the working caches kept from earlier calls
+(``working.WorkingCache``); they give way to chunks, never the other way round (:meth:`MemoryBudget.buffer_room`).
 """
 from __future__ import annotations
 
