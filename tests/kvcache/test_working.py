@@ -176,7 +176,7 @@ def test_a_kept_buffer_is_forgotten_once_its_contexts_chunks_left_memory(tmp_pat
     stubs = [app.new_ctx("Be brief.") for _ in range(3)]
     killed_while_kept = []
     for c, prompt in STEPS + [(1, "Why?"), (2, "Name a tree."), (0, "Once more."), (1, "Again.")]:
-        kept = svc.working.mirrored()
+        kept = [b.mirrors[0] for b in svc.working.buffers if b.mirrors is not None]
         stats = app.call_with_stats(stubs[c], prompt, 4)[1]
         killed_while_kept.append(stats.chunks_recomputed > 0 and stats.ctx in kept)
     svc.close()

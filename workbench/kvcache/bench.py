@@ -71,6 +71,8 @@ PAPER_ABLATION_S = {"llms": 0.27, "llms_without_lifecycle": 0.62, "llms_without_
 """Figure 13: mean switching latency on Jetson Orin NX, Llama2-7B, 8 contexts, Markov pattern."""
 THRESHOLDS_MS = (10.0, 25.0)
 TABLES = ("kernel", "switching", "active_contexts", "ablation", "paper_scale", "perplexity", "memory", "load", "http")
+REPLAYED = {"switching", "active_contexts", "ablation", "paper_scale"}
+"""The tables replayed on ``--device``."""
 REFERENCE_CONTEXTS = 8
 TARGET_VS_SQ, TARGET_VS_LMK = 5.0, 20.0
 """Perplexity settings: the plain decoder, chunks kept raw, static 8/4/2 bits, tolerance-aware levels, and
@@ -525,7 +527,8 @@ def run(args: list[str]) -> dict[str, list[dict]]:
     tables: dict[str, list[dict]] = {}
     print(f"LLMS bench on {opts.device}: {opts.calls} calls per context, patterns {' '.join(opts.patterns)}, "
           f"{opts.max_new_tokens} new tokens per call", flush=True)
-    print(device_line(opts.device, model), flush=True)
+    if REPLAYED & set(opts.tables):
+        print(device_line(opts.device, model), flush=True)
     if "kernel" in opts.tables:
         tables["kernel"] = rows = kernel_table(opts)
         copy = rows[0]["copy_gb_per_s"]

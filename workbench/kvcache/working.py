@@ -63,10 +63,6 @@ class WorkingCache:
         """Bytes of every buffer held."""
         return sum(b.nbytes for b in self.buffers)
 
-    def mirrored(self) -> list[str]:
-        """The contexts a kept buffer mirrors, least recently served first."""
-        return [b.mirrors[0] for b in self.buffers if b.mirrors is not None]
-
     def holds(self, ctx_id: str, tick: int) -> bool:
         """Whether a buffer mirrors context ``ctx_id`` as its call ``tick`` left it."""
         return any(b.mirrors == (ctx_id, tick) for b in self.buffers)
@@ -143,8 +139,9 @@ class WorkingCache:
     def _nbytes(self, capacity: int, dtype) -> int:
         import torch
 
-        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * capacity * self.cfg.head_dim * \
-            torch.empty((), dtype=dtype).element_size()
+        from workbench.kvcache.chunks import FLOAT_BITS, HALF_BITS, working_nbytes
+
+        return working_nbytes(self.cfg, capacity, FLOAT_BITS if dtype == torch.float32 else HALF_BITS)
 
     def _new(self, tokens: int, dtype) -> Buffer:
         import torch
