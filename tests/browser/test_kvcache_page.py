@@ -135,7 +135,7 @@ def test_every_control_off_its_value_replays_with_it(replays, voila_server, page
     assert chunks.get_attribute("data-revision") != revisions[0]
     assert latency.get_attribute("data-revision") != revisions[1]
     assert "after call 0 (LLMS)" in chunks.get_attribute("data-title")
-    assert "(LLMS, LRU)" in page.locator(".wb-figure[data-name='queue']").get_attribute("data-title")
+    page.locator(".wb-figure[data-name='queue'][data-title*='(LLMS, LRU)']").wait_for(timeout=30_000)  # drawn after the summary
     assert page.locator(".wb-kv-stale").count() == 0 and page.locator(".wb-error").count() == 0
 
     set_slider(page, "Call", 1)
