@@ -53,19 +53,44 @@ def test_switching_ratios_average_each_method_over_every_cell():
     assert llms.switching_ratios(rows) == {"llms": 1.0, "vllm_sq": 5.0, "vllm_s": 3.0, "swapping": 4.0, "lmk": 20.0}
 
 
-def test_each_switching_cell_starts_with_the_next_method_and_rows_keep_the_methods_order(monkeypatch):
-    """The first replay after a new trace runs cold; rotating the order spreads that over the methods
-    (catches a table that always runs LLMS first, or rows that follow the run order)."""
+def _fake_replay(method, contexts, switches_ms, missing=0):
+    """A replay whose calls alternate over ``contexts`` contexts: first uses, then later calls switching in
+    ``switches_ms`` (the first later call bringing ``missing`` chunks back)."""
+    from workbench.kvcache.records import CallRecord, ReplayResult
+
+    def call(i, context, switch_ms, missing):
+        return CallRecord(index=i, time_s=i, context=context, switch_s=switch_ms / 1e3, io_s=0.0, recompute_s=0.0,
+                          inference_s=0.0, queue_wait_s=0.0, chunks_missing=missing, chunks_loaded=missing,
+                          chunks_recomputed=0, bytes_read=0, memory_bytes=0, output="")
+
+    calls = [call(i, i, 0.0, 0) for i in range(contexts)]
+    calls += [call(contexts + i, i % contexts, v, missing if i == 0 else 0) for i, v in enumerate(switches_ms)]
+    return ReplayResult(method=method, device="orin-nx", memory_budget_bytes=1000, contexts=contexts,
+                        pattern="markov", settings={"budget_raised": False}, calls=tuple(calls))
+
+
+def test_each_switching_cell_starts_with_the_next_method_and_a_cell_that_fits_is_replayed_in_interleaved_rounds(
+        monkeypatch):
+    """The first replay after a new trace runs cold; rotating the order spreads that over the methods. A
+    cell where nothing is brought back is replayed --fit-rounds times, each round every method once, starting
+    with the next; its rows pool every round. Catches a table that always runs LLMS first, rows that follow the
+    run order, rounds run one method after another, rounds for a cell that reads, or a mean of one round."""
     from types import SimpleNamespace
+
+    import numpy as np
 
     from workbench.kvcache import replay
     from workbench.kvcache.replays import METHODS
 
     order = []
 
+    def switches(method, n, rnd):                       # ms: LLMS 0.30 + round; vllm_sq a hair faster; lmk far
+        base = {"llms": 0.30, "vllm_sq": 0.297, "lmk": 0.05}.get(method, 0.5 + METHODS.index(method))
+        return [base + 0.01 * rnd + 0.002 * j for j in range(4)]
+
     class Replays:
         opts = SimpleNamespace(patterns=["markov", "random"], contexts=[2, 4, 8], device="orin-nx", max_new_tokens=4,
-                               budget=0.375)
+                               budget=0.375, fit_rounds=3)
         model = None
 
         def trace(self, n, pattern):
@@ -74,20 +99,33 @@ def test_each_switching_cell_starts_with_the_next_method_and_rows_keep_the_metho
         def budget(self, fraction):
             return 1000
 
-        def run(self, method, n, pattern, budget):
-            order.append(method)
-            return SimpleNamespace(mean_switch_s=lambda: 1.0 + METHODS.index(method))
+        def run(self, method, n, pattern, budget, round=0):
+            order.append((method, n, pattern, round))
+            return _fake_replay(method, n, switches(method, n, round), missing=1 if n == 8 else 0)
 
     monkeypatch.setattr(replay, "working_set_bytes", lambda *a, **k: 1e6)
-    monkeypatch.setattr(llms, "_summary_of", lambda result: {"mean_switch_ms": 1e3 * result.mean_switch_s()})
     rows = llms.switching_table(Replays())
-    firsts = order[::len(METHODS)]
-    assert firsts == [METHODS[k % len(METHODS)] for k in range(6)]
-    assert all(sorted(order[i:i + len(METHODS)]) == sorted(METHODS) for i in range(0, len(order), len(METHODS)))
+    cells = [(n, p) for p in ("markov", "random") for n in (2, 4, 8)]
+    runs = [[(m, r) for m, n, p, r in order if (n, p) == cell] for cell in cells]
+    m = len(METHODS)
+    for k, (cell, ran) in enumerate(zip(cells, runs)):
+        rounds = 1 if cell[0] == 8 else 3
+        assert len(ran) == rounds * m
+        for r in range(rounds):                          # round by round, every method once, the next one first
+            assert [x[1] for x in ran[r * m:(r + 1) * m]] == [r] * m
+            assert ran[r * m][0] == METHODS[(k + r) % m]
+            assert sorted(x[0] for x in ran[r * m:(r + 1) * m]) == sorted(METHODS)
     assert [r["method"] for r in rows] == list(METHODS) * 6
-    assert [(r["pattern"], r["contexts"]) for r in rows[::len(METHODS)]] == [(p, n) for p in ("markov", "random")
-                                                                             for n in (2, 4, 8)]
-    assert [r["ratio_to_llms"] for r in rows[:len(METHODS)]] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [(r["pattern"], r["contexts"]) for r in rows[::m]] == [(p, n) for n, p in cells]
+    llms_row, sq_row = rows[0], rows[1]
+    pooled = [v for rnd in range(3) for v in switches("llms", 2, rnd)]
+    assert llms_row["rounds"] == 3 and llms_row["mean_switch_ms"] == pytest.approx(np.mean(pooled))
+    assert llms_row["switch_sem_ms"] == pytest.approx(np.std(pooled, ddof=1) / np.sqrt(len(pooled)))
+    assert sq_row["ratio_to_llms"] == pytest.approx(np.mean([v - 0.003 for v in pooled]) / np.mean(pooled))
+    assert rows[2 * m]["rounds"] == 1 and rows[2 * m]["contexts"] == 8
+    ahead = {(r["pattern"], r["contexts"], r["method"]): beyond for r, beyond in llms.baselines_ahead(rows)}
+    assert set(ahead) == {(p, n, b) for n, p in cells for b in ("vllm_sq", "lmk")}
+    assert ahead[("markov", 2, "lmk")] and not ahead[("markov", 2, "vllm_sq")]
 
 
 def test_the_bench_states_the_speeds_its_device_replays_at():
