@@ -48,6 +48,8 @@ Tables:
 The replay tables, perplexity and memory (about 1,750 calls, 27 windows, two long contexts) took 43
 minutes on this project's 2-core host, shared; the load (1,600 calls, 1.55 a second with 8 clients, then its single-process check making
 them all again) 31 minutes more (``--tables load --load-calls 50`` for a shorter one, 12 minutes).
+Since those were timed, the switching table's cells where contexts fit are replayed five times per method: its
+2- and 4-context cells of the three patterns took 16 minutes (``--fit-rounds 1`` for one replay each).
 ``--quick`` makes every table in about two minutes.
 """
 from __future__ import annotations
