@@ -642,13 +642,31 @@ cdef extern from *:
         const uint32_t mask = (1u << bits) - 1u;
         int held = !per_position && D <= WB_ROW_FLOATS;
         for (int64_t d = 0; held && d < D; d++) { s[d] = wb_h2f(step[d]); o[d] = wb_h2f(low[d]); }
+        uint8_t unpacked[WB_ROW_FLOATS];
+        const int64_t per_byte = 8 / bits;
         for (int64_t j = 0, t = 0; j < n; j += D, t++) {
             float st = per_position ? wb_h2f(step[t]) : 0.0f, of = per_position ? wb_h2f(low[t]) : 0.0f;
-            const uint8_t *c = codes + first + j;
+            const uint8_t *c = NULL;
             uint16_t *row = out + j;
-            if (bits == 8 && per_position) {         /* the common rows as loops a compiler vectorizes */
+            if (bits == 8) {
+                c = codes + first + j;
+            } else if (D <= WB_ROW_FLOATS && D % per_byte == 0 && (first + j) % per_byte == 0) {
+                const uint8_t *p = codes + (first + j) / per_byte;       /* the row's codes, one per byte */
+                if (bits == 4) {
+                    for (int64_t i = 0; i < D / 2; i++) {
+                        unpacked[2 * i] = p[i] & 15u;
+                        unpacked[2 * i + 1] = p[i] >> 4;
+                    }
+                } else {
+                    for (int64_t i = 0; i < D / per_byte; i++)
+                        for (int k = 0; k < per_byte; k++)
+                            unpacked[i * per_byte + k] = (uint8_t)((p[i] >> (k * bits)) & mask);
+                }
+                c = unpacked;
+            }
+            if (c && per_position) {                 /* the common rows as loops a compiler vectorizes */
                 for (int64_t d = 0; d < D; d++) { float v = (float)c[d] * st; v = v + of; row[d] = wb_f2h(v); }
-            } else if (bits == 8 && held) {
+            } else if (c && held) {
                 for (int64_t d = 0; d < D; d++) { float v = (float)c[d] * s[d]; v = v + o[d]; row[d] = wb_f2h(v); }
             } else {
                 for (int64_t d = 0; d < D; d++) {
