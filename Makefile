@@ -52,8 +52,8 @@ PYTEST := PYTHONDONTWRITEBYTECODE= WORKBENCH_PRESET=quick $(PY) -m pytest -p no:
 test: setup browser-deps net-deps
 	WORKBENCH_PRESET=quick $(VENV)/bin/workbench prepare --preset quick --quiet
 	@status=0; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=20 tests || status=$$?; \
-	$(PYTEST) -m alone --durations=20 tests || status=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=50 tests || status=$$?; \
+	$(PYTEST) -m alone --durations=50 tests || status=$$?; \
 	exit $$status
 
 test-fast: setup
