@@ -32,7 +32,7 @@ def test_the_recorded_switching_runs_average_as_the_bench_does():
     import pandas as pd
 
     from workbench.kvcache.artifacts import METHODS
-    from workbench.kvcache.bench import switching_ratios
+    from workbench.kvcache.bench_replays import switching_ratios
     from workbench.kvcache.reference import switching_runs
     from workbench.resources import shipped
 
