@@ -1,17 +1,15 @@
-"""Paper-scale evaluation (simulated): mixes, pools, the goodput, cost, misprediction and ramp tables."""
+"""Paper-scale evaluation (simulated): mixes, the goodput, cost, misprediction and ramp tables."""
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 
 from workbench.earlyexit import evaluation as ev
+from workbench.earlyexit import pools as pl
 from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.profiles import LayerProfile, gpu_profiles
 
 approx = pytest.approx
-SMALL = ev.EvalSettings(requests=400, min_span_slos=2.0)
+SMALL = pl.EvalSettings(requests=400, min_span_slos=2.0)
 
 
 def flat_profile() -> LayerProfile:
@@ -34,20 +32,6 @@ def test_mixes_and_their_profiles():
     got = ev.mix_profiles(12, {"80:20": six})
     assert got["80:20"][1] == "measured" and got["20:80"][1] == "parametric"
     assert ev.mispredicted(BatchProfile((0.9, 0.5, 0.0)), 0.2).remaining == approx((1.0, 0.6, 0.0))
-
-
-def test_pools_capacity_exits_and_disabled_ramps():
-    layer_s = lambda k, b, g: 1e-3 * b + 1e-3                      # noqa: E731
-    pool = ev.Pool(((0, 2),), (3,), (4,), ("x",), ramps=False)
-    profile = BatchProfile((0.5, 0.0))
-    assert ev.pool_capacity(pool, profile, layer_s) == approx(3 * 4 / (2 * 5e-3))   # nobody leaves: full batches
-    assert list(pool.exit_layers(np.array([0, 1]))) == [1, 1]
-    # with exits, half the batch runs layer 1: the expected time over Binomial(4, 1/2) survivors
-    shrinking = ev.Pool(((0, 2),), (1,), (4,), ("x",))
-    expected = 5e-3 + sum(math.comb(4, n) / 16 * (1e-3 * n + 1e-3) for n in range(1, 5))
-    assert ev.pool_capacity(shrinking, profile, layer_s) == approx(4 / expected)
-    split = ev.Pool(((0, 2), (2, 4)), (1, 1), (2, 2), ("x", "x"), ramps=frozenset({0, 1}))
-    assert list(split.exit_layers(np.arange(4))) == [0, 1, 3, 3]      # ramp 2 off: its samples leave at 3
 
 
 def test_goodput_table_deploys_e3s_own_plan_where_it_beats_the_model_as_is():
@@ -80,12 +64,12 @@ def test_a_data_parallel_baseline_leaves_idle_the_gpu_type_that_costs_it_goodput
     profiles = gpu_profiles(gpus)
     profile = ev.parametric_mix(0.8, 12)
     pools, _ = ev.system_pools("as_is", 8, profile, gpus, profiles, SMALL)
-    every = ev.sustained_goodput(pools, profile, profiles, SMALL)
-    chosen, best = ev.best_pools(pools, profile, profiles, SMALL)
+    every = pl.sustained_goodput(pools, profile, profiles, SMALL)
+    chosen, best = pl.best_pools(pools, profile, profiles, SMALL)
     assert "k80" in {g for p in pools for g in p.gpus}
     assert best.goodput > 1.2 * every.goodput
     assert {g for p in chosen for g in p.gpus} == {"v100", "p100"}
-    assert ev.sustained_goodput(chosen, profile, profiles, SMALL).goodput == approx(best.goodput)
+    assert pl.sustained_goodput(chosen, profile, profiles, SMALL).goodput == approx(best.goodput)
 
 
 def test_without_exits_e3_shows_no_gain_over_the_model_as_is():

@@ -14,9 +14,9 @@ _EXPORTS = {
     "simulate": "simulator", "simulate_plan": "simulator", "ArrivalProcess": "simulator",
     "LayerProfile": "profiles", "host_layer_profile": "profiles", "measure_layer_profile": "profiles",
     "gpu_profile": "profiles", "gpu_profiles": "profiles", "latency_by_type": "profiles",
-    "EvalSettings": "evaluation", "goodput_table": "evaluation", "cost_table": "evaluation",
+    "EvalSettings": "pools", "goodput_table": "evaluation", "cost_table": "evaluation",
     "misprediction_table": "evaluation", "ramp_table": "evaluation", "validate_simulator": "validation",
-    "Validation": "validation", "parametric_mix": "evaluation", "sustained_goodput": "evaluation",
+    "Validation": "validation", "parametric_mix": "evaluation", "sustained_goodput": "pools",
     "serve_plan": "serve", "ServeRun": "serve", "ServedRequest": "serve", "Workload": "serve", "ModelSpec": "serve",
     "ray_session": "serve", "RaySession": "serve",
 }

@@ -107,7 +107,7 @@ def options(args: list[str]):
 
 
 def _scenario(opts):
-    from workbench.earlyexit.evaluation import EvalSettings
+    from workbench.earlyexit.pools import EvalSettings
 
     return EvalSettings(shape=opts.model, slo_s=opts.slo_ms / 1e3, requests=opts.requests, seed=opts.seed,
                     min_span_slos=opts.min_span_slos)

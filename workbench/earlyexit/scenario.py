@@ -208,7 +208,7 @@ class Scenario:
         an overloaded plan keeps serving what can still make it. Each replica has its queue, routed as Ray Serve
         routes. A send between splits carries one merged batch to
         one replica over that replica's own link, as the optimizer counts it."""
-        from workbench.earlyexit.evaluation import QUEUES
+        from workbench.earlyexit.pools import QUEUES
         from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 
         if not plan:

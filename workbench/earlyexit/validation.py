@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from workbench.earlyexit.evaluation import QUEUES
+from workbench.earlyexit.pools import QUEUES
 from workbench.errors import WorkbenchError
 
 VALIDATION_TARGET = 0.2
