@@ -24,8 +24,10 @@ package has the roles it needs):
 - baselines: ``baselines.py`` (the paper's baselines on the same engine);
 - evaluation: ``evaluate.py`` / ``evaluation.py``, beside ``reference.py`` (the paper's published figures from
   ``data/reference``) and, where a simulator or a model is checked against real runs, ``validation.py``;
+  what the tables deploy and measure, when it is a job of its own, beside them (E3's ``pools.py``);
   bench: ``bench.py`` (``workbench bench NAME``, tables written as results files; a measurement with a job of
-  its own, such as LLMS's ``perplexity.py``, lives in its own module and the bench keeps its table);
+  its own, such as LLMS's ``perplexity.py``, lives in its own module and the bench keeps its table; a group of
+  tables sharing their runs goes in ``bench_<group>.py``, as LLMS's ``bench_replays.py`` and ``bench_http.py``);
   a table the pages read back has a row dataclass (``Results.rows_as``);
 - lab: ``lab.py`` (the teaching lab's expected answers and their checks);
 - views, outside the package: ``workbench.ui.<name>`` (the page's panel: controls wired to engine calls) and
