@@ -77,7 +77,6 @@ def _summary_of(result, rounds=()) -> dict:
     switches = [1e3 * c.switch_s for r in (result, *rounds) for c in _later_calls(r)]
     mean = float(np.mean(switches)) if switches else 0.0
     sem = float(np.std(switches, ddof=1) / math.sqrt(len(switches))) if len(switches) > 1 else 0.0
-    later = list(_later_calls(result))
     return {"mean_switch_ms": mean, "switch_sem_ms": sem, "rounds": 1 + len(rounds),
             "p95_switch_ms": float(np.percentile(switches, 95)) if switches else 0.0,
             "calls": len(result.calls),
@@ -103,6 +102,12 @@ def _ratio(value: float, base: float) -> float:
     return value / base if base > 0 else math.inf
 
 
+def _methods_from(k: int) -> tuple[str, ...]:
+    """The methods in their order, starting with the ``k``-th (modulo their count)."""
+    k %= len(METHODS)
+    return tuple(METHODS[k:]) + tuple(METHODS[:k])
+
+
 def switching_table(replays: Replays) -> list[dict]:
     from workbench.kvcache.replay import working_set_bytes
 
@@ -110,13 +115,11 @@ def switching_table(replays: Replays) -> list[dict]:
     budget = replays.budget(opts.budget)
     for k, (pattern, n) in enumerate((p, n) for p in opts.patterns for n in opts.contexts):
         ws = working_set_bytes(replays.trace(n, pattern), 8, opts.max_new_tokens, replays.model)
-        first = k % len(METHODS)          # each cell starts with another method: no method always runs cold
-        ran = {m: replays.run(m, n, pattern, budget) for m in METHODS[first:] + METHODS[:first]}
+        ran = {m: replays.run(m, n, pattern, budget) for m in _methods_from(k)}   # no method always runs cold
         again: dict[str, list] = {m: [] for m in METHODS}
         if not any(c.chunks_missing for r in ran.values() for c in r.calls):
             for k_round in range(1, opts.fit_rounds):
-                start = (first + k_round) % len(METHODS)
-                for m in METHODS[start:] + METHODS[:start]:
+                for m in _methods_from(k + k_round):
                     again[m].append(replays.run(m, n, pattern, budget, round=k_round))
         summary = {m: _summary_of(ran[m], again[m]) for m in METHODS}
         for m in METHODS:
