@@ -213,6 +213,32 @@ def test_a_waiting_page_offers_its_quick_version_and_the_full_one_behind_a_butto
     assert built == ["quick", "full"] and [w.value for w in page.children] == ["the full page"]
 
 
+def test_a_preheated_waiting_page_builds_its_quick_version_before_the_request_that_asks_for_it(tmp_cache,
+                                                                                               monkeypatch):
+    """In a preheated kernel the quick version is built while nobody watches; the ``?preset=quick`` request
+    only points the page at it. Widgets made while the browser reads the kernel's widget list can be named
+    by a box before the browser knows them (Voila's "widget model not found")."""
+    import ipywidgets as widgets
+
+    from workbench.ui import preparing
+
+    log = [("quick", "one"), ("quick", "two")]
+    monkeypatch.setattr(prepare_module, "steps", preset_steps(log))
+    callbacks = []
+    monkeypatch.setattr(preparing, "when_requested", lambda callback: callbacks.append(callback) or True)
+    built, made = [], []
+    banner_of = preparing.quick_banner
+    monkeypatch.setattr(preparing, "quick_banner", lambda extra="": made.append(banner_of(extra)) or made[-1])
+    page = preparing.prepared_page(lambda preset: built.append(preset) or made.append(
+        widgets.Label(f"the {preset} page")) or made[-1], ("one", "two"), "A page", "full")
+    assert built == ["quick"] and len(made) == 2 and len(page.children) == 4 and len(callbacks) == 1
+    monkeypatch.setenv("QUERY_STRING", "preset=quick")
+    callbacks[0]()
+    banner, shown = page.children
+    assert shown.value == "the quick page" and "Quick version." in banner.value
+    assert list(page.children) == made and built == ["quick"]         # the request made no widget
+
+
 def test_a_waiting_page_nobody_opened_early_becomes_the_full_page_by_itself(tmp_cache, monkeypatch):
     import ipywidgets as widgets
 

@@ -234,16 +234,29 @@ def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, .
                          "needs artifacts that are still being prepared; it appears here by itself when they "
                          "are ready.</p>")
     offer = widgets.VBox()
+    built: list[widgets.Widget] = []              # the quick version, built once
+    preheated = False                             # whether a preheated kernel waits for the page's request
+
+    def quick_children() -> list[widgets.Widget]:
+        if not built:
+            built.extend([quick_banner(f" The {html.escape(preset)} version is still being prepared; a button "
+                                       f"here switches to it when it is ready."), build(QUICK)])
+        return built
 
     def open_quick(_button=None) -> None:
         showing["quick"] = True
         status.on_refresh = None
-        page.children = [quick_banner(f" The {html.escape(preset)} version is still being prepared; a button here "
-                                      f"switches to it when it is ready."), build(QUICK)]
+        page.children = quick_children()
 
     def check_quick() -> None:
         if offer.children or preset == QUICK or not quick_ready(requires):
             return
+        if preheated:
+            # A preheated kernel builds the quick version before anyone asks for the page: a switch on the
+            # ``?preset=quick`` request then only points the page at widgets the browser is told of when it
+            # loads. Widgets made while the browser fetches the kernel's widget list can be named by a box
+            # the browser reads before it learns of them ("widget model not found").
+            quick_children()
         button = widgets.Button(description="Open the quick version now", icon="bolt", button_style="info",
                                 layout=widgets.Layout(width="auto"))
         button.on_click(open_quick)
@@ -258,7 +271,7 @@ def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, .
 
     page.children = [intro, offer, status, stylesheet()]
     status.on_refresh = check_quick
-    check_quick()
     if preset != QUICK:
-        when_requested(requested)
+        preheated = when_requested(requested)
+    check_quick()
     return page
