@@ -20,7 +20,8 @@ package has the roles it needs):
 - artifacts: ``artifacts.py``, what ``workbench prepare`` builds for it and how it is read back;
 - cost model: ``costmodel.py`` / ``cost.py`` / ``profiles.py``; planner: ``planner.py`` / ``plan.py`` /
   ``optimizer.py``; runtime: ``pipeline.py`` / ``service.py`` / ``runtime.py`` / ``run.py`` / ``serve.py``
-  (with its worker processes in ``worker.py``);
+  (with its worker processes in ``worker.py``; what a run takes and gives back, when it is wanted without
+  the runtime's heavy imports, beside it: E3's ``served.py``);
 - baselines: ``baselines.py`` (the paper's baselines on the same engine);
 - evaluation: ``evaluate.py`` / ``evaluation.py``, beside ``reference.py`` (the paper's published figures from
   ``data/reference``) and, where a simulator or a model is checked against real runs, ``validation.py``;

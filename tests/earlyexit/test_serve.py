@@ -14,7 +14,7 @@ import torch
 
 from workbench.earlyexit.serve import (REPLICA_CPUS, ModelSpec, ServeRun, Workload, ray_session,
                                        serve_plan)
-from workbench.earlyexit.simulator import ArrivalProcess, simulate
+from workbench.earlyexit.simulator import ArrivalProcess
 from workbench.errors import WorkbenchError
 
 pytestmark = pytest.mark.alone         # serves to deadlines on Ray: run with no other test beside it
@@ -125,14 +125,6 @@ def test_three_splits_with_replicas(ray_cluster, spec, workload, reference):
     assert len(run.batch_counts) == 3 and max(run.batch_counts[2]) <= 2
     assert sum(s * k for s, k in run.batch_counts[2].items()) == int((reference.exit_layers >= 3).sum())
     assert {s.lane for s in run.timeline.of_kind("compute")} >= {"split 1 · replica 0", "split 1 · replica 1"}
-
-
-def test_arrivals_are_the_simulators(tokens):
-    arrivals = ArrivalProcess("bursty", rate=50, count=30)
-    work = Workload.from_arrivals(*tokens, arrivals, seed=3)
-    sim = simulate([(0, 6)], [1], [4], slo_s=1.0, arrivals=arrivals, service_s=lambda i, b: 0.001, seed=3)
-    np.testing.assert_allclose(work.arrival_s, [r.arrival_s for r in sim.requests])
-    assert len(work) == 30 and torch.equal(work.ids[N], tokens[0][0])   # rows cycle
 
 
 @pytest.mark.parametrize("bad, words", [

@@ -2,7 +2,7 @@
 its batch stays full, pipeline the splits over (possibly mixed) GPUs.
 
 The public names are importable from here, each loaded on first use; the optimizer needs only NumPy, the batch
-profiles statsmodels, the simulator SimPy, the serving Ray Serve.
+profiles statsmodels, the simulator SimPy, the serving Ray Serve (what a served run takes and gives back, in ``served``, does not).
 """
 from workbench.lazy import lazy_exports
 
@@ -17,7 +17,7 @@ _EXPORTS = {
     "EvalSettings": "pools", "goodput_table": "evaluation", "cost_table": "evaluation",
     "misprediction_table": "evaluation", "ramp_table": "evaluation", "validate_simulator": "validation",
     "Validation": "validation", "parametric_mix": "evaluation", "sustained_goodput": "pools",
-    "serve_plan": "serve", "ServeRun": "serve", "ServedRequest": "serve", "Workload": "serve", "ModelSpec": "serve",
+    "serve_plan": "serve", "ServeRun": "served", "ServedRequest": "served", "Workload": "served", "ModelSpec": "served",
     "ray_session": "serve", "RaySession": "serve",
 }
 

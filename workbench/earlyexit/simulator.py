@@ -210,8 +210,21 @@ class SplitResult:
         return max((n for _, n in self.queue), default=0)
 
 
+class RequestTally:
+    """Counts over ``self.requests`` that a simulated run and a served one (``served.ServeRun``) both give."""
+    requests: tuple
+
+    @property
+    def met(self) -> int:
+        return sum(r.met_slo for r in self.requests)
+
+    @property
+    def dropped(self) -> int:
+        return sum(r.dropped for r in self.requests)
+
+
 @dataclass(frozen=True)
-class SimulationResult:
+class SimulationResult(RequestTally):
     """Everything a run produced: per request, per replica, per split, the summary figures and a Timeline."""
     requests: tuple[RequestResult, ...]
     splits: tuple[SplitResult, ...]
@@ -226,14 +239,6 @@ class SimulationResult:
     drop_rate: float
     straggler_rate: float             # completed past the SLO, over all requests
     timeline: Timeline = field(compare=False, repr=False)
-
-    @property
-    def met(self) -> int:
-        return sum(r.met_slo for r in self.requests)
-
-    @property
-    def dropped(self) -> int:
-        return sum(r.dropped for r in self.requests)
 
     def replica(self, split: int, replica: int) -> ReplicaResult:
         for r in self.replicas:
