@@ -1,6 +1,7 @@
 """The Hepti dashboard: heterogeneous edge devices in an editable table (speed, memory, link, and the free memory
 each may fall to mid-run), a deadline, a mode and a share rule -> Hepti's partition (:func:`hepti_partition`)
-decided layer by layer as the ranks decide it (:func:`~workbench.hepti.run.decide`) -> four figures:
+decided layer by layer as the ranks decide it (the settings are a :class:`~workbench.hepti.scenario.Scenario`;
+its engine calls live there, the panel remembers their answers) -> four figures:
 the shares and mode of every layer with the reasons and the binding constraint beside them, the latency per
 device (compute, waiting, communication) against the deadline, Hepti's MILP against even and proportional shares
 and each mode forced, and the per-layer timeline with Hepti's decisions marked. "Run for real" runs it on one
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import ipywidgets as widgets
 
@@ -18,16 +19,17 @@ from workbench.devices import DeviceProfile, get_cluster
 from workbench.errors import WorkbenchError
 from workbench.distributed import limits
 from workbench.models.shapes import SHAPES, get_shape
+from workbench.hepti import scenario
 from workbench.hepti.plan import MODE_TITLES, DeadlineMissed, Partition, hepti_partition, memory_bytes
-from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
-from workbench.distributed.shares import proportional_shares
+from workbench.hepti.run import shape_of
+from workbench.hepti.scenario import COMPARE, LayerDecision, Scenario
 from workbench.distributed.steps import steps_timeline
 from workbench.presets import default_preset
 from workbench.ui.base import (BackgroundRun, DeviceRowWidgets, KeptRuns, Memo, Panel, RunOutcome, html_table,
                                table_row)
-from workbench.viz.hepti import (MODE_SHORT, LayerDecision, breakdown_figure, compare_figure,
-                                 decision_figure, measured_marks, measured_shift, no_plan_figure, predicted_marks,
-                                 predicted_s, timeline_figure, verdict)
+from workbench.viz.hepti import (breakdown_figure, compare_figure, decision_figure, drawn_note, measured_marks,
+                                 measured_shift, no_plan_figure, predicted_marks, predicted_s, timeline_figure,
+                                 timeline_note, verdict)
 
 CLUSTER = "hepti"
 """The default devices: Hepti's four unequal boards (the first the primary)."""
@@ -38,7 +40,6 @@ DEADLINE_RANGE = (10, 30_000, 10)
 """The deadline slider (ms): BERT-Large at 512 positions on one board takes about 28 s."""
 MODE_CHOICES = {"auto": "Hepti decides (by memory)", **{m: f"{t} forced" for m, t in MODE_TITLES.items()}}
 SHARE_CHOICES = {"hepti": "Hepti's MILP", "even": "even", "proportional": "in proportion to speed"}
-COMPARE = {"hepti": "Hepti's MILP", "even": "even shares", "proportional": "proportional shares"}
 ENCODERS = tuple(n for n, s in SHAPES.items() if s.kind == "encoder")
 CACHE = 512
 RUNS_KEPT = 8
@@ -100,39 +101,6 @@ def layer_options(layers: int) -> list[tuple[str, int]]:
     return [("never", NEVER)] + [(f"layer {n}", n) for n in range(1, layers)]
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What the figures and a run are made from (hashable: the key of the caches and of the runs)."""
-    devices: tuple[DeviceProfile, ...]
-    model: str
-    seq_len: int
-    deadline_s: float
-    mode: str | None                        # None: Hepti decides
-    shares: str                             # "hepti", "even" or "proportional"
-    falls: tuple[tuple[str, int, float], ...]
-
-    @property
-    def shape(self):
-        return shape_of(get_shape(self.model), self.seq_len)
-
-    @property
-    def num_layers(self) -> int:
-        return get_shape(self.model).num_layers
-
-    @property
-    def names(self) -> list[str]:
-        return [d.name for d in self.devices]
-
-    def fixed(self) -> tuple[float, ...] | None:
-        """The baseline's shares (None: Hepti's MILP)."""
-        K = len(self.devices)
-        return {"hepti": None, "even": (1.0 / K,) * K,
-                "proportional": proportional_shares(self.devices)}[self.shares]
-
-    def memory_falls(self) -> dict[str, tuple[int, float]]:
-        return {name: (layer, nbytes) for name, layer, nbytes in self.falls}
-
-
 class HeptiOverview(Panel):
     """Hepti's part of the overview page: the mode and shares its MILP picks for the four boards (the encoder at
     T = 128) as the secondaries' free memory falls: weight-stationary while they hold their slices, tiled below."""
@@ -171,7 +139,7 @@ class HeptiPanel(Panel):
         self._syncing = False
         self._cache = Memo(CACHE)               # engine inputs -> its result, or its refusal
         self._rows: list[HeptiRowWidgets] = []
-        self.settings: Settings | None = None
+        self.settings: Scenario | None = None
         self.layers: list[LayerDecision] | None = None
         self.predicted = None                  # the predicted Timeline of ``layers``
         self._compare_for = None               # the settings the last change compares
@@ -309,98 +277,28 @@ class HeptiPanel(Panel):
 
     def partition(self, devices, shape, deadline_s: float, num_layers: int, mode: str | None = None,
                   fixed: tuple[float, ...] | None = None) -> Partition:
-        """:func:`hepti_partition` (cached); a refusal raises the engine's error."""
-        def make():
-            return hepti_partition(devices, shape, deadline_s, num_layers=num_layers, mode=mode, fixed_shares=fixed)
-        return self._cached(("partition", devices, shape, deadline_s, num_layers, mode, fixed), make)
+        """:func:`hepti_partition` (remembered); a refusal raises the engine's error."""
+        return self._cached(("partition", devices, shape, deadline_s, num_layers, mode, fixed),
+                            lambda: scenario.solve(devices, shape, deadline_s, num_layers, mode, fixed))
 
-    def run_mode(self, s: Settings) -> str | None:
-        """The mode a run is given: the one forced, or with baseline shares Hepti's own (as ``run_hepti`` does)."""
-        if s.mode is not None or s.shares == "hepti":
-            return s.mode
-        return self.partition(s.devices, s.shape, s.deadline_s, s.num_layers).mode
+    def run_mode(self, s: Scenario) -> str | None:
+        return scenario.run_mode(s, self.partition)
 
-    def schedule(self, s: Settings, quote_best: bool = True) -> list[LayerDecision]:
-        """The partition of every layer as the ranks decide it from their reports (:func:`decide` on each
-        layer's free memory; the measured speeds of a real run are the devices' own here). ``quote_best=False``:
-        a deadline no partition meets raises :class:`DeadlineMissed` at once, before the best reachable is known."""
-        def make():
-            shape, L, K = s.shape, s.num_layers, len(s.devices)
-            mode, fixed = self.run_mode(s), s.fixed()
-            reports = Reports(s.devices, s.memory_falls())
-            split, current, out = None, None, []
-            for layer in range(L):
-                now = [replace(d, memory_bytes=reports.free_bytes(i, layer)) for i, d in enumerate(s.devices)]
-                new, why, partition = decide(split, None, now, shape, L, layer, s.deadline_s, list(range(K)), mode,
-                                             False, fixed, quote_best=quote_best)
-                if new is not None:
-                    split, current = new, partition
-                out.append(LayerDecision(current, why))
-            return out
-        return self._cached(("schedule", s) if quote_best else ("schedule", s, "unquoted"), make)
+    def schedule(self, s: Scenario, quote_best: bool = True) -> list[LayerDecision]:
+        """:func:`~workbench.hepti.scenario.schedule` (remembered)."""
+        return self._cached(("schedule", s) if quote_best else ("schedule", s, "unquoted"),
+                            lambda: scenario.schedule(s, quote_best, self.partition))
 
-    def predicted_steps(self, s: Settings, layers: list[LayerDecision]):
-        """Every layer's steps with its own partition, as the split executes them."""
-        def make():
-            shape, K = s.shape, len(s.devices)
-            return [step for n, ld in enumerate(layers)
-                    for step in layer_steps(split_of(ld.partition, list(range(K)), shape), n, shape, s.devices)]
-        return self._cached(("steps", s), make)
+    def predicted_steps(self, s: Scenario, layers: list[LayerDecision]):
+        return self._cached(("steps", s), lambda: scenario.scenario_steps(s, layers))
 
-    def predicted_timeline(self, s: Settings, layers: list[LayerDecision]):
+    def predicted_timeline(self, s: Scenario, layers: list[LayerDecision]):
         """The predicted schedule of every layer with its own partition (the executed split's steps)."""
         return self._cached(("timeline", s), lambda: steps_timeline(self.predicted_steps(s, layers), s.names,
                                                                    "hepti predicted"))
 
-    def timeline_note(self, s: Settings, layers: list[LayerDecision], predicted) -> str:
-        """Why the timeline's prediction differs from the decision's (the latency figure's), when it does: the
-        decision's model leaves out the links' latency and computes shares of heads, where the split executes
-        whole heads."""
-        decided, timed = predicted_s(layers), predicted.end
-        if abs(timed - decided) < 5e-5:
-            return ""
-        latency = sum(step.latency_s for step in self.predicted_steps(s, layers) if step.kind != "compute")
-        heads = timed - decided - latency
-        parts = [f"the links' latency {1e3 * latency:.1f} ms"] if latency >= 5e-5 else []
-        if abs(heads) >= 5e-5:
-            parts.append(f"whole heads per device {1e3 * heads:+.1f} ms")
-        return (f"<br><sub>{1e3 * timed:.1f} ms, not the decision's {1e3 * decided:.1f} ms: "
-                f"{' and '.join(parts)}, which the decision's model leaves out</sub>")
-
-    @staticmethod
-    def drawn_note(shifted, result) -> str:
-        """After a fault, what of the run's time the drawn spans are: the resumed layers, from the layer they
-        resumed at (drawn where the prediction starts it), and what the rest of the total is."""
-        spans = [x for x in shifted.spans if x.layer is not None and x.event != "fault"]
-        if not result.faults or not spans:
-            return ""
-        first, last = min(x.layer for x in spans), max(x.layer for x in spans)
-        drawn = max(x.end for x in spans) - min(x.start for x in spans)
-        return (f"<br><sub>drawn: layers {first}-{last} after the fault, {1e3 * drawn:.1f} ms, from where the "
-                f"prediction starts layer {first}; the other {1e3 * (result.latency_s - drawn):.1f} ms are the run "
-                "the fault cut short (its spans went with its worker) and the restart</sub>")
-
-    def compare(self, s: Settings) -> dict[str, Partition | str]:
-        """Hepti's MILP, even and proportional shares (in the mode Hepti picks or the one forced) and each mode
-        forced with Hepti's shares, at the first layer's memory and without a deadline (the figure draws it);
-        a refusal is kept as the engine's reason."""
-        shape, L, devices, K = s.shape, s.num_layers, s.devices, len(s.devices)
-        out: dict[str, Partition | str] = {}
-
-        def attempt(label, make):
-            try:
-                out[label] = make()
-            except WorkbenchError as exc:
-                out[label] = str(exc)
-
-        attempt(COMPARE["hepti"], lambda: self.partition(devices, shape, math.inf, L, s.mode))
-        base_mode = lambda: s.mode or self.partition(devices, shape, math.inf, L).mode
-        attempt(COMPARE["even"], lambda: self.partition(devices, shape, math.inf, L, base_mode(), (1.0 / K,) * K))
-        attempt(COMPARE["proportional"], lambda: self.partition(devices, shape, math.inf, L, base_mode(),
-                                                                proportional_shares(devices)))
-        for mode in MODE_TITLES:
-            attempt(f"{MODE_SHORT[mode]} forced", lambda mode=mode: self.partition(devices, shape, math.inf, L, mode))
-        return out
+    def compare(self, s: Scenario) -> dict[str, Partition | str]:
+        return scenario.compare(s, self.partition)
 
     # -- updates
 
@@ -411,7 +309,7 @@ class HeptiPanel(Panel):
         model, N = self.model.value, int(self.seq_len.value)
         deadline_s = self.deadline.value / 1e3 if self.use_deadline.value else math.inf
         try:
-            settings = Settings(self.devices(), model, N, deadline_s,
+            settings = Scenario(self.devices(), model, N, deadline_s,
                                 None if self.mode.value == "auto" else self.mode.value, self.shares.value,
                                 self.falls())
         except WorkbenchError as exc:
@@ -450,7 +348,7 @@ class HeptiPanel(Panel):
         elif self._quote_for is not None:
             self._quote_best(self._quote_for)
 
-    def _quote_best(self, s: Settings) -> None:
+    def _quote_best(self, s: Scenario) -> None:
         """A deadline missed, said again with the best reachable latency (the comparison's solve, remembered by
         the engine, makes it instant)."""
         self._quote_for = None
@@ -461,7 +359,7 @@ class HeptiPanel(Panel):
             self._no_plan(("decision", "breakdown", "timeline"), f"no partition: {exc}")
             self.report(self._refresh, exc)
 
-    def _show_compare(self, s: Settings) -> None:
+    def _show_compare(self, s: Scenario) -> None:
         self.compared = self.compare(s)
         selected = COMPARE[s.shares]
         self.show_if_changed("compare", (s.devices, s.model, s.seq_len, s.mode, s.deadline_s, selected),
@@ -473,7 +371,7 @@ class HeptiPanel(Panel):
             self.show_if_changed(name, ("none", reason), lambda name=name: no_plan_figure(name, reason))
 
     @staticmethod
-    def _reasons_html(s: Settings, layers: list[LayerDecision]) -> str:
+    def _reasons_html(s: Scenario, layers: list[LayerDecision]) -> str:
         """Why the first layer's partition is what it is (the engine's reasons and binding constraint), what each
         device computes and holds, and every later re-decision with its reason."""
         first = layers[0].partition
@@ -518,7 +416,7 @@ class HeptiPanel(Panel):
             head = (f"Hepti timeline on {len(s.devices)} devices ({s.model}, T = {s.seq_len}): ")
             if result is None:
                 return timeline_figure(predicted, s.names, None, marks, head + f"predicted {1e3 * predicted.end:.1f} ms"
-                                       + self.timeline_note(s, layers, predicted))
+                                       + timeline_note(layers, predicted, self.predicted_steps(s, layers)))
             measured = result.timeline
             shift = measured_shift(measured, predicted)
             shifted = replace(measured, spans=tuple(replace(x, start=x.start - shift, end=x.end - shift)
@@ -527,7 +425,7 @@ class HeptiPanel(Panel):
             fault = f"; {len(result.faults)} fault" if result.faults else ""
             return timeline_figure(predicted, s.names, shifted, marks,
                                    head + f"{result.label} {1e3 * result.latency_s:.1f} ms vs predicted "
-                                   f"{1e3 * predicted.end:.1f} ms{fault}" + self.drawn_note(shifted, result))
+                                   f"{1e3 * predicted.end:.1f} ms{fault}" + drawn_note(shifted, result))
         self.show_if_changed("timeline", (key, id(result)), build)
         if result is None:
             self.run_info.value = self.decisions_info.value = ""
@@ -547,7 +445,7 @@ class HeptiPanel(Panel):
         self.decisions_info.value = self._decisions_html(s, result)
 
     @staticmethod
-    def _decisions_html(s: Settings, result) -> str:
+    def _decisions_html(s: Scenario, result) -> str:
         """Every decision the run's ranks made, with the devices taking part named (after a fault the ranks are
         the devices left)."""
         names_at: dict[int, dict[int, str]] = {}

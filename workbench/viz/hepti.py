@@ -16,6 +16,7 @@ from typing import Mapping, NamedTuple, Sequence
 import plotly.graph_objects as go
 
 from workbench.hepti.plan import MODE_TITLES, Partition
+from workbench.hepti.scenario import LayerDecision
 from workbench.timeline import Timeline
 from workbench.viz.style import INK, LEGEND_DEVICES, MARGIN, TEMPLATE, device_color, message_figure
 from workbench.viz.timeline import KIND_COLORS, gantt_figure
@@ -29,13 +30,6 @@ SEGMENT_NAMES = {"compute": "compute (its own share)", "waiting": "waiting for t
 MARK_KINDS = ("first", "switch", "repartition", "fault")
 MARK_NAMES = {"first": "first decision", "switch": "mode switch", "repartition": "re-partition", "fault": "fault"}
 MARK_COLORS = {"first": "#4C78A8", "switch": "#7B3294", "repartition": "#7F7F7F", "fault": "#D62728"}
-
-
-class LayerDecision(NamedTuple):
-    """The partition a layer runs with, and why it was decided at this layer ("first", the engine's reason for
-    re-partitioning, or "" when the layer keeps the one before)."""
-    partition: Partition
-    changed: str
 
 
 class Mark(NamedTuple):
@@ -340,3 +334,33 @@ def timeline_figure(predicted: Timeline, names: Sequence[str], measured: Timelin
     fig.update_layout(shapes=shapes, margin={**MARGIN, "l": 140, "t": 100},
                       yaxis2={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True})
     return fig
+
+
+def timeline_note(layers: Sequence[LayerDecision], predicted: Timeline, steps: Sequence) -> str:
+    """A timeline title's second line when its prediction (the executed split's ``steps``) differs from the
+    decision's: the decision's model leaves out the links' latency and computes shares of heads, where the
+    split executes whole heads."""
+    decided, timed = predicted_s(layers), predicted.end
+    if abs(timed - decided) < 5e-5:
+        return ""
+    latency = sum(step.latency_s for step in steps if step.kind != "compute")
+    heads = timed - decided - latency
+    parts = [f"the links' latency {1e3 * latency:.1f} ms"] if latency >= 5e-5 else []
+    if abs(heads) >= 5e-5:
+        parts.append(f"whole heads per device {1e3 * heads:+.1f} ms")
+    return (f"<br><sub>{1e3 * timed:.1f} ms, not the decision's {1e3 * decided:.1f} ms: "
+            f"{' and '.join(parts)}, which the decision's model leaves out</sub>")
+
+
+def drawn_note(shifted: Timeline, result) -> str:
+    """After a fault, what of the run's time the drawn spans are: the resumed layers, from the layer they
+    resumed at (drawn where the prediction starts it), and what the rest of the total is."""
+    spans = [x for x in shifted.spans if x.layer is not None and x.event != "fault"]
+    if not result.faults or not spans:
+        return ""
+    first, last = min(x.layer for x in spans), max(x.layer for x in spans)
+    drawn = max(x.end for x in spans) - min(x.start for x in spans)
+    return (f"<br><sub>drawn: layers {first}-{last} after the fault, {1e3 * drawn:.1f} ms, from where the "
+            f"prediction starts layer {first}; the other {1e3 * (result.latency_s - drawn):.1f} ms are the run "
+            "the fault cut short (its spans went with its worker) and the restart</sub>")
+
