@@ -128,3 +128,54 @@ def test_numpy_whole_numbers_are_whole_numbers():
     import numpy as np
 
     assert Scenario(preset=PRESET, batch_size=np.int64(8)).batch_size == 8
+
+
+# -- a study as its page sets it --------------------------------------------------------------------
+
+def study(**changes):
+    from workbench.earlyexit.scenario import StudySettings
+
+    base = dict(task="sentiment", easy=0.8, threshold=0.4, slo_s=0.05, batch_size=16, gpus=(("v100", 4),),
+                pattern="poisson", rate=2000.0)
+    return StudySettings(**{**base, **changes})
+
+
+@pytest.mark.parametrize("changes, requests", [
+    ({}, 2000),                                                    # the floor: 2000 x 0.05 x 20 is 2000 too
+    ({"rate": 3000.0}, 3000),                                      # 20 SLOs of arrivals
+    ({"rate": 100.0, "slo_s": 2.0}, 4000),
+    ({"rate": 3000.0, "slo_s": 1.0}, 20_000),                      # 60,000 wanted, capped
+    ({"pattern": "bursty", "rate": 1000.0}, 10_000),               # 5 on/off cycles of 0.5 s x 4 at 1000/s
+])
+def test_a_studys_simulation_covers_its_slos_and_bursts_within_the_cap(changes, requests):
+    assert study(**changes).sim_requests() == requests
+
+
+def test_a_study_is_the_engines_scenario_of_its_numbers():
+    s = study(gpus=(("v100", 2), ("p100", 1)), batch_size=8)
+    sc = s.scenario("quick")
+    assert (sc.gpus, sc.batch_size, sc.slo_s, sc.easy, sc.threshold, sc.task, sc.preset) == \
+        ({"v100": 2, "p100": 1}, 8, 0.05, 0.8, 0.4, "sentiment", "quick")
+    assert hash(s) == hash(study(gpus=(("v100", 2), ("p100", 1)), batch_size=8))      # a memo's key
+    with pytest.raises(WorkbenchError, match="no GPUs"):
+        study(gpus=()).scenario("quick")
+
+
+def test_the_stock_model_has_only_its_classifier_and_exit_share_reads_the_last_ramp():
+    from workbench.earlyexit.scenario import exit_share, stock_of
+
+    stock = stock_of(Scenario(preset="quick"))
+    assert stock.disabled == (0, 1, 2, 3, 4) and stock.num_layers == 6
+    assert exit_share((1.0, 0.9, 0.7, 0.6, 0.55, 0.0)) == pytest.approx(0.45)
+    assert exit_share((1.0,)) == 0.0
+
+
+def test_goodput_rows_take_each_plans_baseline_or_zero():
+    from types import SimpleNamespace as NS
+
+    from workbench.earlyexit.scenario import goodput_rows
+
+    plans = {4: NS(goodput=900.0, baseline=NS(goodput=600.0)), 8: NS(goodput=0.0, baseline=None)}
+    stock = {4: NS(goodput=0.0, baseline=NS(goodput=400.0)), 8: NS(goodput=0.0, baseline=None)}
+    assert goodput_rows(plans, stock) == [{"batch": 4, "e3": 900.0, "early_exit": 600.0, "stock": 400.0},
+                                          {"batch": 8, "e3": 0.0, "early_exit": 0.0, "stock": 0.0}]

@@ -8,10 +8,10 @@ import pytest
 
 from workbench.earlyexit.artifacts import load_record, model_ready, profile_series
 from workbench.earlyexit.batchprofile import BatchProfile
-from workbench.earlyexit.scenario import Scenario
+from workbench.earlyexit.scenario import (SIM_MAX_REQUESTS, Scenario, StudySettings, default_threshold,
+                                          exit_share)
 from workbench.presets import default_preset
-from workbench.ui.earlyexit import (FEW_EXITS, SERIES_WINDOWS, SIM_MAX_REQUESTS, EarlyExitPanel, default_threshold,
-                                    exit_share, sim_requests)
+from workbench.ui.earlyexit import FEW_EXITS, SERIES_WINDOWS, EarlyExitPanel
 from workbench.viz.earlyexit import one_based
 
 PRESET = default_preset()
@@ -26,7 +26,8 @@ def reference(task="sentiment", easy=0.8, threshold=None, **knobs):
                   **{k: v for k, v in knobs.items() if k in ("gpus", "slo_s", "batch_size")})
     plan = sc.optimize(series.forecast[-1])
     pattern, rate = knobs.get("pattern", "poisson"), knobs.get("rate", 2000)
-    requests = sim_requests({"pattern": pattern, "rate": rate, "slo_s": sc.slo_s})
+    requests = StudySettings(task, easy, threshold, sc.slo_s, sc.batch_size, tuple(sc.gpus.items()), pattern,
+                             rate).sim_requests()
     sim = sc.simulate(plan, pattern=pattern, rate=rate, requests=requests,
                       profile=series.measured[-1]) if plan else None
     return series, plan, sim
@@ -109,7 +110,7 @@ def test_every_control_off_its_default_reaches_the_engine_and_the_figures(panel,
     panel.mix.value = 0.2
     assert "easy share" in panel.figures["profile"].data[1].name and panel.series.easy[-1] != pytest.approx(0.8)
     panel.threshold.value = 0.5
-    assert panel.settings()["threshold"] == 0.5 and "0.50" not in titles()["profile"]
+    assert panel.settings().threshold == 0.5 and "0.50" not in titles()["profile"]
     assert "below 0.50 nats" in panel.threshold_info.value
     assert "accuracy" in panel.threshold_info.value
 
@@ -245,7 +246,7 @@ def test_the_simulation_states_the_offered_rate_and_shows_overload():
     sim = panel.simulation
     assert sim.drop_rate + sim.straggler_rate > 0.5
     assert f"{100 * rate / plan.goodput:,.0f}% of what the plan sustains" in panel.sim_info.value
-    assert len(sim.requests) == min(SIM_MAX_REQUESTS, sim_requests(panel.settings()))
+    assert len(sim.requests) == min(SIM_MAX_REQUESTS, panel.settings().sim_requests())
     panel.rate.value = 2000
     panel.pattern.value = "bursty"
     assert len(panel.simulation.requests) >= 2000 * 2 * 5 or len(panel.simulation.requests) == SIM_MAX_REQUESTS

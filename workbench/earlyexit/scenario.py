@@ -6,6 +6,10 @@ exit threshold, disabled ramps, slack and pipelining. From it come the batch pro
 real exits on a workload of that mix; for the BERT shapes, which have no trained ramps here, a profile of
 the same mix drawn like the shipped model's), the layer latencies (E3's GPUs, read off published BERT batch curves; or the host's
 measured profile for a real run), the transfers between splits, E3's plan and its simulation.
+
+A :class:`StudySettings` is the same knobs as the page holds them (plus its arrivals), unchecked and hashable:
+its :meth:`~StudySettings.scenario` makes the checked Scenario; beside it, what the page derives from the
+engine's answers (the default threshold, the stock model, the goodput rows, the simulation's length).
 """
 from __future__ import annotations
 
@@ -227,3 +231,80 @@ class Scenario:
 def inside_ramps(splits) -> set[int]:
     """The ramps strictly inside the splits (every layer but each split's last)."""
     return {k for s, e in splits for k in range(s, e - 1)}
+
+
+# -- a study as its page sets it ---------------------------------------------------------------------
+
+SIM_REQUESTS = 2000
+"""The fewest requests a study's simulation serves (the bubbles figure shows the run's start)."""
+SIM_SLOS = 20
+"""A simulation covers at least this many SLOs of arrivals (``rate x SLO_S x SIM_SLOS`` requests) ..."""
+SIM_BURSTS = 5
+"""... and, for bursty arrivals, about this many on/off cycles (each ``burst_s x burst_factor`` on average) ..."""
+SIM_MAX_REQUESTS = 20_000
+"""... but at most this many requests: about 0.4 to 0.7 s of SimPy on a 2-core host (measured), so that a page's
+redraw stays under about a second; the page's caption says when the cap shortens the run."""
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """The numbers a study of the shipped encoder sets (the E3 page's controls), unchecked and hashable: the key
+    of the page's memos and of its kept runs. :meth:`scenario` checks them and makes the engine's Scenario."""
+    task: str
+    easy: float
+    threshold: float
+    slo_s: float
+    batch_size: int
+    gpus: tuple[tuple[str, int], ...]      # (type, count), the types with none left out
+    pattern: str                           # the simulator's arrival pattern
+    rate: float                            # requests per second
+
+    @property
+    def gpu_counts(self) -> dict[str, int]:
+        return dict(self.gpus)
+
+    def scenario(self, preset: str) -> Scenario:
+        return Scenario(model="encoder", task=self.task, preset=preset, gpus=self.gpu_counts, slo_s=self.slo_s,
+                        batch_size=self.batch_size, easy=self.easy, threshold=self.threshold)
+
+    def sim_requests(self) -> int:
+        """Requests one simulation serves: at least :data:`SIM_REQUESTS`, :data:`SIM_SLOS` SLOs of arrivals and,
+        for bursty arrivals, :data:`SIM_BURSTS` on/off cycles; at most :data:`SIM_MAX_REQUESTS`."""
+        from workbench.earlyexit.simulator import ArrivalProcess
+
+        want = max(SIM_REQUESTS, self.rate * self.slo_s * SIM_SLOS)
+        if self.pattern == "bursty":
+            arrivals = ArrivalProcess("bursty", self.rate, count=1)
+            want = max(want, self.rate * arrivals.burst_s * arrivals.burst_factor * SIM_BURSTS)
+        return int(min(SIM_MAX_REQUESTS, math.ceil(want)))
+
+
+def default_threshold(record) -> float:
+    """The largest entropy threshold of the record's table that keeps accuracy within a point of the stock
+    model's while some samples exit; DeeBERT's default when none does."""
+    from workbench.earlyexit.record import DEFAULT_THRESHOLD
+
+    good = [row["threshold"] for row in record.table()
+            if row["loss"] <= 0.01 and row["mean_layers"] < record.num_layers]
+    return max(good, default=DEFAULT_THRESHOLD)
+
+
+def exit_share(profile) -> float:
+    """The share of samples that leave before the last layer: 1 - the fraction left after the last ramp
+    before the classifier."""
+    return 1.0 - float(profile[-2]) if len(profile) > 1 else 0.0
+
+
+def stock_of(sc: Scenario) -> Scenario:
+    """The scenario of the same model without exits: every ramp but the classifier off."""
+    return sc.with_(disabled=tuple(range(sc.num_layers - 1)))
+
+
+def goodput_rows(plans: Mapping[int, object], stock: Mapping[int, object]) -> list[dict]:
+    """Per batch (every replica's), the optimizer's goodput of E3's plan, of the early-exit model as is and of the
+    stock model, both data parallel on all the same GPUs (the plans' baselines); 0 where none meets the SLO."""
+    def unsplit(plan) -> float:
+        return plan.baseline.goodput if plan.baseline else 0.0
+
+    return [{"batch": b, "e3": plans[b].goodput, "early_exit": unsplit(plans[b]), "stock": unsplit(stock[b])}
+            for b in plans]

@@ -13,6 +13,8 @@ import math
 import ipywidgets as widgets
 
 from workbench.devices import profile_names
+from workbench.earlyexit.scenario import (SIM_MAX_REQUESTS, StudySettings, default_threshold, exit_share,
+                                          goodput_rows, stock_of)
 from workbench.errors import WorkbenchError
 from workbench.presets import default_preset
 from workbench.ui.base import BackgroundRun, KeptRuns, Memo, Panel, RunOutcome
@@ -28,15 +30,6 @@ SWEEP_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SERIES_WINDOWS = 6
 """Windows of the drifting mix behind the forecast: ARIMA(1, 1, 0) needs five past windows, so the last
 window's forecast is the model's; each window more costs ARIMA fits (about 0.3 s here)."""
-SIM_REQUESTS = 2000
-"""The fewest requests the simulator serves per redraw (the bubbles figure shows the run's start)."""
-SIM_SLOS = 20
-"""A simulation covers at least this many SLOs of arrivals (``rate x SLO_S x SIM_SLOS`` requests) ..."""
-SIM_BURSTS = 5
-"""... and, for bursty arrivals, about this many on/off cycles (each ``burst_s x burst_factor`` on average) ..."""
-SIM_MAX_REQUESTS = 20_000
-"""... but at most this many requests: about 0.4 to 0.7 s of SimPy on this 2-core host (measured), so that a
-redraw stays under about a second; the caption says when the cap shortens the run."""
 FEW_EXITS = 0.25
 """Below this share of samples leaving before the last layer, the page says E3's gain is pipelining, not exits."""
 FIGURE_TITLES = {"plan": "E3's split plan", "goodput": "Goodput against the batch per replica",
@@ -67,35 +60,6 @@ drawn as an easy:hard mix that drifts window by window; E3 plans with its ARIMA 
 read off published BERT batch curves (derived for the P100, K80 and A6000); <b>Run for real</b> serves the plan's splits on Ray Serve with CPU
 replicas on this host.</p>
 """
-
-
-def easy_label(easy: float) -> str:
-    return f"{round(100 * easy)}:{round(100 * (1 - easy))}"
-
-
-def default_threshold(record) -> float:
-    """The largest entropy threshold of the record's table that keeps accuracy within a point of the stock
-    model's while some samples exit; DeeBERT's default when none does."""
-    from workbench.earlyexit.record import DEFAULT_THRESHOLD
-
-    good = [row["threshold"] for row in record.table()
-            if row["loss"] <= 0.01 and row["mean_layers"] < record.num_layers]
-    return max(good, default=DEFAULT_THRESHOLD)
-
-
-def stock_of(sc, num_layers: int):
-    """The scenario of the same model without exits: every ramp but the classifier off."""
-    return sc.with_(disabled=tuple(range(num_layers - 1)))
-
-
-def goodput_rows(plans: dict[int, object], stock: dict[int, object]) -> list[dict]:
-    """Per batch (every replica's), the optimizer's goodput of E3's plan, of the early-exit model as is and of the
-    stock model, both data parallel on all the same GPUs (the plans' baselines); 0 where none meets the SLO."""
-    def unsplit(plan) -> float:
-        return plan.baseline.goodput if plan.baseline else 0.0
-
-    return [{"batch": b, "e3": plans[b].goodput, "early_exit": unsplit(plans[b]), "stock": unsplit(stock[b])}
-            for b in plans]
 
 
 class EarlyExitOverview(Panel):
@@ -251,11 +215,12 @@ class EarlyExitPanel(Panel):
         """GPU type -> count, the types set to 0 left out."""
         return {g: int(box.value) for g, box in self.gpus.items() if box.value}
 
-    def settings(self) -> dict:
+    def settings(self) -> StudySettings:
         """The controls' values as the engine is asked with them."""
-        return {"task": self.task.value, "easy": float(self.mix.value), "threshold": float(self.threshold.value),
-                "slo_s": float(self.slo.value) / 1e3, "batch_size": int(self.batch.value), "gpus": self.gpu_counts(),
-                "pattern": self.pattern.value, "rate": float(self.rate.value)}
+        return StudySettings(task=self.task.value, easy=float(self.mix.value), threshold=float(self.threshold.value),
+                             slo_s=float(self.slo.value) / 1e3, batch_size=int(self.batch.value),
+                             gpus=tuple(self.gpu_counts().items()), pattern=self.pattern.value,
+                             rate=float(self.rate.value))
 
     def series_for(self, task: str, easy: float, threshold: float):
         from workbench.earlyexit.artifacts import profile_series
@@ -265,17 +230,14 @@ class EarlyExitPanel(Panel):
 
         return self._series.get_or((task, easy, threshold), make)
 
-    def scenario(self, s: dict):
+    def scenario(self, s: StudySettings):
         """The engine's :class:`~workbench.earlyexit.scenario.Scenario` of these settings (it checks them: no
         GPUs, an SLO or batch out of range are said in the page)."""
-        from workbench.earlyexit.scenario import Scenario
-
-        for g, n in s["gpus"].items():
+        for g, n in s.gpus:
             if not 0 <= n <= MAX_GPUS:
                 raise WorkbenchError(f"the count of {g.upper()} GPUs on this page is a whole number in 0..{MAX_GPUS}, "
                                      f"got {n} (`workbench earlyexit plan --gpus` plans with up to 64 of a type)")
-        return Scenario(model="encoder", task=s["task"], preset=self.preset, gpus=s["gpus"], slo_s=s["slo_s"],
-                        batch_size=s["batch_size"], easy=s["easy"], threshold=s["threshold"])
+        return s.scenario(self.preset)
 
     def plan_at(self, sc, profile: tuple[float, ...], batch_size: int, stock: bool = False):
         """E3's plan at ``batch_size`` for the forecast ``profile`` (``stock``: of the model without exits)."""
@@ -286,19 +248,19 @@ class EarlyExitPanel(Panel):
         def make():
             at = sc.with_(batch_size=batch_size)
             if stock:
-                return stock_of(at, len(profile)).optimize(BatchProfile((1.0,) * (len(profile) - 1) + (0.0,)))
+                return stock_of(at).optimize(BatchProfile((1.0,) * (len(profile) - 1) + (0.0,)))
             return at.optimize(BatchProfile(profile))
 
         return self._plans.get_or(key, make)
 
-    def simulate(self, sc, s: dict, plan, measured):
-        """The simulator on ``plan``: the page's arrivals (:func:`sim_requests` of them), exits drawn from the
+    def simulate(self, sc, s: StudySettings, plan, measured):
+        """The simulator on ``plan``: the page's arrivals (``s.sim_requests()`` of them), exits drawn from the
         ``measured`` window."""
-        key = (sc.task, s["easy"], s["threshold"], tuple(map(tuple, plan.splits)), tuple(plan.replicas),
-               tuple(plan.gpu_types), tuple(plan.batch_sizes), s["slo_s"], s["pattern"], s["rate"])
+        key = (sc.task, s.easy, s.threshold, tuple(map(tuple, plan.splits)), tuple(plan.replicas),
+               tuple(plan.gpu_types), tuple(plan.batch_sizes), s.slo_s, s.pattern, s.rate)
 
         def make():
-            return sc.simulate(plan, pattern=s["pattern"], rate=s["rate"], requests=sim_requests(s),
+            return sc.simulate(plan, pattern=s.pattern, rate=s.rate, requests=s.sim_requests(),
                                profile=measured)
 
         return self._sims.get_or(key, make)
@@ -311,14 +273,14 @@ class EarlyExitPanel(Panel):
         if self.task.value != self._threshold_task:
             self._task_threshold(self.task.value, None)
         s = self.settings()
-        record = self.record(s["task"])
-        self.threshold_info.value = self._threshold_html(record, s["threshold"])
-        self.series = series = self.series_for(s["task"], s["easy"], s["threshold"])
+        record = self.record(s.task)
+        self.threshold_info.value = self._threshold_html(record, s.threshold)
+        self.series = series = self.series_for(s.task, s.easy, s.threshold)
         self.profile = profile = tuple(series.forecast[-1].remaining)
         self.exit_share = exit_share(profile)
         self.exits_note.value = self._exits_html(self.exit_share)
-        B = s["batch_size"]
-        self.show_if_changed("profile", (s["task"], s["easy"], s["threshold"], B), lambda: profile_figure(series, B))
+        B = s.batch_size
+        self.show_if_changed("profile", (s.task, s.easy, s.threshold, B), lambda: profile_figure(series, B))
         try:
             sc = self.scenario(s)
         except WorkbenchError as exc:                       # no GPUs, say: in the message and in the figures
@@ -336,7 +298,7 @@ class EarlyExitPanel(Panel):
         """The secondary part of a change: E3 against the stock model over every batch size, and the simulated
         bubbles of the plan (the costliest part at many GPUs and high rates)."""
         s, series, profile = self.settings(), self.series, self.profile     # as the refresh that deferred this set them
-        B = s["batch_size"]
+        B = s.batch_size
         try:
             sc = self.scenario(s)
         except WorkbenchError:                              # said by the refresh that deferred this
@@ -344,8 +306,8 @@ class EarlyExitPanel(Panel):
         plans = {b: self.plan_at(sc, profile, b) for b in sorted(set(SWEEP_BATCHES) | {B})}
         stock = {b: self.plan_at(sc, profile, b, stock=True) for b in plans}
         self.goodput = goodput_rows(plans, stock)
-        self.show_if_changed("goodput", (s["task"], profile, tuple(s["gpus"].items()), s["slo_s"], B),
-                             lambda: goodput_figure(self.goodput, B, 1e3 * s["slo_s"]))
+        self.show_if_changed("goodput", (s.task, profile, s.gpus, s.slo_s, B),
+                             lambda: goodput_figure(self.goodput, B, 1e3 * s.slo_s))
         plan = plans[B]
         if not plan:
             self.simulation = None
@@ -424,11 +386,11 @@ class EarlyExitPanel(Panel):
         head = "Why this split" if plan else "No split plan"
         return f"<div class='wb-why'><b>{head}</b><ul class='wb-list'>{body}</ul></div>"
 
-    def run_key(self, s: dict | None = None) -> tuple:
+    def run_key(self, s: StudySettings | None = None) -> tuple:
         """The settings a real run uses, and so belongs to: task, mix, threshold and arrival pattern (it makes
         its own plan for CPU replicas of this host, with its own SLO, batch and rate)."""
         s = s or self.settings()
-        return (s["task"], s["easy"], s["threshold"], s["pattern"])
+        return (s.task, s.easy, s.threshold, s.pattern)
 
     def _show_bubbles(self) -> None:
         """The simulated bubbles of the page's plan, with the offered rate against what the plan sustains."""
@@ -436,17 +398,17 @@ class EarlyExitPanel(Panel):
         n = len(sim.requests)
         arrivals = [r.arrival_s for r in sim.requests]
         last = max(arrivals, default=0.0)
-        drawn = n / last if last > 0 else float(s["rate"])
-        share = s["rate"] / plan.goodput if plan.goodput else math.inf
+        drawn = n / last if last > 0 else float(s.rate)
+        share = s.rate / plan.goodput if plan.goodput else math.inf
         capped = " (capped to keep a redraw short)" if n == SIM_MAX_REQUESTS else ""
-        offered = (f"offered {s['rate']:,.0f}/s = {100 * share:,.0f}% of what the plan sustains "
+        offered = (f"offered {s.rate:,.0f}/s = {100 * share:,.0f}% of what the plan sustains "
                    f"({plan.goodput:,.0f}/s)")
         drew = (f"; this draw's arrivals average {drawn:,.0f}/s over {last:.2f} s"
-                if abs(drawn - s["rate"]) > 0.1 * s["rate"] else "")
-        if s["pattern"] == "bursty":
+                if abs(drawn - s.rate) > 0.1 * s.rate else "")
+        if s.pattern == "bursty":
             from workbench.earlyexit.simulator import ArrivalProcess
 
-            bursts = ArrivalProcess("bursty", s["rate"], count=1)
+            bursts = ArrivalProcess("bursty", s.rate, count=1)
             cycle = bursts.burst_s * bursts.burst_factor
             drew += (f" ({last / cycle:.1f} on/off cycles of {cycle:g} s on average"
                      + ("; too few to average out the bursts" if last < 3 * cycle else "") + ")")
@@ -510,8 +472,8 @@ class EarlyExitPanel(Panel):
             self._stage(handle, f"serving: {done} of {total} requests answered")
 
         try:
-            run = real_run(task=s["task"], preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
-                           batch_size=HOST_BATCH, easy=s["easy"], threshold=s["threshold"], pattern=s["pattern"],
+            run = real_run(task=s.task, preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
+                           batch_size=HOST_BATCH, easy=s.easy, threshold=s.threshold, pattern=s.pattern,
                            requests=HOST_REQUESTS, progress=progress)
         finally:
             self._stage(handle, "")
@@ -522,9 +484,9 @@ class EarlyExitPanel(Panel):
         from workbench.earlyexit.realrun import drift_run
 
         s = self.settings()
-        return drift_run(task=s["task"], preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
-                         batch_size=HOST_BATCH, easy=s["easy"], drift_to=round(1.0 - s["easy"], 2),
-                         threshold=s["threshold"], requests=DRIFT_REQUESTS, window_s=DRIFT_WINDOW_S,
+        return drift_run(task=s.task, preset=self.preset, replicas=HOST_REPLICAS, slo_s=HOST_SLO_S,
+                         batch_size=HOST_BATCH, easy=s.easy, drift_to=round(1.0 - s.easy, 2),
+                         threshold=s.threshold, requests=DRIFT_REQUESTS, window_s=DRIFT_WINDOW_S,
                          rate=DRIFT_REQUESTS / (DRIFT_WINDOWS * DRIFT_WINDOW_S),
                          replan=self.drift_replan, progress=handle.progress)
 
@@ -556,21 +518,3 @@ class EarlyExitPanel(Panel):
         if self.run_key() != outcome.key:
             self.run_info.value = ("<span class='wb-run-info'>The task, mix, threshold or arrival pattern changed "
                                    "during the run; its measurement shows when they are set back.</span>")
-
-
-def exit_share(profile) -> float:
-    """The share of samples that leave before the last layer: 1 - the fraction left after the last ramp
-    before the classifier."""
-    return 1.0 - float(profile[-2]) if len(profile) > 1 else 0.0
-
-
-def sim_requests(s: dict) -> int:
-    """Requests one simulation serves: at least :data:`SIM_REQUESTS`, :data:`SIM_SLOS` SLOs of arrivals and,
-    for bursty arrivals, :data:`SIM_BURSTS` on/off cycles; at most :data:`SIM_MAX_REQUESTS`."""
-    from workbench.earlyexit.simulator import ArrivalProcess
-
-    want = max(SIM_REQUESTS, s["rate"] * s["slo_s"] * SIM_SLOS)
-    if s["pattern"] == "bursty":
-        arrivals = ArrivalProcess("bursty", s["rate"], count=1)
-        want = max(want, s["rate"] * arrivals.burst_s * arrivals.burst_factor * SIM_BURSTS)
-    return int(min(SIM_MAX_REQUESTS, math.ceil(want)))
