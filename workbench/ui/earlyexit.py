@@ -456,7 +456,7 @@ class EarlyExitPanel(Panel):
 
     # -- the real run
 
-    def _run_for_real(self, handle):
+    def _run_for_real(self, handle) -> RunOutcome | None:
         """Worker thread: :func:`~workbench.earlyexit.realrun.real_run` for this task, mix, threshold and
         arrival pattern on CPU replicas of this host (its own plan, SLO and batch: see ``runs_note``). Its
         stages show beside the button: planning, starting Ray and deploying (no callback comes then), then

@@ -257,7 +257,7 @@ class ElasticPanel(Panel):
         self.show_if_changed("memory", (self.task.value, device, nearest, asked, len(rows)),
                              lambda: accuracy_memory_figure(rows, nearest, device, gold=rows[0].gold, asked_ms=asked))
 
-    def _run_for_real(self, handle) -> dict:
+    def _run_for_real(self, handle) -> RunOutcome:
         """Worker thread: run the current plan ``runs`` times on dev texts (emulated on presets)."""
         from workbench.elastic.pipeline import ElasticEngine, PreloadBuffer, run_repeatedly
         from workbench.models.tokenizer import encoder_tokenizer

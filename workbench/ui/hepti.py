@@ -464,7 +464,7 @@ class HeptiPanel(Panel):
 
     # -- the real run
 
-    def _run_for_real(self, handle) -> dict | None:
+    def _run_for_real(self, handle) -> RunOutcome | None:
         """Worker thread: the current settings on one worker process per device (devices emulated)."""
         s, kill, adapt = self.settings, self.kill(), bool(self.adapt.value)
         if s is None:

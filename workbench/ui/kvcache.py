@@ -350,7 +350,7 @@ class KVCachePanel(Panel):
         return DEFAULT_NEW_TOKENS if first is None else int(first.setting("max_new_tokens",
                                                                              DEFAULT_NEW_TOKENS))
 
-    def _replay_all(self, handle) -> dict:
+    def _replay_all(self, handle) -> RunOutcome:
         """Worker thread: the trace of the current settings replayed under every method."""
         settings = self.settings()
         results = replay_methods(settings, self._decoder, new_tokens=self._new_tokens(), progress=handle.progress,

@@ -364,7 +364,7 @@ class PartitionPanel(Panel):
 
     # -- the real run
 
-    def _run_for_real(self, handle) -> dict | None:
+    def _run_for_real(self, handle) -> RunOutcome | None:
         """Worker thread: the current plan on one worker process per device, each held to its device's speed
         by a CPU limit and its link shaped (root; else at full speed, and the page says why)."""
         plan = self.plan
