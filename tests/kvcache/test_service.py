@@ -384,7 +384,7 @@ def test_a_full_disk_undoes_the_call_or_eviction_and_every_context_continues_as_
     from workbench.kvcache import store
 
     config = RUNS[name][0]                                # budgets: one grown context fits, two do not
-    real_write = store.write_chunk
+    real_write = store.write_chunk_crc
     full = {"on": False}
 
     def write_chunk(path, data):
@@ -392,7 +392,7 @@ def test_a_full_disk_undoes_the_call_or_eviction_and_every_context_continues_as_
             raise OSError(28, "No space left on device", str(path))
         return real_write(path, data)
 
-    monkeypatch.setattr(store, "write_chunk", write_chunk)
+    monkeypatch.setattr(store, "write_chunk_crc", write_chunk)
 
     def session(folder, fail_at: int | None):
         svc = LLMService(model, tmp_path / folder, memory_budget_bytes=budget, config=config)

@@ -154,7 +154,7 @@ def test_a_commit_that_fails_before_the_index_leaves_no_next_files_and_the_old_s
         store.add_context(context_row(range(4)))
         old_rows = chunk_rows([chunk(0, 8)])
         store.commit(contexts=[context_row(range(4))], chunks=old_rows, files={("c1", 0): chunk(0, 8)})
-        real_write, writes = store_module.write_chunk, []
+        real_write, writes = store_module.write_chunk_crc, []
 
         def write_chunk(path, data):
             writes.append(path)
@@ -163,7 +163,7 @@ def test_a_commit_that_fails_before_the_index_leaves_no_next_files_and_the_old_s
                 raise OSError(28, "No space left on device", str(path))
             return real_write(path, data)
 
-        monkeypatch.setattr(store_module, "write_chunk", write_chunk)
+        monkeypatch.setattr(store_module, "write_chunk_crc", write_chunk)
         rows = chunk_rows([chunk(10, 4), chunk(11, 8)])
         rows[0].file_bytes, rows[0].crc32 = old_rows[0].file_bytes, old_rows[0].crc32
         with pytest.raises(OSError, match="No space left"):

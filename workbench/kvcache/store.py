@@ -53,7 +53,7 @@ import numpy as np
 
 from workbench.errors import CorruptArtifactError, WorkbenchError
 from workbench.kvcache.chunks import LEVELS, ChunkData, ChunkedKV
-from workbench.kvcache.swapfile import check_file_size, read_chunk, write_chunk
+from workbench.kvcache.swapfile import check_file_size, read_chunk, write_chunk_crc
 
 FORMAT = 2
 """Version of the swap directory; format 1 held values with per-channel scales, as keys still are."""
@@ -352,8 +352,8 @@ class SwapStore:
                 path = self.base_path(*key)
                 path.parent.mkdir(exist_ok=True)
                 made.append(path)
-                written += write_chunk(path, data)
-                row.base_crc32 = file_crc(path)
+                size, row.base_crc32 = write_chunk_crc(path, data)
+                written += size
                 dirs.add(path.parent)
             for key, data in files.items():
                 row = rows.get(key)
@@ -362,8 +362,7 @@ class SwapStore:
                 nxt = self._next_path(*key)
                 nxt.parent.mkdir(exist_ok=True)
                 made.append(nxt)
-                row.file_bytes = write_chunk(nxt, data)
-                row.crc32 = file_crc(nxt)
+                row.file_bytes, row.crc32 = write_chunk_crc(nxt, data)
                 written += row.file_bytes
                 dirs.add(nxt.parent)
             for d in dirs:

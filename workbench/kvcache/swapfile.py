@@ -14,6 +14,7 @@ which the loader streams layer by layer (:func:`stream_layers`) and whole reads 
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -40,16 +41,25 @@ def file_size(bits: int, shape: tuple[int, ...]) -> int:
 
 def write_chunk(path: Path, chunk: ChunkData) -> int:
     """Write ``chunk`` atomically and durably; returns its size in bytes."""
+    return write_chunk_crc(path, chunk)[0]
+
+
+def write_chunk_crc(path: Path, chunk: ChunkData) -> tuple[int, int]:
+    """Write ``chunk`` atomically and durably; returns its size in bytes and the file's CRC-32, taken from the
+    same buffers as they are written (each part goes out from its array, neither copied nor read back)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     parts = [chunk.payload] if chunk.low is None else [chunk.payload, chunk.low, chunk.step]
-    with open(tmp, "wb") as handle:
+    crc = 0
+    with open(tmp, "wb", buffering=0) as handle:
         for part in parts:
-            handle.write(np.ascontiguousarray(part).tobytes())
-        handle.flush()
+            view = memoryview(np.ascontiguousarray(part)).cast("B")
+            crc = zlib.crc32(view, crc)
+            while view:
+                view = view[handle.write(view):]
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    return file_size(chunk.bits, chunk.shape)
+    return file_size(chunk.bits, chunk.shape), crc
 
 
 class DamagedChunkFileError(CorruptArtifactError):
