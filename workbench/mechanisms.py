@@ -28,7 +28,8 @@ package has the roles it needs):
   what the tables deploy and measure, when it is a job of its own, beside them (E3's ``pools.py``);
   bench: ``bench.py`` (``workbench bench NAME``, tables written as results files; a measurement with a job of
   its own, such as LLMS's ``perplexity.py``, lives in its own module and the bench keeps its table; a group of
-  tables sharing their runs goes in ``bench_<group>.py``, as LLMS's ``bench_replays.py`` and ``bench_http.py``);
+  tables sharing their runs goes in ``bench_<group>.py``, as LLMS's ``bench_replays.py`` and ``bench_http.py``
+  and Hepti's ``bench_runs.py``);
   a table the pages read back has a row dataclass (``Results.rows_as``);
 - lab: ``lab.py`` (the teaching lab's expected answers and their checks);
 - views, outside the package: ``workbench.ui.<name>`` (the page's panel: controls wired to engine calls) and

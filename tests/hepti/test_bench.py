@@ -8,6 +8,7 @@ import pytest
 
 from workbench import bench
 from workbench.hepti import bench as bh
+from workbench.hepti import bench_runs as br
 from workbench.hepti.plan import hepti_partition
 from workbench.distributed.shares import proportional_shares
 
@@ -45,13 +46,13 @@ def test_the_lp_devices_differ_and_the_short_case_solves_the_tiled_modes():
     """Short of memory, the tiled modes; from 16 devices the rule would say 2D-tiled, but the mixed-integer
     optimum over those links takes fewer than 16 part, so 1D-tiled (2D over all 64 predicts 30x slower)."""
     opts = bh.options([])
-    shape, L = bh._shape(opts)
+    shape, L = br._shape(opts)
     for K, tiled in ((4, "1d"), (16, "1d"), (64, "1d")):
         ample, short = bh.lp_devices(K, "ample", 0, shape, L), bh.lp_devices(K, "short", 0, shape, L)
         assert len({d.flops_per_s for d in ample}) == len({d.net_bytes_per_s for d in ample}) == K
         assert hepti_partition(ample, shape, num_layers=L).mode == "ws"
         assert hepti_partition(short, shape, num_layers=L).mode == tiled
-    devices = bh.run_devices(opts, "memory-short")
+    devices = br.run_devices(opts, "memory-short")
     assert hepti_partition(devices, shape, num_layers=L).mode == "1d"
 
 
@@ -71,7 +72,7 @@ def test_quick_bench_writes_every_table_and_its_runs_equal_the_model(tmp_cache):
         assert label["run"] == "quick" and label["command"] == "workbench bench hepti --quick"
 
     opts = bh.options(["--quick"])
-    shape, L = bh._shape(opts)
+    shape, L = br._shape(opts)
     lp = tables["lp"]
     assert [(r["K"], r["case"]) for r in lp] == [(K, c) for K in (4, 16) for c in bh.LP_CASES]
     for r in lp:
@@ -84,9 +85,9 @@ def test_quick_bench_writes_every_table_and_its_runs_equal_the_model(tmp_cache):
         assert r["over_bare_lp"] == pytest.approx(r["median_ms"] / r["bare_lp_ms"])
     assert {(r["K"], r["mode"]) for r in lp if r["case"] == "short"} == {(4, "1d"), (16, "1d")}
 
-    devices = bh.run_devices(opts)
+    devices = br.run_devices(opts)
     modes = {r["mode"]: r for r in tables["modes"]}
-    assert set(modes) == set(bh.RUN_MODES)
+    assert set(modes) == set(br.RUN_MODES)
     for mode, r in modes.items():
         part = hepti_partition(devices, shape, num_layers=L, mode=mode)
         assert r["predicted_ms"] == pytest.approx(1e3 * part.predicted_latency_s)
@@ -96,7 +97,7 @@ def test_quick_bench_writes_every_table_and_its_runs_equal_the_model(tmp_cache):
     assert modes["2d"]["grid"] == "2x2"
 
     shares = {r["shares_kind"]: r for r in tables["shares"]}
-    assert set(shares) == set(bh.SHARES) and {r["scenario"] for r in tables["shares"]} == {"unequal"}
+    assert set(shares) == set(br.SHARES) and {r["scenario"] for r in tables["shares"]} == {"unequal"}
     fixed = {"hepti": None, "even": [0.25] * 4, "proportional": list(proportional_shares(devices))}
     for kind, r in shares.items():
         part = hepti_partition(devices, shape, num_layers=L, mode=r["mode"], fixed_shares=fixed[kind])
