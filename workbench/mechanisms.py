@@ -29,7 +29,7 @@ package has the roles it needs):
   bench: ``bench.py`` (``workbench bench NAME``, tables written as results files; a measurement with a job of
   its own, such as LLMS's ``perplexity.py``, lives in its own module and the bench keeps its table; a group of
   tables sharing their runs goes in ``bench_<group>.py``, as LLMS's ``bench_replays.py`` and ``bench_http.py``
-  and Hepti's ``bench_runs.py``);
+  and Hepti's and Voltage's ``bench_runs.py``);
   a table the pages read back has a row dataclass (``Results.rows_as``);
 - lab: ``lab.py`` (the teaching lab's expected answers and their checks);
 - views, outside the package: ``workbench.ui.<name>`` (the page's panel: controls wired to engine calls) and
