@@ -117,9 +117,12 @@ def test_exits_from_entropies_takes_the_first_ramp_below():
     assert entropy(torch.zeros(1, 4)).item() == pytest.approx(math.log(4))
 
 
-@pytest.mark.parametrize("threshold", [-0.1, float("nan"), float("inf")])
-def test_a_bad_threshold_is_refused(model, threshold):
-    with pytest.raises(WorkbenchError, match="0 or more"):
+@pytest.mark.parametrize("threshold, said", [(-0.1, "must be at least 0 nats, got -0.1"),
+                                              (float("nan"), "expected a finite number of nats, got nan"),
+                                              (float("inf"), "expected a finite number of nats, got inf"),
+                                              (11, "must be at most 10 nats"), ("0.5", "expected a number of nats")])
+def test_a_bad_threshold_is_refused(model, threshold, said):
+    with pytest.raises(WorkbenchError, match=r"the exit threshold \(an entropy; 0: nobody exits early\): " + said):
         model.configure(threshold=threshold)
 
 

@@ -95,10 +95,13 @@ def test_bad_gpu_counts_are_refused(gpus, message):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"slo_s": 0}, "SLO"), ({"slo_s": 1e9}, "SLO"), ({"batch_size": 0}, "1..64"), ({"batch_size": 10**6}, "1..64"),
-    ({"easy": 1.2}, r"easy share of a mix: must be at most 1 \(all inputs easy"), ({"threshold": -1}, "0 or more"),
-    ({"slack": 1.0}, "slack"),
-    ({"model": "gpt"}, "unknown model"), ({"disabled": (5,)}, "cannot be disabled"), ({"slo_s": True}, "SLO"),
+    ({"slo_s": 0}, "the SLO: must be more than 0 ms"), ({"slo_s": 61.0}, "the SLO: must be at most 60000 ms"),
+    ({"batch_size": 0}, "the batch per replica: must be at least 1"),
+    ({"batch_size": 10**6}, "the batch per replica: must be at most 64 samples"),
+    ({"batch_size": 2.5}, "the batch per replica: expected a whole number"),
+    ({"easy": 1.2}, r"easy share of a mix: must be at most 1 \(all inputs easy"), ({"threshold": -1}, "exit threshold .*must be at least 0 nats"),
+    ({"slack": 1.0}, r"the slack \(a share of the SLO\): must be at most 0.99"),
+    ({"model": "gpt"}, "unknown model"), ({"disabled": (5,)}, "cannot be disabled"), ({"slo_s": True}, "the SLO: expected a number of ms, got True"),
     ({"model": "bert-base", "gpus": {"host": 2}}, "host's measured profile"),
     ({"gpus": {"v100": 64, "p100": 64, "k80": 64, "a6000": 64}}, "too many GPUs to plan over")])
 def test_bad_knobs_are_refused_before_any_work(change, message):

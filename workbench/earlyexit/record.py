@@ -4,7 +4,6 @@ profiles for any threshold and any disabled ramps follow). Pages and commands re
 the model."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -21,11 +20,11 @@ DEFAULT_THRESHOLD = 0.4
 
 
 def check_threshold(threshold) -> float:
-    value = float(threshold)
-    if not (math.isfinite(value) and value >= 0):
-        raise WorkbenchError(f"the exit threshold is an entropy in nats, 0 or more (0: nobody exits early); "
-                             f"got {threshold!r}")
-    return value
+    """``threshold`` as a float if it is an exit threshold (``limits.threshold``: an entropy in nats, 0 to 10;
+    0: nobody exits early), else ``OutOfRangeError`` naming the range."""
+    from workbench.earlyexit import limits
+
+    return float(limits.threshold.check("the exit threshold (an entropy; 0: nobody exits early)", threshold))
 
 
 def exits_from_entropies(entropies: np.ndarray, threshold: float,

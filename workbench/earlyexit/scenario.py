@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from numbers import Integral, Real
+from numbers import Real
 from typing import Mapping
 
+from workbench.earlyexit import limits
 from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.errors import WorkbenchError
 
 MODELS = ("encoder", "bert-base", "bert-large")
 MAX_GPUS_PER_TYPE = 64
-MAX_SLO_S = 60.0
-MAX_BATCH = 64
 LINK_DEVICE = "v100"
 """Whose link carries the activations between splits (the presets' 10 Gbit/s network)."""
 
@@ -96,13 +95,9 @@ class Scenario:
         if self.model not in MODELS:
             raise WorkbenchError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
         object.__setattr__(self, "gpus", parse_gpus(self.gpus))
-        if not (_number(self.slo_s) and 0 < self.slo_s <= MAX_SLO_S):
-            raise WorkbenchError(f"the SLO is a latency in (0, {1e3 * MAX_SLO_S:g}] ms, got {1e3 * self.slo_s:g} ms")
-        if not (isinstance(self.batch_size, Integral) and not isinstance(self.batch_size, bool)
-                and 1 <= self.batch_size <= MAX_BATCH):
-            raise WorkbenchError(f"the batch per replica is a whole number in 1..{MAX_BATCH}, got {self.batch_size!r}")
-        if not (_number(self.slack) and 0 <= self.slack < 1):
-            raise WorkbenchError(f"the slack is a share of the SLO in [0, 1), got {self.slack!r}")
+        limits.slo_ms.check("the SLO", 1e3 * self.slo_s if _number(self.slo_s) else self.slo_s)
+        limits.batch.check("the batch per replica", self.batch_size)
+        limits.slack.check("the slack (a share of the SLO)", self.slack)
         check_easy_fraction(self.easy)
         check_threshold(self.threshold)
         if "host" in self.gpus and self.model != "encoder":
