@@ -23,11 +23,11 @@ def paper_table(number: int) -> pd.DataFrame:
 
 
 def cells_frame(cells) -> pd.DataFrame:
-    """Our evaluation cells (``CellResult`` objects or row dicts) as a frame with the paper's method names."""
+    """Our evaluation cells (``CellResult``, or ``CellRow`` as the results file is read back) as a frame with the
+    paper's method names."""
     from workbench.elastic.evaluate import PAPER_NAMES
 
-    rows = [c if isinstance(c, dict) else c.as_row() for c in cells]
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame([c.as_row() for c in cells])
     frame["paper_method"] = frame["method"].map(PAPER_NAMES)
     return frame
 

@@ -112,14 +112,14 @@ EMPTY_HEIGHT = 160
 
 def accuracy_memory_figure(cells, target_ms: float, device: str, gold: float | None = None,
                            title: str | None = None, asked_ms: float | None = None) -> go.Figure:
-    """Accuracy against the shard memory each method holds before a run (log axis, as the paper's Figure 7).
+    """Accuracy against the shard memory each method holds before a run (log axis, as the paper's Figure 7);
+    ``cells``: :class:`~workbench.elastic.evaluate.CellResult` (or ``CellRow``, as the results file is read back).
 
     Methods that hold no shards (Load&Exec, StdPL, Ours-0MB) sit at 0.01 MB; the hover gives exact figures,
     including the resident parameters every method keeps alike. ``asked_ms``: the target the user chose,
     when ``target_ms`` is the evaluated one nearest to it (the title says both). With no cell for this
     device and target a short figure says so instead of showing empty axes."""
-    rows = [c if isinstance(c, dict) else c.as_row() for c in cells]
-    rows = [r for r in rows if r["device"] == device and float(r["target_ms"]) == float(target_ms)]
+    rows = [c for c in cells if c.device == device and c.target_ms == target_ms]
     nearest = (f" (the evaluated target nearest to your {asked_ms:.0f} ms)"
                if asked_ms is not None and round(asked_ms) != round(target_ms) else "")
     title = title or f"Accuracy vs memory at {target_ms:.0f} ms on {device}{nearest}"
@@ -128,20 +128,20 @@ def accuracy_memory_figure(cells, target_ms: float, device: str, gold: float | N
                                      "'workbench bench elastic' to fill this view", height=EMPTY_HEIGHT)
     fig = go.Figure()
     for r in rows:
-        ours = r["method"].startswith("Ours")
+        ours = r.method.startswith("Ours")
         fig.add_trace(go.Scatter(
-            x=[max(r["preload_mb"], SHARD_MEMORY_FLOOR_MB)], y=[100 * r["accuracy"]], mode="markers",
-            name=r["method"], marker={"size": 14 if ours else 10, "symbol": "star" if ours else "circle"},
-            hovertemplate=(f"{r['method']}: {r['n']}x{r['m']}<br>accuracy %{{y:.1f}}%<br>shards in memory "
-                           f"{r['preload_mb']:.2f} MB (+ {r['resident_mb']:.1f} MB resident)<br>measured "
-                           f"{r['measured_ms']:.1f} ms<extra></extra>")))
+            x=[max(r.preload_mb, SHARD_MEMORY_FLOOR_MB)], y=[100 * r.accuracy], mode="markers",
+            name=r.method, marker={"size": 14 if ours else 10, "symbol": "star" if ours else "circle"},
+            hovertemplate=(f"{r.method}: {r.n}x{r.m}<br>accuracy %{{y:.1f}}%<br>shards in memory "
+                           f"{r.preload_mb:.2f} MB (+ {r.resident_mb:.1f} MB resident)<br>measured "
+                           f"{r.measured_ms:.1f} ms<extra></extra>")))
     if gold is not None:
         fig.add_shape(type="line", xref="x domain", x0=0, x1=1, y0=100 * gold, y1=100 * gold,
                       line={"dash": "dash", "color": "gray"}, name=f"full model (gold) {100 * gold:.1f}%",
                       showlegend=True)
     return fig.update_layout(
         template=TEMPLATE, title=title, height=400, margin=MARGIN,
-        xaxis=log_axis(SHARD_MEMORY_FLOOR_MB / 2, 2 * max(SHARD_MEMORY_FLOOR_MB, *(float(r["preload_mb"]) for r in rows)),
+        xaxis=log_axis(SHARD_MEMORY_FLOOR_MB / 2, 2 * max(SHARD_MEMORY_FLOOR_MB, *(r.preload_mb for r in rows)),
                        "shards held in memory before a run (MB; none at 0.01)"),
         yaxis_title="dev accuracy (%)")
 
