@@ -176,9 +176,9 @@ def test_the_stock_model_has_only_its_classifier_and_exit_share_reads_the_last_r
 def test_goodput_rows_take_each_plans_baseline_or_zero():
     from types import SimpleNamespace as NS
 
-    from workbench.earlyexit.scenario import goodput_rows
+    from workbench.earlyexit.scenario import GoodputRow, goodput_rows
 
     plans = {4: NS(goodput=900.0, baseline=NS(goodput=600.0)), 8: NS(goodput=0.0, baseline=None)}
     stock = {4: NS(goodput=0.0, baseline=NS(goodput=400.0)), 8: NS(goodput=0.0, baseline=None)}
-    assert goodput_rows(plans, stock) == [{"batch": 4, "e3": 900.0, "early_exit": 600.0, "stock": 400.0},
-                                          {"batch": 8, "e3": 0.0, "early_exit": 0.0, "stock": 0.0}]
+    assert goodput_rows(plans, stock) == [GoodputRow(batch=4, e3=900.0, early_exit=600.0, stock=400.0),
+                                          GoodputRow(batch=8, e3=0.0, early_exit=0.0, stock=0.0)]

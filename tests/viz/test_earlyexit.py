@@ -8,6 +8,7 @@ from workbench.earlyexit.batchprofile import BatchProfile
 from workbench.earlyexit.optimizer import optimize_splits
 from workbench.earlyexit.simulator import ArrivalProcess, simulate_plan
 from workbench.timeline import Span, Timeline
+from workbench.earlyexit.scenario import GoodputRow
 from workbench.viz.earlyexit import (BUBBLE, DRAIN, HALF_WRAP, IDLE, idle_text, SYSTEMS, bubble_timeline, bubbles_figure,
                                      goodput_figure, idle_shares, no_plan_text, one_based, plan_figure, profile_figure)
 
@@ -129,8 +130,7 @@ def test_simulated_bubbles_follow_the_simulators_busy_periods():
 
 def test_goodput_lines_are_the_rows_and_a_missing_plan_is_a_cross():
     """Catches: systems swapped, a zero drawn as a point on the line, the page's batch not marked."""
-    rows = [{"batch": 1, "e3": 100.0, "early_exit": 80.0, "stock": 0.0},
-            {"batch": 4, "e3": 400.0, "early_exit": 250.0, "stock": 200.0}]
+    rows = [GoodputRow(1, e3=100.0, early_exit=80.0, stock=0.0), GoodputRow(4, e3=400.0, early_exit=250.0, stock=200.0)]
     fig = goodput_figure(rows, batch_size=4, slo_ms=50)
     lines = {t.name: list(t.y) for t in fig.data if t.mode == "lines+markers"}
     assert lines == {SYSTEMS["e3"][0]: [100.0, 400.0], SYSTEMS["early_exit"][0]: [80.0, 250.0],
@@ -146,14 +146,14 @@ def test_goodput_lines_are_the_rows_and_a_missing_plan_is_a_cross():
 
 def test_goodput_figure_says_when_no_batch_size_meets_the_slo():
     """Catches: an empty axis with crosses at 0 and no word on why."""
-    rows = [{"batch": b, "e3": 0.0, "early_exit": 0.0, "stock": 0.0} for b in (1, 2, 4)]
+    rows = [GoodputRow(b, 0.0, 0.0, 0.0) for b in (1, 2, 4)]
     fig = goodput_figure(rows, batch_size=2, slo_ms=1)
     assert any("no batch size meets the SLO of 1 ms" in (a.text or "") for a in fig.layout.annotations)
 
 
 def test_titles_fit_a_half_width_slot():
     """Catches: titles whose first line runs past about 600 px (cut off on the right at 1280 px)."""
-    rows = [{"batch": 16, "e3": 12_230.0, "early_exit": 5000.0, "stock": 4000.0}]
+    rows = [GoodputRow(16, 12_230.0, 5000.0, 4000.0)]
     figs = [goodput_figure(rows, 16, 50), plan_figure(plan(), PROFILE)]
     for fig in figs:
         head, *subs = fig.layout.title.text.split("<br>")

@@ -295,11 +295,20 @@ def stock_of(sc: Scenario) -> Scenario:
     return sc.with_(disabled=tuple(range(sc.num_layers - 1)))
 
 
-def goodput_rows(plans: Mapping[int, object], stock: Mapping[int, object]) -> list[dict]:
+@dataclass(frozen=True)
+class GoodputRow:
+    """One batch per replica of the goodput comparison: samples/s meeting the SLO of E3's plan, of the early-exit
+    model as is and of the stock model (both data parallel on the same GPUs); 0 where no plan meets the SLO."""
+    batch: int
+    e3: float
+    early_exit: float
+    stock: float
+
+
+def goodput_rows(plans: Mapping[int, object], stock: Mapping[int, object]) -> list[GoodputRow]:
     """Per batch (every replica's), the optimizer's goodput of E3's plan, of the early-exit model as is and of the
     stock model, both data parallel on all the same GPUs (the plans' baselines); 0 where none meets the SLO."""
     def unsplit(plan) -> float:
         return plan.baseline.goodput if plan.baseline else 0.0
 
-    return [{"batch": b, "e3": plans[b].goodput, "early_exit": unsplit(plans[b]), "stock": unsplit(stock[b])}
-            for b in plans]
+    return [GoodputRow(b, plans[b].goodput, unsplit(plans[b]), unsplit(stock[b])) for b in plans]

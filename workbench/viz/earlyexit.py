@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import plotly.graph_objects as go
 
+from workbench.earlyexit.scenario import GoodputRow
 from workbench.timeline import Span, Timeline
 from workbench.viz.style import INK, MARGIN, TEMPLATE, message_figure, wrap_text
 from workbench.viz.timeline import gantt_figure
@@ -307,15 +308,15 @@ def idle_text(bubbles: Timeline) -> str:
 
 # -- goodput against the batch size
 
-def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_ms: float | None = None,
+def goodput_figure(rows: Sequence[GoodputRow], batch_size: int | None = None, slo_ms: float | None = None,
                    title: str | None = None) -> go.Figure:
-    """Goodput (samples/s) of each system in :data:`SYSTEMS` against the batch per replica; ``rows``: one mapping
-    per batch size with ``batch`` and each system's goodput (0 or None: no plan meets the SLO, drawn as a gap
-    with a cross at 0). The page's batch size is marked; ``slo_ms`` is named in the subtitle."""
-    batches = [int(r["batch"]) for r in rows]
+    """Goodput (samples/s) of each system in :data:`SYSTEMS` against the batch per replica; ``rows``: one
+    :class:`~workbench.earlyexit.scenario.GoodputRow` per batch size (a goodput of 0: no plan meets the SLO,
+    drawn as a gap with a cross at 0). The page's batch size is marked; ``slo_ms`` is named in the subtitle."""
+    batches = [r.batch for r in rows]
     fig = go.Figure()
     for key, (name, color, dash) in SYSTEMS.items():
-        values = [r.get(key) or None for r in rows]
+        values = [getattr(r, key) or None for r in rows]
         fig.add_trace(go.Scatter(
             x=batches, y=values, mode="lines+markers", name=name, line={"color": color, "dash": dash, "width": 2},
             hovertemplate=f"{name}<br>batch %{{x}} per replica: %{{y:,.0f}} samples/s<extra></extra>"))
@@ -331,15 +332,15 @@ def goodput_figure(rows: Sequence[Mapping], batch_size: int | None = None, slo_m
                        "y1": 1, "line": {"color": INK, "dash": "dot", "width": 1}})
         notes.append({"xref": "x", "x": math.log10(batch_size), "yref": "paper", "y": 1, "yanchor": "bottom",
                       "showarrow": False, "text": f"this page: {batch_size}"})
-    here = next((r for r in rows if int(r["batch"]) == batch_size), None)
+    here = next((r for r in rows if r.batch == batch_size), None)
     slo = f" of {slo_ms:g} ms" if slo_ms else ""
-    if here and here.get("e3") and here.get("early_exit"):
-        head = f"E3: {here['e3'] / here['early_exit']:.2f}x the early-exit model's goodput at batch {batch_size}"
+    if here and here.e3 and here.early_exit:
+        head = f"E3: {here.e3 / here.early_exit:.2f}x the early-exit model's goodput at batch {batch_size}"
     else:
         head = "Goodput against the batch per replica"
     title = title or (f"{head}<br><sub>the optimizer's prediction: samples/s meeting the SLO{slo},<br>every system "
                       "on the same GPUs, every replica at the same batch</sub>")
-    if not any(r.get(key) for r in rows for key in SYSTEMS):
+    if not any(getattr(r, key) for r in rows for key in SYSTEMS):
         notes.append({"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.55, "showarrow": False,
                       "font": {"size": 14}, "text": f"no batch size meets the SLO{slo}<br>on these GPUs"})
     fig.update_layout(template=TEMPLATE, title=title, height=420, margin={**MARGIN, "t": 95}, shapes=shapes,
