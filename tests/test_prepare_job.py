@@ -217,7 +217,10 @@ def test_a_preheated_waiting_page_builds_its_quick_version_before_the_request_th
                                                                                                monkeypatch):
     """In a preheated kernel the quick version is built while nobody watches; the ``?preset=quick`` request
     only points the page at it. Widgets made while the browser reads the kernel's widget list can be named
-    by a box before the browser knows them (Voila's "widget model not found")."""
+    by a box before the browser knows them (Voila's "widget model not found"); and the switch is sent again
+    later, since one sent while the browser loads can be dropped."""
+    import asyncio
+
     import ipywidgets as widgets
 
     from workbench.ui import preparing
@@ -233,10 +236,19 @@ def test_a_preheated_waiting_page_builds_its_quick_version_before_the_request_th
         widgets.Label(f"the {preset} page")) or made[-1], ("one", "two"), "A page", "full")
     assert built == ["quick"] and len(made) == 2 and len(page.children) == 4 and len(callbacks) == 1
     monkeypatch.setenv("QUERY_STRING", "preset=quick")
-    callbacks[0]()
+    monkeypatch.setattr(preparing, "RESEND_S", (0.0, 0.01))
+    sent = []
+    monkeypatch.setattr(page, "send_state", lambda key=None: sent.append((key, tuple(page.children))))
+
+    async def request() -> None:                                     # as the kernel's loop runs the callback
+        callbacks[0]()
+        await asyncio.sleep(0.05)
+
+    asyncio.run(request())
     banner, shown = page.children
     assert shown.value == "the quick page" and "Quick version." in banner.value
     assert list(page.children) == made and built == ["quick"]         # the request made no widget
+    assert sent == [("children", tuple(made))] * 3     # the change, then twice again for a browser that dropped it
 
 
 def test_a_waiting_page_nobody_opened_early_becomes_the_full_page_by_itself(tmp_cache, monkeypatch):

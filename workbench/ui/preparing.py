@@ -202,6 +202,20 @@ def when_requested(callback: Callable[[], None]) -> bool:
     return True
 
 
+RESEND_S = (1.0, 3.0, 8.0, 20.0, 45.0)
+"""Delays after a change made on the page's request at which the change is sent again (:func:`resend_state`):
+soon for a page that loads at once, later for one a busy machine takes tens of seconds to load."""
+
+
+def resend_state(widget: widgets.Widget, key: str, loop, delays: tuple[float, ...] | None = None) -> None:
+    """Send ``widget``'s ``key`` again after each of ``delays`` seconds (:data:`RESEND_S`) on ``loop``. A change a preheated
+    kernel makes as its page is requested reaches a browser that is still reading the kernel's widgets, and
+    Voila 0.5's page can drop it there (it keeps the state it read first); the same state sent again once it
+    has loaded lands. Sending an unchanged state again changes nothing where it was not lost."""
+    for delay in RESEND_S if delays is None else delays:
+        loop.call_later(delay, lambda: widget.send_state(key))
+
+
 def quick_banner(extra: str = "") -> widgets.HTML:
     return widgets.HTML(f"<div class='wb-notice wb-quick-version'><b>Quick version.</b> This page shows "
                         f"{html.escape(QUICK_NOTE)}.{extra}</div>")
@@ -268,6 +282,10 @@ def prepared_page(build: Callable[[str], widgets.Widget], requires: tuple[str, .
 
         if page_preset() == QUICK and not showing["quick"] and not status.all_ready and quick_ready(requires):
             open_quick()
+            try:
+                resend_state(page, "children", asyncio.get_running_loop())
+            except RuntimeError:                  # no loop (called from a script): nothing to send again
+                pass
 
     page.children = [intro, offer, status, stylesheet()]
     status.on_refresh = check_quick
