@@ -20,7 +20,6 @@ from workbench.hepti.plan import MODE_TITLES, Partition, hepti_partition
 from workbench.hepti.run import Reports, decide, layer_steps, shape_of, split_of
 from workbench.models.shapes import get_shape
 
-SHARE_RULES = ("hepti", "even", "proportional")
 COMPARE = {"hepti": "Hepti's MILP", "even": "even shares", "proportional": "proportional shares"}
 """The share rules :func:`compare` sets side by side, by the names of its result (each mode forced follows)."""
 FORCED = {"ws": "WS forced", "1d": "1D forced", "2d": "2D forced", "serial": "serial forced"}
@@ -41,7 +40,7 @@ class Scenario:
     seq_len: int
     deadline_s: float
     mode: str | None                        # None: Hepti decides
-    shares: str                             # one of SHARE_RULES
+    shares: str                             # a key of COMPARE: hepti, even or proportional
     falls: tuple[tuple[str, int, float], ...] = ()   # (device, layer, free bytes from that layer on)
 
     @property

@@ -207,12 +207,12 @@ RESEND_S = (1.0, 3.0, 8.0, 20.0, 45.0)
 soon for a page that loads at once, later for one a busy machine takes tens of seconds to load."""
 
 
-def resend_state(widget: widgets.Widget, key: str, loop, delays: tuple[float, ...] | None = None) -> None:
-    """Send ``widget``'s ``key`` again after each of ``delays`` seconds (:data:`RESEND_S`) on ``loop``. A change a preheated
+def resend_state(widget: widgets.Widget, key: str, loop) -> None:
+    """Send ``widget``'s ``key`` again after each of :data:`RESEND_S` seconds on ``loop``. A change a preheated
     kernel makes as its page is requested reaches a browser that is still reading the kernel's widgets, and
     Voila 0.5's page can drop it there (it keeps the state it read first); the same state sent again once it
     has loaded lands. Sending an unchanged state again changes nothing where it was not lost."""
-    for delay in RESEND_S if delays is None else delays:
+    for delay in RESEND_S:
         loop.call_later(delay, lambda: widget.send_state(key))
 
 
