@@ -220,6 +220,7 @@ def test_a_preheated_waiting_page_builds_its_quick_version_before_the_request_th
     by a box before the browser knows them (Voila's "widget model not found"); and the switch is sent again
     later, since one sent while the browser loads can be dropped."""
     import asyncio
+    import threading
 
     import ipywidgets as widgets
 
@@ -244,7 +245,9 @@ def test_a_preheated_waiting_page_builds_its_quick_version_before_the_request_th
         callbacks[0]()
         await asyncio.sleep(0.05)
 
-    asyncio.run(request())
+    runner = threading.Thread(target=lambda: asyncio.run(request()))   # a loop of its own, whatever this thread runs
+    runner.start()
+    runner.join()
     banner, shown = page.children
     assert shown.value == "the quick page" and "Quick version." in banner.value
     assert list(page.children) == made and built == ["quick"]         # the request made no widget
